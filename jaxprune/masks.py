@@ -1,0 +1,103 @@
+"""One variable's threshold and mask update (SPEC sections 4 and 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+from jax import Array
+
+from jaxprune import blocks, thresholds
+
+_METHODS = ('histogram', 'exact')
+
+
+def scores(weights: Array, block_dims: tuple[int, int] = (1, 1),
+           block_pooling_function: str = 'AVG') -> Array:
+  """The magnitudes the threshold is computed on: |w|, or its block-pooled 2-D form."""
+  magnitudes = jnp.abs(jnp.asarray(weights, jnp.float32))
+  resolved = blocks.resolve_block_dims(magnitudes.shape, block_dims)
+  if resolved is None:
+    return magnitudes
+  squeezed = magnitudes.reshape([d for d in magnitudes.shape if d != 1])
+  return blocks.pool(squeezed, resolved, block_pooling_function)
+
+
+def expand_mask(score_mask: Array, shape: tuple[int, ...], block_dims: tuple[int, int]) -> Array:
+  """Maps a mask over `scores(...)` back to a mask of the weights' `shape`."""
+  resolved = blocks.resolve_block_dims(shape, block_dims)
+  if resolved is None:
+    return score_mask
+  squeezed = tuple(d for d in shape if d != 1)
+  return blocks.expand(score_mask, resolved, squeezed).reshape(shape)
+
+
+def threshold_of(parts: Sequence[Array], sparsity: Array, *, nbins: int,
+                 threshold_method: str) -> tuple[Array, Array]:
+  """The current threshold of magnitude arrays `parts` and whether it is usable.
+
+  Returns:
+    (threshold, ok): ok is False when the maximum is zero (a zero-initialised
+    layer) or not finite; the caller then keeps the previous mask (TF produced
+    NaN thresholds or emptied the layer here).
+  """
+  if threshold_method not in _METHODS:
+    raise ValueError(f'threshold_method={threshold_method!r}: must be one of {_METHODS}.')
+  value_max = thresholds.magnitude_max(parts)
+  ok = jnp.isfinite(value_max) & (value_max > 0)
+  # A safe max keeps the search finite when it is not used.
+  safe_max = jnp.where(ok, value_max, jnp.float32(1.0))
+  sparsity = jnp.asarray(sparsity, jnp.float32)
+  if threshold_method == 'histogram':
+    current = thresholds.histogram_threshold(parts, safe_max, sparsity, nbins)
+  else:
+    current = thresholds.exact_threshold(parts, safe_max, sparsity)
+  return current, ok
+
+
+def decay(current: Array, previous: Array, threshold_decay: float) -> Array:
+  """thr = cur * (1 - decay) + old * decay (exponential smoothing between updates)."""
+  if threshold_decay == 0.0:
+    return current
+  return current * jnp.float32(1.0 - threshold_decay) + previous * jnp.float32(threshold_decay)
+
+
+def compare(magnitudes: Array, threshold: Array, threshold_method: str) -> Array:
+  """`a > thr` for the histogram rule, `a >= thr` for the exact k-th value rule."""
+  if threshold_method == 'exact':
+    return magnitudes >= threshold
+  return magnitudes > threshold
+
+
+def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int = 256,
+                threshold_decay: float = 0.0, block_dims: tuple[int, int] = (1, 1),
+                block_pooling_function: str = 'AVG', threshold_method: str = 'histogram',
+                previous_mask: Array | None = None) -> tuple[Array, Array]:
+  """Computes one variable's new threshold and mask (Zhu & Gupta 2017; TF model_pruning).
+
+  Pure and jittable. All-zero or non-finite weights keep `threshold` and
+  `previous_mask` (all True when not given).
+
+  Args:
+    weights: the variable, any shape.
+    threshold: the stored threshold (float32 scalar), used by the decay.
+    sparsity: the target fraction of zeros now, in [0, 1).
+    nbins: histogram bins ('histogram' method).
+    threshold_decay: exponential decay of the threshold, in [0, 1).
+    block_dims: (height, width) of the blocks; -1 is the whole dimension.
+    block_pooling_function: 'AVG' or 'MAX'.
+    threshold_method: 'histogram' (TF's CDF rule) or 'exact' (k-th magnitude).
+    previous_mask: the mask to keep when the weights cannot be thresholded.
+
+  Returns:
+    (new_threshold, mask) with mask a bool array of the weights' shape.
+  """
+  weights = jnp.asarray(weights)
+  score = scores(weights, block_dims, block_pooling_function)
+  current, ok = threshold_of([score], sparsity, nbins=nbins, threshold_method=threshold_method)
+  threshold = jnp.asarray(threshold, jnp.float32)
+  new_threshold = decay(current, threshold, threshold_decay)
+  mask = expand_mask(compare(score, new_threshold, threshold_method), weights.shape, block_dims)
+  if previous_mask is None:
+    previous_mask = jnp.ones(weights.shape, bool)
+  return jnp.where(ok, new_threshold, threshold), jnp.where(ok, mask, previous_mask)

@@ -1,0 +1,92 @@
+"""Exact float32 building blocks for thresholds.
+
+SPEC section 4 defines thresholds on correctly rounded float32 quotients, but
+XLA's float32 division is not guaranteed to be correctly rounded, and values on
+a bin edge decide the result. These helpers give exact answers at scalar or
+small-vector cost, and a counting pass that runs at memory speed on CPU.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import Array, lax
+
+_SPLITTER = 4097.0  # 2**12 + 1: Veltkamp's split of a 24-bit significand.
+_SMALLEST_NORMAL = 2.0 ** -126
+
+
+def _split(x: Array) -> tuple[Array, Array]:
+  c = x * jnp.float32(_SPLITTER)
+  hi = c - (c - x)
+  return hi, x - hi
+
+
+def two_product(x: Array, y: Array) -> tuple[Array, Array]:
+  """Dekker's error-free product: x * y == p + e exactly (barring over/underflow)."""
+  p = x * y
+  xh, xl = _split(x)
+  yh, yl = _split(y)
+  e = ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
+  return p, e
+
+
+def div_rn(x: Array, y: Array) -> Array:
+  """The float32 nearest to the true quotient x / y, for finite x >= 0 and y > 0.
+
+  XLA's quotient is at most one ulp away; of it and its two neighbours we keep
+  the one with the smallest exact residual |x - q * y|. Ties cannot occur: a
+  float32 quotient is never exactly halfway between two float32 values.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  y = jnp.asarray(y, jnp.float32)
+  q = x / y
+  candidates = jnp.stack([jnp.nextafter(q, -jnp.inf), q, jnp.nextafter(q, jnp.inf)])
+  p, e = two_product(candidates, y)
+  residual = jnp.abs((x - p) - e)
+  best = jnp.argmin(residual, axis=0)
+  return jnp.take_along_axis(candidates, best[None], axis=0)[0]
+
+
+def count_scale(value_max: Array) -> Array:
+  """A power of two 2**-e with 2**e > value_max (>= the smallest normal)."""
+  _, exponent = jnp.frexp(jnp.maximum(value_max, jnp.float32(_SMALLEST_NORMAL)))
+  return jnp.ldexp(jnp.float32(1.0), -exponent)
+
+
+def _rows(values: Array) -> Array:
+  """A 2-D view whose rows are short enough to be summed exactly in float32."""
+  if values.ndim >= 2 and values.shape[-1] <= 2 ** 24:
+    return values.reshape(-1, values.shape[-1])
+  size = values.size
+  width = 1
+  for candidate in (4096, 1024, 256, 64, 16, 4, 2):
+    if size % candidate == 0:
+      width = candidate
+      break
+  return values.reshape(-1, width)
+
+
+def count_at_least(values: Array, threshold: Array, scale: Array) -> Array:
+  """Exact int32 count of `values >= threshold`, for values, threshold in [0, 1/scale).
+
+  XLA on CPU vectorises a float sum of `floor` but not a sum of compares or
+  selects (about 8x slower). For |d| < 1, floor(d) is -1 when d < 0 and 0
+  otherwise, so floor((v - t) * scale) + 1 is the indicator of v >= t: the sign
+  of a float difference is exact and scaling by a power of two is exact. Each
+  row sums at most 2**24 ones, which float32 holds exactly.
+
+  CPU XLA flushes subnormals to zero, so a difference below 2**-126 after
+  scaling would read as 0; thresholds under 2**-100 / scale take the compare
+  path instead, where such tiny differences are also zero for the comparison.
+  """
+  rows = _rows(values)
+
+  def fast(threshold):
+    below = jnp.sum(jnp.floor((rows - threshold) * scale), axis=1)
+    return rows.size + jnp.sum(below.astype(jnp.int32))
+
+  def slow(threshold):
+    return jnp.sum(rows >= threshold, dtype=jnp.int32)
+
+  safe = threshold * scale >= jnp.float32(2.0 ** -100)
+  return lax.cond(safe, fast, slow, threshold)

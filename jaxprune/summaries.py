@@ -1,0 +1,106 @@
+"""TF's accessors: masks, thresholds, sparsities and a flat summary dict (SPEC section 8)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax import Array
+
+from jaxprune.names import leaf_name
+from jaxprune.transform import PruningState
+
+PyTree = Any
+
+
+def _is_state(x: Any) -> bool:
+  return isinstance(x, PruningState)
+
+
+def find_pruning_state(state: Any) -> PruningState:
+  """Returns the PruningState inside an optax state (or the state itself).
+
+  Raises ValueError when there is none, or several (pass the one you mean).
+  """
+  if _is_state(state):
+    return state
+  found = [x for x in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(x)]
+  if len(found) != 1:
+    raise ValueError(f'expected exactly one jaxprune PruningState in the optimizer state, found '
+                     f'{len(found)}; pass the PruningState itself.')
+  return found[0]
+
+
+def contains_pruning_state(state: Any) -> bool:
+  return any(_is_state(x) for x in jax.tree.leaves(state, is_leaf=_is_state))
+
+
+def _named(tree: PyTree) -> dict[str, Any]:
+  """{name: leaf} of the non-None leaves of a mask or threshold tree."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {leaf_name(path): leaf for path, leaf in flat}
+
+
+def get_masks(state: Any) -> PyTree:
+  """The bool mask tree (True = kept), parallel to the params, None for unpruned leaves."""
+  return find_pruning_state(state).masks
+
+
+def get_thresholds(state: Any) -> dict[str, Array]:
+  """{leaf name: float32 threshold} for each pruned leaf."""
+  return _named(find_pruning_state(state).thresholds)
+
+
+def _fraction(flags: Array) -> Array:
+  # sum / size rather than mean: 60 of 100 reads 0.6, not 0.59999996.
+  return jnp.sum(flags, dtype=jnp.int32).astype(jnp.float32) / jnp.float32(flags.size)
+
+
+def get_weight_sparsity(state_or_params: Any) -> dict[str, Array]:
+  """Fraction of zeros per leaf, as float32 scalars.
+
+  For a PruningState (or an optax state containing one): the fraction of
+  pruned entries in each mask. For params: the fraction of exact zeros in each
+  leaf with ndim >= 2. A NaN is never counted as a zero; see `count_nonfinite`.
+  """
+  if contains_pruning_state(state_or_params):
+    masks = _named(find_pruning_state(state_or_params).masks)
+    return {name: _fraction(~mask) for name, mask in masks.items()}
+  return {name: _fraction(leaf == 0) for name, leaf in _named(state_or_params).items()
+          if getattr(leaf, 'ndim', 0) >= 2}
+
+
+def count_nonfinite(params: PyTree) -> dict[str, Array]:
+  """{leaf name: int32 count of NaN/Inf entries} for each leaf with ndim >= 2."""
+  return {name: jnp.sum(~jnp.isfinite(leaf), dtype=jnp.int32)
+          for name, leaf in _named(params).items() if getattr(leaf, 'ndim', 0) >= 2}
+
+
+def apply_masks(params: PyTree, state: Any) -> PyTree:
+  """Zeroes the pruned entries of `params` (unpruned leaves pass through)."""
+  masks = get_masks(state)
+  return jax.tree.map(lambda m, p: p if m is None else jnp.where(m, p, jnp.zeros_like(p)),
+                      masks, params, is_leaf=lambda x: x is None)
+
+
+def summaries(state: Any, hparams: ml_collections.ConfigDict | None = None) -> dict[str, Array]:
+  """The scalars TF wrote as summaries, as a flat dict.
+
+  Keys: '<name>/sparsity' (the target at the last step), '<name>/last_mask_update_step',
+  '<name>/nonfinite_skips', and '<leaf>/sparsity', '<leaf>/threshold' per pruned
+  leaf, with <name> = hparams.name (default 'model_pruning').
+  """
+  state = find_pruning_state(state)
+  prefix = 'model_pruning' if hparams is None else hparams.name
+  out = {
+      f'{prefix}/sparsity': state.sparsity,
+      f'{prefix}/last_mask_update_step': state.last_update_step,
+      f'{prefix}/nonfinite_skips': state.nonfinite_skips,
+  }
+  thresholds = get_thresholds(state)
+  for name, sparsity in get_weight_sparsity(state).items():
+    out[f'{name}/sparsity'] = sparsity
+    out[f'{name}/threshold'] = thresholds[name]
+  return out

@@ -1,0 +1,138 @@
+"""Magnitude thresholds: TF's histogram CDF rule and the exact k-th value (SPEC section 4).
+
+Neither rule sorts nor builds a histogram. Both are searches over a monotone
+count: `count(a >= t)` for a candidate t, computed in one memory-speed pass
+(`numerics.count_at_least`). The histogram rule searches the `nbins` bin edges
+(log2(nbins) passes); the exact rule searches float32 bit patterns, which are
+ordered like the non-negative values they encode (31 passes). Every function
+takes a list of arrays of magnitudes so that one threshold can span several
+variables (global pruning) without concatenating them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+from jax import Array, lax
+
+from jaxprune import numerics
+
+_EDGE_SEARCH_ULPS = 4
+
+
+def _size(parts: Sequence[Array]) -> int:
+  return sum(int(p.size) for p in parts)
+
+
+def _count(parts: Sequence[Array], threshold: Array, scale: Array) -> Array:
+  return sum(numerics.count_at_least(p, threshold, scale) for p in parts)
+
+
+def magnitude_max(parts: Sequence[Array]) -> Array:
+  """max(|a|) over all parts (float32 scalar)."""
+  return jnp.max(jnp.stack([jnp.max(p) for p in parts]))
+
+
+def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
+  """The smallest float32 a >= 0 whose bin, floor(nbins * (a / m)), is >= k.
+
+  So `bin(a) >= k` exactly when `a >= bin_edge(k)`. The edge is within a few
+  ulps of k * m / nbins; the neighbours are checked with the exact rule.
+  """
+  k = jnp.asarray(k, jnp.float32)
+  guess = numerics.div_rn(k, jnp.float32(nbins)) * value_max
+  offsets = range(-_EDGE_SEARCH_ULPS, _EDGE_SEARCH_ULPS + 1)
+  candidates = [guess]
+  for _ in offsets[_EDGE_SEARCH_ULPS + 1:]:
+    candidates.append(jnp.nextafter(candidates[-1], jnp.float32(jnp.inf)))
+  lower = [guess]
+  for _ in range(_EDGE_SEARCH_ULPS):
+    lower.append(jnp.nextafter(lower[-1], jnp.float32(-jnp.inf)))
+  candidates = jnp.stack(lower[:0:-1] + candidates)
+  candidates = jnp.maximum(candidates, 0.0)
+  bins = jnp.float32(nbins) * numerics.div_rn(candidates, value_max)
+  first = jnp.argmax(bins >= k)
+  return candidates[first]
+
+
+def _cdf_at_least(count_le: Array, total: int, sparsity: Array) -> Array:
+  """Whether fl(count_le / total) >= sparsity, with a correctly rounded quotient."""
+  cdf = numerics.div_rn(jnp.asarray(count_le, jnp.float32), jnp.float32(total))
+  return cdf >= sparsity
+
+
+def histogram_threshold(parts: Sequence[Array], value_max: Array, sparsity: Array,
+                        nbins: int) -> Array:
+  """TF's histogram threshold on magnitudes `parts` with maximum `value_max` > 0.
+
+  Returns (number of bins whose CDF is below `sparsity`) / nbins * max: the
+  lower edge of the first bin whose CDF reaches `sparsity` (SPEC section 4).
+  """
+  total = _size(parts)
+  scale = numerics.count_scale(value_max)
+
+  def reaches(k):
+    # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1).
+    count_le = jnp.where(k >= nbins - 1, total,
+                         total - _count(parts, bin_edge(k + 1, value_max, nbins), scale))
+    return _cdf_at_least(count_le, total, sparsity)
+
+  # Invariant: cdf[lo] < s (lo = -1 stands for "no bin"), cdf[hi] >= s.
+  def step(_, bounds):
+    lo, hi = bounds
+    mid = (lo + hi) // 2
+    ok = reaches(mid)
+    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+
+  # hi - lo = nbins halves to 1 in exactly ceil(log2(nbins)) steps.
+  steps = (nbins - 1).bit_length()
+  _, first = lax.fori_loop(0, steps, step, (jnp.int32(-1), jnp.int32(nbins - 1)), unroll=True)
+  return numerics.div_rn(first.astype(jnp.float32), jnp.float32(nbins)) * value_max
+
+
+def histogram_cdf(values: Array, value_max: float | Array, nbins: int) -> Array:
+  """The CDF of |values| over `nbins` equal bins of [0, value_max] (reporting, tests).
+
+  Values above the range land in the last bin, as in TF's
+  `histogram_fixed_width`. Costs one counting pass per bin.
+  """
+  parts = [jnp.abs(jnp.asarray(values, jnp.float32))]
+  value_max = jnp.asarray(value_max, jnp.float32)
+  total = _size(parts)
+  scale = numerics.count_scale(jnp.maximum(value_max, magnitude_max(parts)))
+  counts = [total - _count(parts, bin_edge(k + 1, value_max, nbins), scale)
+            for k in range(nbins - 1)]
+  counts = jnp.stack(counts + [jnp.int32(total)]).astype(jnp.float32)
+  return numerics.div_rn(counts, jnp.float32(total))
+
+
+def keep_count(total: int, sparsity: Array) -> Array:
+  """tfmot's rule: k = max(round(N * (1 - s)), 1), in float32, half to even."""
+  kept = jnp.round(jnp.float32(total) * (jnp.float32(1.0) - sparsity))
+  return jnp.maximum(kept, 1.0).astype(jnp.int32)
+
+
+def exact_threshold(parts: Sequence[Array], value_max: Array, sparsity: Array) -> Array:
+  """The k-th largest magnitude, k = keep_count(N, sparsity); `mask = a >= it`.
+
+  Searches the largest bit pattern b with count(a >= float(b)) >= k, which is
+  the value a sort would put at position k - 1 from the top.
+  """
+  kept = keep_count(_size(parts), sparsity)
+  scale = numerics.count_scale(value_max)
+
+  def enough(key):
+    threshold = lax.bitcast_convert_type(key, jnp.float32)
+    return _count(parts, threshold, scale) >= kept
+
+  # Invariant: enough(lo) (a >= 0 always), not enough(hi).
+  def step(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    ok = enough(mid)
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+  top = lax.bitcast_convert_type(value_max, jnp.int32) + 1
+  lo, _ = lax.fori_loop(0, 31, step, (jnp.int32(0), top), unroll=True)
+  return lax.bitcast_convert_type(lo, jnp.float32)

@@ -1,0 +1,175 @@
+"""The pruning optax transform (SPEC sections 3 and 7).
+
+Chain it after the optimizer:
+
+    tx = optax.chain(optax.adam(1e-3), jaxprune.pruning(hparams))
+
+At a mask update it recomputes thresholds and masks from `params + updates`;
+at every step it turns the update of each pruned weight into `-params`, so
+after `optax.apply_updates` pruned weights are exactly zero and kept weights
+are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax import Array, lax
+
+from jaxprune import hparams as hparams_lib
+from jaxprune import masks as masks_lib
+from jaxprune import nm as nm_lib
+from jaxprune import schedule, specs as specs_lib
+
+PyTree = Any
+SparsityFn = Callable[[Array], Array]
+
+
+class PruningState(NamedTuple):
+  """The transform's state: a pytree of arrays that jit, shardings and orbax handle.
+
+  Attributes:
+    step: int32, the number of updates applied so far.
+    last_update_step: int32, the step of the last mask update.
+    masks: bool tree parallel to the params (True = kept), None for unpruned leaves.
+    thresholds: float32 scalar tree parallel to the params, None for unpruned leaves.
+    nonfinite_skips: int32, how many leaf updates were skipped for NaN/Inf weights.
+    sparsity: float32, the global target sparsity at the last update call.
+  """
+  step: Array
+  last_update_step: Array
+  masks: PyTree
+  thresholds: PyTree
+  nonfinite_skips: Array
+  sparsity: Array
+
+
+def _new_masks(hparams, specs, new_params, state, sparsity_of):
+  """Thresholds, masks and the non-finite count after a mask update."""
+  spec_list = specs_lib.spec_leaves(specs)
+  weights = jax.tree.leaves(new_params)
+  old_masks = jax.tree.leaves(state.masks)
+  old_thresholds = jax.tree.leaves(state.thresholds)
+  pruned = [(i, s) for i, s in enumerate(spec_list) if s is not None]
+  new_masks, new_thresholds, skips = list(old_masks), list(old_thresholds), jnp.int32(0)
+  method = hparams.threshold_method
+  kw = dict(nbins=hparams.nbins, threshold_method=method)
+
+  def finish(j, index, spec, score, current, ok):
+    threshold = masks_lib.decay(current, old_thresholds[j], hparams.threshold_decay)
+    mask = masks_lib.expand_mask(masks_lib.compare(score, threshold, method),
+                                 weights[index].shape, spec.block_dims)
+    new_thresholds[j] = jnp.where(ok, threshold, old_thresholds[j])
+    new_masks[j] = jnp.where(ok, mask, old_masks[j])
+
+  magnitude = [(j, i, s) for j, (i, s) in enumerate(pruned) if s.nm is None]
+  for j, (index, spec) in enumerate(pruned):
+    if spec.nm is not None:
+      w = weights[index]
+      finite = jnp.all(jnp.isfinite(w))
+      skips += (~finite).astype(jnp.int32)
+      mask = nm_lib.nm_mask(w, *spec.nm, axis=-2)  # the input axis of Dense and conv kernels
+      new_masks[j] = jnp.where(finite, mask, old_masks[j])
+  scores = {j: masks_lib.scores(weights[i], s.block_dims, hparams.block_pooling_function)
+            for j, i, s in magnitude}
+  for j, _, _ in magnitude:
+    skips += (~jnp.all(jnp.isfinite(scores[j]))).astype(jnp.int32)
+  if hparams.global_pruning and magnitude:
+    current, ok = masks_lib.threshold_of(list(scores.values()), sparsity_of(None), **kw)
+    for j, index, spec in magnitude:
+      finish(j, index, spec, scores[j], current, ok)
+  else:
+    for j, index, spec in magnitude:
+      current, ok = masks_lib.threshold_of([scores[j]], sparsity_of(spec), **kw)
+      finish(j, index, spec, scores[j], current, ok)
+  return new_masks, new_thresholds, skips
+
+
+def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | None = None,
+            prune_filter: specs_lib.PruneFilter | None = None) -> optax.GradientTransformation:
+  """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
+
+  Args:
+    hparams: from `get_pruning_hparams()` / `parse_hparams(...)`.
+    sparsity_fn: optional `step -> sparsity` (e.g. an optax schedule) replacing
+      the polynomial schedule for every pruned leaf; it cannot be combined with
+      `weight_sparsity_map`.
+    prune_filter: optional `(name, leaf) -> bool` replacing `weight_name_regex`.
+
+  Returns:
+    An `optax.GradientTransformation` whose `update` needs `params`.
+  """
+  hparams_lib.validate(hparams)
+  if sparsity_fn is not None and hparams_lib.sparsity_map(hparams):
+    raise ValueError(
+        f'weight_sparsity_map={list(hparams.weight_sparsity_map)!r} cannot be combined with '
+        'sparsity_fn: per-variable targets follow the polynomial schedule. Drop one of them.')
+
+  def specs_of(params, warn=False):
+    # Specs are rebuilt (from static shapes) at each trace; warn once, at init.
+    with warnings.catch_warnings():
+      if not warn:
+        warnings.simplefilter('ignore')
+      return specs_lib.leaf_specs(params, hparams, prune_filter)
+
+  def init_fn(params):
+    specs = specs_of(params, warn=True)
+    leaves, treedef = jax.tree.flatten(params)
+    spec_list = specs_lib.spec_leaves(specs)
+    masks = [None if s is None else jnp.ones(p.shape, bool) for p, s in zip(leaves, spec_list)]
+    thresholds = [None if s is None else jnp.zeros((), jnp.float32)
+                  for s in spec_list]
+    return PruningState(
+        step=jnp.zeros((), jnp.int32),
+        last_update_step=jnp.zeros((), jnp.int32),
+        masks=jax.tree.unflatten(treedef, masks),
+        thresholds=jax.tree.unflatten(treedef, thresholds),
+        nonfinite_skips=jnp.zeros((), jnp.int32),
+        sparsity=jnp.zeros((), jnp.float32))
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError('jaxprune.pruning needs the params: call tx.update(grads, state, params).')
+    specs = specs_of(params)
+    step = state.step
+    global_sparsity = (schedule.sparsity_at(hparams, step) if sparsity_fn is None
+                       else jnp.asarray(sparsity_fn(step), jnp.float32))
+
+    def sparsity_of(spec):
+      if sparsity_fn is not None or spec is None or spec.target == hparams.target_sparsity:
+        return global_sparsity
+      return schedule.sparsity_at(hparams, step, target=spec.target)
+
+    do_update = schedule.should_update(hparams, step, state.last_update_step)
+    pruned_masks = jax.tree.leaves(state.masks)
+    pruned_thresholds = jax.tree.leaves(state.thresholds)
+
+    def recompute(_):
+      new_params = optax.apply_updates(params, updates)
+      return _new_masks(hparams, specs, new_params, state, sparsity_of)
+
+    def keep(_):
+      return pruned_masks, pruned_thresholds, jnp.int32(0)
+
+    new_masks, new_thresholds, skips = lax.cond(do_update, recompute, keep, None)
+    treedef = jax.tree.structure(state.masks)
+    masks = jax.tree.unflatten(treedef, new_masks)
+    masked = jax.tree.map(
+        lambda mask, u, p: u if mask is None else jnp.where(mask, u, -p).astype(u.dtype),
+        masks, updates, params, is_leaf=lambda x: x is None)
+    new_state = PruningState(
+        step=step + 1,
+        last_update_step=jnp.where(do_update, step, state.last_update_step),
+        masks=masks,
+        thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
+        nonfinite_skips=state.nonfinite_skips + skips,
+        sparsity=global_sparsity)
+    return masked, new_state
+
+  return optax.GradientTransformation(init_fn, update_fn)
