@@ -29,7 +29,7 @@ def resolve_block_dims(shape: tuple[int, ...], block_dims: tuple[int, int]
   squeezed = [d for d in shape if d != 1]
   if len(squeezed) != 2:
     return None
-  return tuple(d if b == -1 else b for b, d in zip(block_dims, squeezed))
+  return tuple(d if b == -1 else b for b, d in zip(block_dims, squeezed, strict=True))
 
 
 def pool(magnitudes: Array, block_dims: tuple[int, int], pooling: str) -> Array:

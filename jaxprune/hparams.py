@@ -188,12 +188,14 @@ def nm_map(hparams: ml_collections.ConfigDict) -> list[tuple[str, tuple[int, int
       continue
     pieces = entry.rsplit(':', 2)
     if len(pieces) != 3:
-      raise ValueError(f'nm_sparsity_map entry {entry!r}: expected "regex:N:M", e.g. "Dense_0:2:4".')
+      raise ValueError(
+          f'nm_sparsity_map entry {entry!r}: expected "regex:N:M", e.g. "Dense_0:2:4".')
     regex = pieces[0]
     try:
       re.compile(regex)
     except re.error as err:
-      raise ValueError(f'nm_sparsity_map entry {entry!r}: invalid regex {regex!r} ({err}).') from None
+      raise ValueError(
+          f'nm_sparsity_map entry {entry!r}: invalid regex {regex!r} ({err}).') from None
     try:
       parsed.append((regex, nm.parse_nm(f'{pieces[1]}:{pieces[2]}')))
     except ValueError as err:

@@ -11,8 +11,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxprune import blocks, nm as nm_lib
+from jaxprune import blocks
 from jaxprune import hparams as hparams_lib
+from jaxprune import nm as nm_lib
 from jaxprune.names import leaf_name
 
 PyTree = Any

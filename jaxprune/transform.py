@@ -25,7 +25,8 @@ from jax import Array, lax
 from jaxprune import hparams as hparams_lib
 from jaxprune import masks as masks_lib
 from jaxprune import nm as nm_lib
-from jaxprune import schedule, specs as specs_lib
+from jaxprune import schedule
+from jaxprune import specs as specs_lib
 
 PyTree = Any
 SparsityFn = Callable[[Array], Array]
@@ -122,9 +123,9 @@ def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | Non
     specs = specs_of(params, warn=True)
     leaves, treedef = jax.tree.flatten(params)
     spec_list = specs_lib.spec_leaves(specs)
-    masks = [None if s is None else jnp.ones(p.shape, bool) for p, s in zip(leaves, spec_list)]
-    thresholds = [None if s is None else jnp.zeros((), jnp.float32)
-                  for s in spec_list]
+    masks = [None if s is None else jnp.ones(p.shape, bool)
+             for p, s in zip(leaves, spec_list, strict=True)]
+    thresholds = [None if s is None else jnp.zeros((), jnp.float32) for s in spec_list]
     return PruningState(
         step=jnp.zeros((), jnp.int32),
         last_update_step=jnp.zeros((), jnp.int32),
