@@ -9,7 +9,7 @@ small-vector cost, and a counting pass that runs at memory speed on CPU.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import Array, lax
+from jax import Array
 
 _SPLITTER = 4097.0  # 2**12 + 1: Veltkamp's split of a 24-bit significand.
 _SMALLEST_NORMAL = 2.0 ** -126
@@ -47,10 +47,10 @@ def div_rn(x: Array, y: Array) -> Array:
   return jnp.take_along_axis(candidates, best[None], axis=0)[0]
 
 
-def count_scale(value_max: Array) -> Array:
-  """A power of two 2**-e with 2**e > value_max (>= the smallest normal)."""
+def count_exponent(value_max: Array) -> Array:
+  """The int32 e with 2**e > value_max (>= the smallest normal): scale by 2**-e into [0, 1)."""
   _, exponent = jnp.frexp(jnp.maximum(value_max, jnp.float32(_SMALLEST_NORMAL)))
-  return jnp.ldexp(jnp.float32(1.0), -exponent)
+  return exponent
 
 
 def _rows(values: Array) -> Array:
@@ -66,27 +66,27 @@ def _rows(values: Array) -> Array:
   return values.reshape(-1, width)
 
 
-def count_at_least(values: Array, threshold: Array, scale: Array) -> Array:
-  """Exact int32 count of `values >= threshold`, for values, threshold in [0, 1/scale).
+TINY = 2.0 ** -100
+
+
+def count_at_least(scaled: Array, threshold: Array) -> Array:
+  """Exact int32 count of `scaled >= threshold`, for values in [0, 1).
 
   XLA on CPU vectorises a float sum of `floor` but not a sum of compares or
   selects (about 8x slower). For |d| < 1, floor(d) is -1 when d < 0 and 0
-  otherwise, so floor((v - t) * scale) + 1 is the indicator of v >= t: the sign
-  of a float difference is exact and scaling by a power of two is exact. Each
-  row sums at most 2**24 ones, which float32 holds exactly.
+  otherwise, so floor(v - t) + 1 is the indicator of v >= t: the sign of a
+  float difference is exact. Callers scale magnitudes by a power of two
+  (`count_scale`, exact) once, so that every pass reads one array and no
+  broadcast. Each row sums at most 2**24 ones, which float32 holds exactly.
 
-  CPU XLA flushes subnormals to zero, so a difference below 2**-126 after
-  scaling would read as 0; thresholds under 2**-100 / scale take the compare
-  path instead, where such tiny differences are also zero for the comparison.
+  CPU XLA flushes subnormals to zero, so the count is exact for threshold == 0
+  or threshold >= TINY; callers search below that with `count_at_least_slow`.
   """
-  rows = _rows(values)
+  rows = _rows(scaled)
+  below = jnp.sum(jnp.floor(rows - threshold), axis=1)
+  return rows.size + jnp.sum(below.astype(jnp.int32))
 
-  def fast(threshold):
-    below = jnp.sum(jnp.floor((rows - threshold) * scale), axis=1)
-    return rows.size + jnp.sum(below.astype(jnp.int32))
 
-  def slow(threshold):
-    return jnp.sum(rows >= threshold, dtype=jnp.int32)
-
-  safe = threshold * scale >= jnp.float32(2.0 ** -100)
-  return lax.cond(safe, fast, slow, threshold)
+def count_at_least_slow(values: Array, threshold: Array) -> Array:
+  """`count_at_least` by comparison: exact for any threshold, several times slower."""
+  return jnp.sum(values >= threshold, dtype=jnp.int32)

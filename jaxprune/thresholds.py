@@ -25,8 +25,14 @@ def _size(parts: Sequence[Array]) -> int:
   return sum(int(p.size) for p in parts)
 
 
-def _count(parts: Sequence[Array], threshold: Array, scale: Array) -> Array:
-  return sum(numerics.count_at_least(p, threshold, scale) for p in parts)
+def _count(parts: Sequence[Array], threshold: Array) -> Array:
+  """count(a >= threshold) over parts pre-scaled into [0, 1) (see numerics.count_at_least)."""
+  return sum(numerics.count_at_least(p, threshold) for p in parts)
+
+
+def _scaled(parts: Sequence[Array], exponent: Array) -> list[Array]:
+  """parts * 2**-exponent: exact, and the one array every counting pass reads."""
+  return [jnp.ldexp(p, -exponent) for p in parts]
 
 
 def magnitude_max(parts: Sequence[Array]) -> Array:
@@ -70,12 +76,14 @@ def histogram_threshold(parts: Sequence[Array], value_max: Array, sparsity: Arra
   lower edge of the first bin whose CDF reaches `sparsity` (SPEC section 4).
   """
   total = _size(parts)
-  scale = numerics.count_scale(value_max)
+  exponent = numerics.count_exponent(value_max)
+  scaled = _scaled(parts, exponent)
 
   def reaches(k):
-    # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1).
-    count_le = jnp.where(k >= nbins - 1, total,
-                         total - _count(parts, bin_edge(k + 1, value_max, nbins), scale))
+    # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1); edges are
+    # >= max / nbins, far above numerics.TINY after scaling.
+    edge = jnp.ldexp(bin_edge(k + 1, value_max, nbins), -exponent)
+    count_le = jnp.where(k >= nbins - 1, total, total - _count(scaled, edge))
     return _cdf_at_least(count_le, total, sparsity)
 
   # Invariant: cdf[lo] < s (lo = -1 stands for "no bin"), cdf[hi] >= s.
@@ -100,8 +108,9 @@ def histogram_cdf(values: Array, value_max: float | Array, nbins: int) -> Array:
   parts = [jnp.abs(jnp.asarray(values, jnp.float32))]
   value_max = jnp.asarray(value_max, jnp.float32)
   total = _size(parts)
-  scale = numerics.count_scale(jnp.maximum(value_max, magnitude_max(parts)))
-  counts = [total - _count(parts, bin_edge(k + 1, value_max, nbins), scale)
+  exponent = numerics.count_exponent(jnp.maximum(value_max, magnitude_max(parts)))
+  scaled = _scaled(parts, exponent)
+  counts = [total - _count(scaled, jnp.ldexp(bin_edge(k + 1, value_max, nbins), -exponent))
             for k in range(nbins - 1)]
   counts = jnp.stack(counts + [jnp.int32(total)]).astype(jnp.float32)
   return numerics.div_rn(counts, jnp.float32(total))
@@ -113,26 +122,42 @@ def keep_count(total: int, sparsity: Array) -> Array:
   return jnp.maximum(kept, 1.0).astype(jnp.int32)
 
 
-def exact_threshold(parts: Sequence[Array], value_max: Array, sparsity: Array) -> Array:
-  """The k-th largest magnitude, k = keep_count(N, sparsity); `mask = a >= it`.
-
-  Searches the largest bit pattern b with count(a >= float(b)) >= k, which is
-  the value a sort would put at position k - 1 from the top.
-  """
-  kept = keep_count(_size(parts), sparsity)
-  scale = numerics.count_scale(value_max)
-
-  def enough(key):
-    threshold = lax.bitcast_convert_type(key, jnp.float32)
-    return _count(parts, threshold, scale) >= kept
-
-  # Invariant: enough(lo) (a >= 0 always), not enough(hi).
+def _largest_key_with(enough, lo: Array, hi: Array) -> Array:
+  """The largest int32 key in [lo, hi) with enough(key), given enough(lo) and not enough(hi)."""
   def step(_, bounds):
     lo, hi = bounds
     mid = lo + (hi - lo) // 2
     ok = enough(mid)
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-  top = lax.bitcast_convert_type(value_max, jnp.int32) + 1
-  lo, _ = lax.fori_loop(0, 31, step, (jnp.int32(0), top), unroll=True)
-  return lax.bitcast_convert_type(lo, jnp.float32)
+  lo, _ = lax.fori_loop(0, 31, step, (lo, hi), unroll=True)
+  return lo
+
+
+def exact_threshold(parts: Sequence[Array], value_max: Array, sparsity: Array) -> Array:
+  """The k-th largest magnitude, k = keep_count(N, sparsity); `mask = a >= it`.
+
+  Searches the largest float32 bit pattern b with count(a >= float(b)) >= k,
+  which is the value a sort would put at position k - 1 from the top. The fast
+  count is exact above `numerics.TINY` (after scaling); when the answer lies
+  below it (almost all weights are < 1e-30 of the largest) the search compares.
+  """
+  kept = keep_count(_size(parts), sparsity)
+  exponent = numerics.count_exponent(value_max)
+  scaled = _scaled(parts, exponent)
+  tiny = jnp.float32(numerics.TINY)
+  as_key = lambda x: lax.bitcast_convert_type(x, jnp.int32)
+  as_value = lambda key: lax.bitcast_convert_type(key, jnp.float32)
+
+  def fast():
+    enough = lambda key: _count(scaled, as_value(key)) >= kept
+    top = as_key(jnp.ldexp(value_max, -exponent)) + 1
+    # Scaling back by a power of two is exact: the result is an element of `parts`.
+    return jnp.ldexp(as_value(_largest_key_with(enough, as_key(tiny), top)), exponent)
+
+  def slow():
+    enough = lambda key: sum(numerics.count_at_least_slow(p, as_value(key)) for p in parts) >= kept
+    unscaled_tiny = jnp.ldexp(tiny, exponent)
+    return as_value(_largest_key_with(enough, jnp.int32(0), as_key(unscaled_tiny)))
+
+  return lax.cond(_count(scaled, tiny) >= kept, fast, slow)
