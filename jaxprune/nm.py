@@ -1,0 +1,149 @@
+"""N:M semi-structured sparsity: keep n of every m consecutive weights.
+
+The rule of tfmot's `sparsity_m_by_n` and jaxpruner's N:M pruning (2:4 is the
+pattern sparse tensor cores accelerate): along the input-channel axis, split
+the weights into groups of `m` consecutive entries and keep the `n` of largest
+magnitude in each group. For a Dense kernel `(in, out)` the input-channel axis
+is 0; for a conv kernel `(H, W, I, O)` it is -2; both are `axis=-2`, the
+default.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ['is_nm_sparse', 'nm_mask', 'nm_mask_from_scores', 'parse_nm']
+
+
+def parse_nm(spec: str | tuple[int, int] | None) -> tuple[int, int] | None:
+  """Parses and validates an N:M pattern such as `'2:4'`.
+
+  Args:
+    spec: `'N:M'` (spaces allowed), a tuple `(n, m)`, or `''`/`None` for "no
+      N:M pattern".
+
+  Returns:
+    `(n, m)` with `1 <= n < m`, or `None` for an empty spec.
+
+  Raises:
+    ValueError: if the text is not two integers separated by `:` or the
+      numbers are out of range.
+  """
+  if spec is None or (isinstance(spec, str) and not spec.strip()):
+    return None
+  if isinstance(spec, str):
+    parts = spec.split(':')
+    try:
+      if len(parts) != 2:
+        raise ValueError
+      n, m = (int(p.strip()) for p in parts)
+    except ValueError:
+      raise ValueError(
+          f"N:M pattern {spec!r}: expected two integers 'N:M' such as '2:4'") from None
+  else:
+    try:
+      n, m = spec
+    except (TypeError, ValueError):
+      raise ValueError(f'N:M pattern {spec!r}: expected a pair (n, m) such as (2, 4)') from None
+    if isinstance(n, bool) or isinstance(m, bool) or not (
+        isinstance(n, int) and isinstance(m, int)):
+      raise ValueError(f'N:M pattern {spec!r}: n and m must be integers, e.g. (2, 4)')
+  if not 1 <= n < m:
+    raise ValueError(
+        f'N:M pattern {spec!r}: need 1 <= N < M (keep N of every M weights), e.g. 2:4')
+  return n, m
+
+
+def _check(shape: tuple[int, ...], n: int, m: int, axis: int, name: str | None) -> int:
+  """Validates the arguments of `nm_mask`; returns `axis` made non-negative."""
+  parse_nm((n, m))
+  what = f'leaf {name!r} with shape {shape}' if name else f'weights with shape {shape}'
+  if not shape:
+    raise ValueError(f'N:M {n}:{m}: {what} is a scalar; N:M needs an axis to group along')
+  if not -len(shape) <= axis < len(shape):
+    raise ValueError(
+        f'N:M {n}:{m}: axis={axis} is out of range for {what}; pass an axis in '
+        f'[-{len(shape)}, {len(shape)})')
+  axis %= len(shape)
+  if shape[axis] % m:
+    raise ValueError(
+        f'N:M {n}:{m}: {what}: axis {axis} has {shape[axis]} entries, '
+        f'which is not divisible by M={m}; choose M dividing {shape[axis]}, '
+        f'another axis, or leave this leaf out of the N:M pattern')
+  return axis
+
+
+def nm_mask(weights: jax.Array, n: int, m: int, axis: int = -2, *,
+            name: str | None = None) -> jax.Array:
+  """Keeps the `n` largest-magnitude entries of every `m` consecutive ones.
+
+  Groups are `m` consecutive entries along `axis` (for every position on the
+  other axes). Within a group, ties in magnitude go to the lower index (like
+  `lax.top_k`), and NaN counts as the largest magnitude (kept), so each group
+  keeps exactly `n` entries. Pure and jittable (`n`, `m`, `axis` are static).
+
+  Args:
+    weights: an array with at least one dimension, e.g. a Dense kernel
+      `(in, out)` or a conv kernel `(H, W, in, out)`.
+    n: entries kept per group, `1 <= n < m`.
+    m: group size; `weights.shape[axis]` must be divisible by it.
+    axis: the axis along which groups are formed; the default -2 is the
+      input-channel axis of Dense and HWIO conv kernels.
+    name: the leaf's name, used only in error messages.
+
+  Returns:
+    A bool mask with the shape of `weights`, True for kept entries.
+
+  Raises:
+    ValueError: if `weights.shape[axis]` is not divisible by `m`, `axis` is out
+      of range, or `n`, `m` are invalid.
+  """
+  magnitudes = jnp.abs(weights)
+  if jnp.issubdtype(magnitudes.dtype, jnp.inexact):
+    magnitudes = jnp.where(jnp.isnan(magnitudes), jnp.inf, magnitudes)
+  return nm_mask_from_scores(magnitudes, n, m, axis, name=name)
+
+
+def nm_mask_from_scores(scores: jax.Array, n: int, m: int, axis: int = -2, *,
+                        name: str | None = None) -> jax.Array:
+  """Keeps the `n` highest `scores` of every `m` consecutive ones along `axis`.
+
+  `nm_mask` with the ranking given by `scores` instead of magnitudes (ties go
+  to the lower index), for criteria other than magnitude.
+
+  Args:
+    scores: real array; higher means more important.
+    n: entries kept per group, `1 <= n < m`.
+    m: group size; `scores.shape[axis]` must be divisible by it.
+    axis: the grouping axis, as in `nm_mask`.
+    name: the leaf's name, used only in error messages.
+
+  Returns:
+    A bool mask with the shape of `scores`.
+  """
+  axis = _check(tuple(scores.shape), n, m, axis, name)
+  moved = jnp.moveaxis(scores, axis, -1)
+  groups = moved.reshape(*moved.shape[:-1], moved.shape[-1] // m, m)
+  order = jnp.argsort(groups, axis=-1, descending=True, stable=True)
+  ranks = jnp.argsort(order, axis=-1)
+  keep = (ranks < n).reshape(moved.shape)
+  return jnp.moveaxis(keep, -1, axis)
+
+
+def is_nm_sparse(x: jax.Array, n: int, m: int, axis: int = -2) -> jax.Array:
+  """Whether every group of `m` consecutive entries along `axis` has at most `n` nonzeros.
+
+  Args:
+    x: weights or a mask (nonzero / True counts as kept).
+    n: the most nonzeros allowed per group.
+    m: group size; `x.shape[axis]` must be divisible by it.
+    axis: the grouping axis, as in `nm_mask`.
+
+  Returns:
+    A bool scalar array.
+  """
+  axis = _check(tuple(x.shape), n, m, axis, None)
+  nonzero = jnp.moveaxis(x != 0, axis, -1)
+  groups = nonzero.reshape(*nonzero.shape[:-1], nonzero.shape[-1] // m, m)
+  return jnp.all(jnp.sum(groups, axis=-1) <= n)
