@@ -1,0 +1,190 @@
+"""Rules for primitives that move positions: offsets, slices, lookups.
+
+`concatenate`, `split`, `slice`, `pad`, `rev` and `tile` map positions with an
+offset (a reversal, copies); `stack` and `unstack` add and remove an axis;
+`gather`, `dynamic_slice` and
+`dynamic_update_slice` pass whole axes through and block the indexed ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxprune.structured import rules
+
+_shape = rules.var_shape
+
+
+def _concatenate(ctx, eqn) -> None:
+  out = eqn.outvars[0]
+  dim = eqn.params['dimension']
+  out_ids = ctx.ids(out, dim)
+  offset = 0
+  for var in eqn.invars:
+    shape = _shape(var)
+    for axis in range(len(shape)):
+      if axis != dim:
+        ctx.join_axes(var, axis, out, axis)
+    ids = ctx.ids(var, dim)
+    if shape[dim] == 1 and out_ids is not None:
+      ctx.block_ids(out_ids[offset:offset + 1], "size-1 piece of 'concatenate'")
+    elif out_ids is not None:
+      ctx.join(ids, out_ids[offset:offset + shape[dim]])
+    offset += shape[dim]
+
+
+def _split(ctx, eqn) -> None:
+  operand = eqn.invars[0]
+  axis = eqn.params['axis']
+  in_ids = ctx.ids(operand, axis)
+  offset = 0
+  for out in eqn.outvars:
+    shape = _shape(out)
+    for a in range(len(shape)):
+      if a != axis:
+        ctx.join_axes(operand, a, out, a)
+    if in_ids is not None:
+      piece = in_ids[offset:offset + shape[axis]]
+      if shape[axis] == 1:
+        ctx.block_ids(piece, "size-1 piece of 'split'")
+      else:
+        ctx.join(piece, ctx.ids(out, axis))
+    offset += shape[axis]
+
+
+def _slice(ctx, eqn) -> None:
+  operand, out = eqn.invars[0], eqn.outvars[0]
+  strides = eqn.params['strides'] or (1,) * len(_shape(operand))
+  for axis, (start, limit, stride) in enumerate(
+      zip(eqn.params['start_indices'], eqn.params['limit_indices'], strides, strict=True)):
+    ids = ctx.ids(operand, axis)
+    if ids is None:
+      continue
+    picked = ids[start:limit:stride]
+    if _shape(out)[axis] == 1:
+      # A single picked position is a value the rest of the model relies on.
+      ctx.block_ids(picked, "position picked by 'slice'")
+    elif stride != 1:
+      ctx.block(operand, axis)
+      ctx.block(out, axis)
+    else:
+      ctx.join(picked, ctx.ids(out, axis))
+
+
+def _pad(ctx, eqn) -> None:
+  operand, out = eqn.invars[0], eqn.outvars[0]
+  for axis, (low, _, interior) in enumerate(eqn.params['padding_config']):
+    ids, out_ids = ctx.ids(operand, axis), ctx.ids(out, axis)
+    if ids is None:
+      continue
+    if interior != 0 or out_ids is None:
+      ctx.block(operand, axis)
+      ctx.block(out, axis)
+      continue
+    positions = low + np.arange(len(ids))
+    inside = (positions >= 0) & (positions < len(out_ids))
+    ctx.join(ids[inside], out_ids[positions[inside]])
+    if not inside.all():
+      ctx.block_ids(ids[~inside], "position cut by negative 'pad'")
+
+
+def _rev(ctx, eqn) -> None:
+  operand, out = eqn.invars[0], eqn.outvars[0]
+  for axis in range(len(_shape(operand))):
+    ids = ctx.ids(operand, axis)
+    if ids is not None and axis in eqn.params['dimensions']:
+      ctx.join(ids[::-1], ctx.ids(out, axis))
+    else:
+      ctx.join_axes(operand, axis, out, axis)
+
+
+def _gather(ctx, eqn) -> None:
+  """Table lookups (embeddings): whole-slice axes pass through; indexed ones block."""
+  operand, indices = eqn.invars[:2]
+  out = eqn.outvars[0]
+  dnums = eqn.params['dimension_numbers']
+  slice_sizes = eqn.params['slice_sizes']
+  out_rank = len(_shape(out))
+  offset_dims = list(dnums.offset_dims)
+  batch_out = [a for a in range(out_rank) if a not in offset_dims]
+  skipped = set(dnums.collapsed_slice_dims) | set(dnums.operand_batching_dims)
+  sliced = [a for a in range(len(_shape(operand))) if a not in skipped]
+  for axis, out_axis in zip(sliced, offset_dims, strict=True):
+    full = slice_sizes[axis] == _shape(operand)[axis] and axis not in dnums.start_index_map
+    if full:
+      ctx.join_axes(operand, axis, out, out_axis)
+    else:
+      ctx.block(operand, axis)
+      ctx.block(out, out_axis)
+  for axis in set(dnums.start_index_map) | set(dnums.collapsed_slice_dims):
+    ctx.block(operand, axis)
+  index_rank = len(_shape(indices))
+  index_axes = [a for a in range(index_rank) if a != index_rank - 1]
+  if len(index_axes) == len(batch_out):
+    for axis, out_axis in zip(index_axes, batch_out, strict=True):
+      ctx.join_axes(indices, axis, out, out_axis)
+  else:
+    for axis in range(index_rank):
+      ctx.block(indices, axis)
+  ctx.block(indices, index_rank - 1)
+
+
+def _dynamic_slice(ctx, eqn) -> None:
+  operand, out = eqn.invars[0], eqn.outvars[0]
+  for axis, size in enumerate(eqn.params['slice_sizes']):
+    if size == _shape(operand)[axis]:
+      ctx.join_axes(operand, axis, out, axis)
+    else:
+      ctx.block(operand, axis)
+      ctx.block(out, axis)
+
+
+def _dynamic_update_slice(ctx, eqn) -> None:
+  operand, update = eqn.invars[:2]
+  out = eqn.outvars[0]
+  for axis, size in enumerate(_shape(update)):
+    ctx.join_axes(operand, axis, out, axis)
+    if size == _shape(operand)[axis]:
+      ctx.join_axes(update, axis, out, axis)
+    else:
+      ctx.block(operand, axis)
+      ctx.block(update, axis)
+
+
+def _tile(ctx, eqn) -> None:
+  """Every copy of a position is that position's channel."""
+  operand, out = eqn.invars[0], eqn.outvars[0]
+  for axis, reps in enumerate(eqn.params['reps']):
+    ids, out_ids = ctx.ids(operand, axis), ctx.ids(out, axis)
+    if ids is None:
+      continue
+    for rep in range(reps):
+      ctx.join(ids, out_ids[rep * len(ids):(rep + 1) * len(ids)])
+
+
+def _stack(ctx, eqn) -> None:
+  """The new axis numbers the operands: it cannot lose a position; others join."""
+  out, new_axis = eqn.outvars[0], eqn.params['axis']
+  rank = len(_shape(out))
+  for var in eqn.invars:
+    for axis in range(rank - 1):
+      ctx.join_axes(var, axis, out, axis + (axis >= new_axis))
+  ctx.block_ids(ctx.ids(out, new_axis), "axis made by 'stack'")
+
+
+def _unstack(ctx, eqn) -> None:
+  operand, old_axis = eqn.invars[0], eqn.params['axis']
+  for out in eqn.outvars:
+    for axis in range(len(_shape(out))):
+      ctx.join_axes(operand, axis + (axis >= old_axis), out, axis)
+  ctx.block_ids(ctx.ids(operand, old_axis), "axis split by 'unstack'")
+
+
+def register() -> None:
+  """Adds the rules of this module to `rules.RULES`."""
+  rules.RULES.update({
+      'concatenate': _concatenate, 'split': _split, 'slice': _slice, 'pad': _pad,
+      'rev': _rev, 'gather': _gather, 'dynamic_slice': _dynamic_slice,
+      'dynamic_update_slice': _dynamic_update_slice, 'tile': _tile, 'stack': _stack,
+      'unstack': _unstack,
+  })
