@@ -32,8 +32,20 @@ def expand_mask(score_mask: Array, shape: tuple[int, ...], block_dims: tuple[int
   return blocks.expand(score_mask, resolved, squeezed).reshape(shape)
 
 
+def max_score(weights: Array, score: Array) -> Array:
+  """max(score), read from the weights when the score is |weights|.
+
+  max(max(w), -min(w)) reads `weights` twice but spares XLA a materialised
+  |w| (a write and a read of the whole tensor) before its reduction.
+  """
+  if score.shape != weights.shape:
+    return jnp.max(score)
+  weights = jnp.asarray(weights, jnp.float32)
+  return jnp.maximum(jnp.max(weights), -jnp.min(weights))
+
+
 def threshold_of(parts: Sequence[Array], sparsity: Array, *, nbins: int,
-                 threshold_method: str) -> tuple[Array, Array]:
+                 threshold_method: str, value_max: Array | None = None) -> tuple[Array, Array]:
   """The current threshold of magnitude arrays `parts` and whether it is usable.
 
   Returns:
@@ -43,7 +55,8 @@ def threshold_of(parts: Sequence[Array], sparsity: Array, *, nbins: int,
   """
   if threshold_method not in _METHODS:
     raise ValueError(f'threshold_method={threshold_method!r}: must be one of {_METHODS}.')
-  value_max = thresholds.magnitude_max(parts)
+  if value_max is None:
+    value_max = thresholds.magnitude_max(parts)
   ok = jnp.isfinite(value_max) & (value_max > 0)
   # A safe max keeps the search finite when it is not used.
   safe_max = jnp.where(ok, value_max, jnp.float32(1.0))
@@ -94,7 +107,8 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
   """
   weights = jnp.asarray(weights)
   score = scores(weights, block_dims, block_pooling_function)
-  current, ok = threshold_of([score], sparsity, nbins=nbins, threshold_method=threshold_method)
+  current, ok = threshold_of([score], sparsity, nbins=nbins, threshold_method=threshold_method,
+                             value_max=max_score(weights, score))
   threshold = jnp.asarray(threshold, jnp.float32)
   new_threshold = decay(current, threshold, threshold_decay)
   mask = expand_mask(compare(score, new_threshold, threshold_method), weights.shape, block_dims)

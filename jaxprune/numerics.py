@@ -53,7 +53,7 @@ def count_exponent(value_max: Array) -> Array:
   return exponent
 
 
-def _rows(values: Array) -> Array:
+def rows(values: Array) -> Array:
   """A 2-D view whose rows are short enough to be summed exactly in float32."""
   if values.ndim >= 2 and values.shape[-1] <= 2 ** 24:
     return values.reshape(-1, values.shape[-1])
@@ -82,9 +82,9 @@ def count_at_least(scaled: Array, threshold: Array) -> Array:
   CPU XLA flushes subnormals to zero, so the count is exact for threshold == 0
   or threshold >= TINY; callers search below that with `count_at_least_slow`.
   """
-  rows = _rows(scaled)
-  below = jnp.sum(jnp.floor(rows - threshold), axis=1)
-  return rows.size + jnp.sum(below.astype(jnp.int32))
+  rows_ = rows(scaled)
+  below = jnp.sum(jnp.floor(rows_ - threshold), axis=1)
+  return rows_.size + jnp.sum(below.astype(jnp.int32))
 
 
 def count_at_least_slow(values: Array, threshold: Array) -> Array:

@@ -19,6 +19,8 @@ from jax import Array, lax
 from jaxprune import numerics
 
 _EDGE_SEARCH_ULPS = 4
+_SAMPLE_STRIDE = 16  # rows of the estimate's sample
+_MIN_SAMPLE = 4096  # smaller samples bisect all elements directly
 
 
 def _size(parts: Sequence[Array]) -> int:
@@ -31,8 +33,14 @@ def _count(parts: Sequence[Array], threshold: Array) -> Array:
 
 
 def _scaled(parts: Sequence[Array], exponent: Array) -> list[Array]:
-  """parts * 2**-exponent: exact, and the one array every counting pass reads."""
-  return [jnp.ldexp(p, -exponent) for p in parts]
+  """parts * 2**-exponent: exact, and the one array every counting pass reads.
+
+  Two normal powers of two (a single 2**-128 would be subnormal, i.e. zero).
+  """
+  half = exponent // 2
+  first = jnp.ldexp(jnp.float32(1.0), -half)
+  second = jnp.ldexp(jnp.float32(1.0), half - exponent)
+  return [p * first * second for p in parts]
 
 
 def magnitude_max(parts: Sequence[Array]) -> Array:
@@ -68,34 +76,82 @@ def _cdf_at_least(count_le: Array, total: int, sparsity: Array) -> Array:
   return cdf >= sparsity
 
 
+def _bisect(reaches, lo: Array, hi: Array, steps: int) -> Array:
+  """The first k in (lo, hi] with reaches(k), given not reaches(lo) and reaches(hi).
+
+  `steps` must be >= ceil(log2(hi - lo)); unrolled, for cheap `reaches`.
+  """
+  def step(_, bounds):
+    lo, hi = bounds
+    mid = (lo + hi) // 2
+    ok = reaches(mid)
+    done = hi - lo <= 1  # converged early: keep the bounds
+    return jnp.where(ok | done, lo, mid), jnp.where(ok & ~done, mid, hi)
+
+  _, hi = lax.fori_loop(0, steps, step, (lo, hi), unroll=True)
+  return hi
+
+
+def _gallop(reaches, guess: Array, lo: Array, hi: Array) -> Array:
+  """Like `_bisect`, starting from a guess of the answer.
+
+  Probes the guess, then steps away from it by 1, 1, 2, 4, ... until a probe
+  flips, then bisects: two probes when the guess is right, three when it is
+  one off, about 2 * log2(error) otherwise.
+  """
+  def unfinished(state):
+    lo, hi = state[:2]
+    return hi - lo > 1
+
+  def step(state):
+    lo, hi, probe, delta, previous, bracketed = state
+    probe = jnp.clip(probe, lo + 1, hi - 1)
+    ok = reaches(probe)
+    lo, hi = jnp.where(ok, lo, probe), jnp.where(ok, probe, hi)
+    bracketed |= (previous >= 0) & (ok != (previous == 1))
+    gallop = jnp.where(ok, probe - delta, probe + delta)
+    probe = jnp.where(bracketed, (lo + hi) // 2, gallop)
+    delta = jnp.where(previous >= 0, delta * 2, delta)
+    return lo, hi, probe, delta, ok.astype(jnp.int32), bracketed
+
+  state = (lo, hi, guess, jnp.int32(1), jnp.int32(-1), jnp.bool_(False))
+  return lax.while_loop(unfinished, step, state)[1]
+
+
 def histogram_threshold(parts: Sequence[Array], value_max: Array, sparsity: Array,
                         nbins: int) -> Array:
   """TF's histogram threshold on magnitudes `parts` with maximum `value_max` > 0.
 
   Returns (number of bins whose CDF is below `sparsity`) / nbins * max: the
   lower edge of the first bin whose CDF reaches `sparsity` (SPEC section 4).
+
+  The first bin whose CDF reaches s is searched with exact counts over all
+  elements, starting from an estimate on every 16th row. The estimate only
+  decides where the search starts, never the result; on large tensors it is
+  usually exact, so the search takes two counting passes instead of log2(nbins).
   """
-  total = _size(parts)
   exponent = numerics.count_exponent(value_max)
   scaled = _scaled(parts, exponent)
-
-  def reaches(k):
-    # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1); edges are
-    # >= max / nbins, far above numerics.TINY after scaling.
-    edge = jnp.ldexp(bin_edge(k + 1, value_max, nbins), -exponent)
-    count_le = jnp.where(k >= nbins - 1, total, total - _count(scaled, edge))
-    return _cdf_at_least(count_le, total, sparsity)
-
-  # Invariant: cdf[lo] < s (lo = -1 stands for "no bin"), cdf[hi] >= s.
-  def step(_, bounds):
-    lo, hi = bounds
-    mid = (lo + hi) // 2
-    ok = reaches(mid)
-    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
-
-  # hi - lo = nbins halves to 1 in exactly ceil(log2(nbins)) steps.
+  lo, hi = jnp.int32(-1), jnp.int32(nbins - 1)
   steps = (nbins - 1).bit_length()
-  _, first = lax.fori_loop(0, steps, step, (jnp.int32(-1), jnp.int32(nbins - 1)), unroll=True)
+
+  def reaches_on(values):
+    total = _size(values)
+
+    def reaches(k):
+      # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1); edges are
+      # >= max / nbins, far above numerics.TINY after scaling.
+      edge = jnp.ldexp(bin_edge(k + 1, value_max, nbins), -exponent)
+      count_le = jnp.where(k >= nbins - 1, total, total - _count(values, edge))
+      return (k >= 0) & _cdf_at_least(count_le, total, sparsity)
+    return reaches
+
+  samples = [rows[::_SAMPLE_STRIDE] for rows in map(numerics.rows, scaled)]
+  if _size(samples) < _MIN_SAMPLE:
+    first = _bisect(reaches_on(scaled), lo, hi, steps)
+  else:
+    guess = _bisect(reaches_on(samples), lo, hi, steps)
+    first = _gallop(reaches_on(scaled), guess, lo, hi)
   return numerics.div_rn(first.astype(jnp.float32), jnp.float32(nbins)) * value_max
 
 

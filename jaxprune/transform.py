@@ -81,13 +81,17 @@ def _new_masks(hparams, specs, new_params, state, sparsity_of):
             for j, i, s in magnitude}
   for j, _, _ in magnitude:
     skips += (~jnp.all(jnp.isfinite(scores[j]))).astype(jnp.int32)
+  maxima = {j: masks_lib.max_score(weights[i], scores[j]) for j, i, _ in magnitude}
   if hparams.global_pruning and magnitude:
-    current, ok = masks_lib.threshold_of(list(scores.values()), sparsity_of(None), **kw)
+    value_max = jnp.max(jnp.stack(list(maxima.values())))
+    current, ok = masks_lib.threshold_of(list(scores.values()), sparsity_of(None),
+                                         value_max=value_max, **kw)
     for j, index, spec in magnitude:
       finish(j, index, spec, scores[j], current, ok)
   else:
     for j, index, spec in magnitude:
-      current, ok = masks_lib.threshold_of([scores[j]], sparsity_of(spec), **kw)
+      current, ok = masks_lib.threshold_of([scores[j]], sparsity_of(spec),
+                                           value_max=maxima[j], **kw)
       finish(j, index, spec, scores[j], current, ok)
   return new_masks, new_thresholds, skips
 
