@@ -1,0 +1,266 @@
+"""Selectors: which channels to remove, from importance scores and a target.
+
+Three targets, as ENOT and Torch-Pruning users know them:
+
+* uniform: the same ratio of channels leaves every prunable group;
+* global: a ratio or count of all candidate channels, least important first
+  across groups (scores are mean-normalised per group, so they compare);
+* cost: a FLOPs target (fraction of the dense model's FLOPs) or any monotone
+  cost such as a measured latency, reached greedily (global order, binary
+  search on how many channels go) or by a knapsack over per-group kept counts.
+
+Every selector respects a `Constraint` (minimum kept, rounding, locked groups)
+and removes, within a group, its least important channels.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxprune.structured import cost as cost_lib
+from jaxprune.structured import importance as importance_lib
+from jaxprune.structured.plan import Constraint, Plan, make_plan
+
+PyTree = Any
+
+
+def _candidates(graph: Any, scores: Mapping[int, np.ndarray], constraint: Constraint) -> list:
+  return [g for g in graph.groups
+          if g.prunable and g.id in scores and not constraint.is_locked(g)
+          and constraint.min_keep(g.size) < g.size]
+
+
+def _least_important(scores: np.ndarray, count: int) -> np.ndarray:
+  return np.sort(np.argsort(scores, kind='stable')[:count])
+
+
+def _plan_from_counts(graph: Any, scores: Mapping[int, np.ndarray],
+                      counts: Mapping[int, int]) -> Plan:
+  return make_plan(graph, {gid: _least_important(scores[gid], n)
+                           for gid, n in counts.items() if n > 0})
+
+
+def uniform(graph: Any, scores: Mapping[int, np.ndarray], ratio: float,
+            constraint: Constraint | None = None) -> Plan:
+  """Removes `ratio` of the channels of every prunable, unlocked group.
+
+  The kept count is `size - round(ratio * size)`, moved to the nearest count
+  the constraint allows.
+  """
+  if not 0.0 <= ratio < 1.0:
+    raise ValueError(f'ratio={ratio}: the fraction of channels to remove must be in [0, 1).')
+  constraint = constraint or Constraint()
+  counts = {}
+  for g in _candidates(graph, scores, constraint):
+    keep = g.size - int(np.floor(ratio * g.size + 0.5))
+    counts[g.id] = g.size - constraint.nearest_keep(g.size, keep)
+  return _plan_from_counts(graph, scores, counts)
+
+
+class _GlobalOrder:
+  """All candidate channels sorted by score; plans from a prefix of that order."""
+
+  def __init__(self, graph, scores, constraint):
+    self.graph, self.scores, self.constraint = graph, scores, constraint
+    self.groups = _candidates(graph, scores, constraint)
+    if self.groups:
+      gids = np.concatenate([np.full(g.size, g.id) for g in self.groups])
+      flat = np.concatenate([np.asarray(scores[g.id], np.float64) for g in self.groups])
+      self.order_gids = gids[np.argsort(flat, kind='stable')]
+    else:
+      self.order_gids = np.zeros(0, np.int64)
+    self.total = int(self.order_gids.size)
+
+  def counts(self, k: int) -> dict[int, int]:
+    ids, n = np.unique(self.order_gids[:k], return_counts=True)
+    sizes = {g.id: g.size for g in self.groups}
+    return {int(gid): self.constraint.most_removal(sizes[int(gid)], int(c))
+            for gid, c in zip(ids, n, strict=True)}
+
+  def plan(self, k: int) -> Plan:
+    return _plan_from_counts(self.graph, self.scores, self.counts(k))
+
+  def smallest_prefix(self, ok: Callable[[Plan], bool]) -> Plan:
+    """The plan of the shortest prefix for which `ok(plan)` holds (monotone in k)."""
+    lo, hi = 0, self.total
+    if not ok(self.plan(hi)):
+      warnings.warn('the target cannot be reached within the constraints; removing as many '
+                    'channels as they allow.', stacklevel=3)
+      return self.plan(hi)
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if ok(self.plan(mid)):
+        hi = mid
+      else:
+        lo = mid + 1
+    return self.plan(lo)
+
+
+def global_(graph: Any, scores: Mapping[int, np.ndarray], amount: float,
+            constraint: Constraint | None = None) -> Plan:
+  """Removes the least important channels network-wide.
+
+  Args:
+    graph: a DependencyGraph.
+    scores: importance scores per group.
+    amount: a fraction in (0, 1) of all candidate channels, or an int >= 1
+      giving their number (ENOT's `n_channels_or_ratio`).
+    constraint: per-group limits; the result removes at least `amount`
+      channels when the constraints allow it (rounding may overshoot a little).
+
+  Returns:
+    The plan.
+  """
+  order = _GlobalOrder(graph, scores, constraint or Constraint())
+  if isinstance(amount, (int, np.integer)) and amount >= 1:
+    target = int(amount)
+  elif 0.0 <= amount < 1.0:
+    target = int(np.floor(amount * order.total + 0.5))
+  else:
+    raise ValueError(f'amount={amount!r}: give a fraction in [0, 1) or a channel count >= 1.')
+  return order.smallest_prefix(lambda plan: plan.num_removed >= target)
+
+
+def _knapsack(graph, scores, constraint, cost_fn, target, buckets=256):
+  """Minimises lost importance s.t. linearised FLOPs saving >= budget; budget by bisection."""
+  groups = _candidates(graph, scores, constraint)
+  options = []  # per group: (removal counts, lost importance, linear saving)
+  for g in groups:
+    removals = g.size - constraint.allowed_keeps(g.size)
+    lost = np.concatenate([[0.0], np.cumsum(np.sort(scores[g.id]))])[removals]
+    options.append((removals, lost, removals * max(float(g.flops_per_channel), 0.0)))
+  max_saving = sum(float(o[2].max()) for o in options) if options else 0.0
+  if max_saving <= 0:
+    return None
+  unit = max_saving / buckets
+
+  def solve(budget):
+    need = int(np.ceil(budget / unit - 1e-9))
+    states = np.arange(need + 1)
+    best = np.where(states == 0, 0.0, np.inf)  # best[s]: least loss with saving >= s units
+    choices = []
+    for _, lost, saving in options:
+      units = np.floor(saving / unit + 1e-9).astype(np.int64)
+      new, arg = np.full(need + 1, np.inf), np.zeros(need + 1, np.int64)
+      for j in range(len(lost)):
+        cand = best[np.maximum(0, states - units[j])] + lost[j]
+        better = cand < new
+        new[better], arg[better] = cand[better], j
+      best = new
+      choices.append((arg, units))
+    if not np.isfinite(best[need]):
+      return None
+    counts, s = {}, need
+    for g, (removals, _, _), (arg, units) in reversed(list(zip(groups, options, choices,
+                                                              strict=True))):
+      j = int(arg[s])
+      counts[g.id] = int(removals[j])
+      s = max(0, s - int(units[j]))
+    return _plan_from_counts(graph, scores, counts)
+
+  lo, hi, found = 0.0, max_saving, None
+  for _ in range(24):
+    mid = (lo + hi) / 2
+    plan = solve(mid)
+    if plan is not None and cost_fn(plan) <= target:
+      found, hi = plan, mid
+    else:
+      lo = mid
+  return found
+
+
+def by_cost(graph: Any, scores: Mapping[int, np.ndarray], cost_fn: Callable[[Plan], float],
+            target: float, constraint: Constraint | None = None, search: str = 'greedy') -> Plan:
+  """Removes channels until `cost_fn(plan) <= target`.
+
+  Args:
+    graph: a DependencyGraph.
+    scores: importance scores per group.
+    cost_fn: cost of the model a plan gives (FLOPs, or a measured latency);
+      must not grow when more channels go.
+    target: the cost to reach, in `cost_fn`'s units.
+    constraint: per-group limits.
+    search: 'greedy' (least important first across groups; a binary search on
+      how many go) or 'knapsack' (per-group kept counts that lose the least
+      importance for a linearised FLOPs saving, tightened until the exact cost
+      meets the target).
+
+  Returns:
+    The plan; with a warning and the most the constraints allow if the target
+    is out of reach.
+  """
+  constraint = constraint or Constraint()
+  if search == 'greedy':
+    return _GlobalOrder(graph, scores, constraint).smallest_prefix(
+        lambda plan: cost_fn(plan) <= target)
+  if search == 'knapsack':
+    plan = _knapsack(graph, scores, constraint, cost_fn, target)
+    if plan is None:
+      return by_cost(graph, scores, cost_fn, target, constraint, 'greedy')
+    return plan
+  raise ValueError(f"search={search!r}: use 'greedy' or 'knapsack'.")
+
+
+def select(graph: Any, variables: PyTree, *, ratio: float | None = None,
+           flops_target: float | None = None, importance: Any = 'l2',
+           scope: str = 'uniform', n_channels: int | None = None,
+           latency_fn: Callable[[Plan], float] | None = None,
+           latency_target: float | None = None, search: str = 'greedy',
+           constraint: Constraint | None = None, masks: PyTree | None = None,
+           seed: int = 0) -> Plan:
+  """Chooses the channels to remove.
+
+  Give exactly one target: `ratio` (with `scope='uniform'` or `'global'`),
+  `n_channels` (global count), `flops_target` (fraction of the dense model's
+  FLOPs to keep, counted on the traced jaxpr), or `latency_fn` with
+  `latency_target`.
+
+  Args:
+    graph: the DependencyGraph of `jaxprune.structured.trace`.
+    variables: the dense variables the graph was traced with.
+    ratio: fraction of channels to remove.
+    flops_target: in (0, 1]; e.g. 0.25 keeps a quarter of the FLOPs.
+    importance: 'l1', 'l2', 'bn_scale', 'density', 'random', or precomputed
+      `{group id: scores}` (e.g. `taylor_importance(...)`).
+    scope: 'uniform' or 'global' for `ratio`.
+    n_channels: number of channels to remove globally.
+    latency_fn: `latency_fn(plan) -> float`, e.g. timing `apply_plan`'s result.
+    latency_target: target for `latency_fn`.
+    search: 'greedy' or 'knapsack' for cost targets.
+    constraint: a `Constraint`; default keeps >= 1 channel per group.
+    masks: masks for `importance='density'`.
+    seed: seed for `importance='random'`.
+
+  Returns:
+    A `Plan`.
+  """
+  constraint = constraint or Constraint()
+  given = [name for name, v in (('ratio', ratio), ('flops_target', flops_target),
+                                ('n_channels', n_channels), ('latency_target', latency_target))
+           if v is not None]
+  if len(given) != 1:
+    raise ValueError(f'select: give exactly one of ratio, n_channels, flops_target, '
+                     f'latency_target; got {given or "none"}.')
+  scores = importance_lib.score_channels(graph, variables, importance, masks=masks, seed=seed)
+  if ratio is not None:
+    if scope == 'uniform':
+      return uniform(graph, scores, ratio, constraint)
+    if scope == 'global':
+      return global_(graph, scores, float(ratio), constraint)
+    raise ValueError(f"scope={scope!r}: use 'uniform' or 'global'.")
+  if n_channels is not None:
+    return global_(graph, scores, int(n_channels), constraint)
+  if flops_target is not None:
+    if not 0.0 < flops_target <= 1.0:
+      raise ValueError(f'flops_target={flops_target}: the fraction of FLOPs to keep must be '
+                       'in (0, 1].')
+    dense = cost_lib.plan_flops(graph, make_plan(graph, {}))
+    return by_cost(graph, scores, lambda plan: cost_lib.plan_flops(graph, plan),
+                   flops_target * dense, constraint, search)
+  if latency_fn is None:
+    raise ValueError('latency_target needs latency_fn(plan) -> float.')
+  return by_cost(graph, scores, latency_fn, latency_target, constraint, search)

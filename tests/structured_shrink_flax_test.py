@@ -1,0 +1,167 @@
+"""Flax paths: Linen rebuild and resize, NNX in place, BatchNorm re-calibration, `prune`."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from structured_zoo import CNN, ZOO, TransformerBlock, _x
+
+from jaxprune.structured import api, calibrate, flax_rebuild, oracle, selectors, shrink
+from jaxprune.structured.plan import make_plan
+from jaxprune.structured.trace import trace
+
+
+class WidthCNN(nn.Module):
+  """The zoo CNN with its widths as attributes, so it can be rebuilt smaller."""
+  widths: tuple[int, int] = (8, 16)
+
+  @nn.compact
+  def __call__(self, x):
+    norm = lambda name: nn.BatchNorm(use_running_average=True, name=name)
+    x = nn.relu(norm('bn1')(nn.Conv(self.widths[0], (3, 3), name='conv1')(x)))
+    x = nn.relu(norm('bn2')(nn.Conv(self.widths[1], (3, 3), strides=2, name='conv2')(x)))
+    return nn.Dense(5, name='head')(jnp.mean(x, axis=(1, 2)))
+
+
+def _perturbed(variables):
+  """Random BatchNorm statistics and scales, so that removing a channel is not a no-op."""
+  rng = np.random.default_rng(7)
+  return jax.tree.map(lambda a: jnp.abs(a + 0.3 * rng.standard_normal(a.shape, np.float32)),
+                      variables)
+
+
+def test_linen_rebuild_with_new_features_and_eval_shape_check():
+  x = _x(2, 8, 8, 3)
+  model = WidthCNN()
+  variables = _perturbed(model.init(jax.random.key(0), x))
+  graph = trace(model.apply, variables, x)
+  plan = selectors.select(graph, variables, ratio=0.5, importance='bn_scale')
+  new, _ = shrink.apply_plan(graph, variables, plan)
+  sizes = flax_rebuild.linen_feature_sizes(new)
+  assert sizes == {'conv1': 4, 'conv2': 8, 'head': 5}
+  rebuilt = WidthCNN(widths=(sizes['conv1'], sizes['conv2']))
+  flax_rebuild.check_linen_shapes(rebuilt, new, x)
+  reference = oracle.dense_reference(graph, variables, plan, x)
+  assert oracle.compare(reference, rebuilt.apply(new, x))
+  with pytest.raises(ValueError, match=r'params/conv2/kernel: model makes \(3, 3, 4, 16\)'):
+    flax_rebuild.check_linen_shapes(WidthCNN(widths=(4, 16)), new, x)
+
+
+def test_linen_resized_runs_the_unchanged_module():
+  x = _x(2, 8, 8, 3)
+  model = CNN()
+  variables = _perturbed(model.init(jax.random.key(0), x))
+  graph = trace(model.apply, variables, x)
+  plan = selectors.select(graph, variables, ratio=0.5)
+  new, pruned_fn = shrink.apply_plan(graph, variables, plan)
+  with pytest.raises(Exception, match='conv1'):
+    model.apply(new, x)
+  with flax_rebuild.linen_resized(new):
+    out = model.apply(new, x)
+  assert oracle.compare(oracle.dense_reference(graph, variables, plan, x), out)
+  np.testing.assert_allclose(out, pruned_fn(new, x), rtol=1e-5, atol=1e-6)
+
+
+def test_linen_resized_attention_heads_and_mlp():
+  fn, variables, (x,), _ = ZOO['transformer_block']()
+  graph = trace(fn, variables, x)
+  heads = next(g.id for g in graph.groups if any(
+      m.leaf == 'params/attn/query/kernel' and m.axis == 1 for m in g.members))
+  mlp = next(g.id for g in graph.groups if any(
+      m.leaf == 'params/mlp_in/kernel' and m.axis == 1 for m in g.members))
+  # head_dim is left alone: Flax recomputes 1/sqrt(head_dim), the traced jaxpr does not.
+  plan = make_plan(graph, {heads: [1], mlp: [0, 5, 7]})
+  new, _ = shrink.apply_plan(graph, variables, plan)
+  assert new['params']['attn']['out']['kernel'].shape == (1, 4, 6)
+  with flax_rebuild.linen_resized(new):
+    out = TransformerBlock().apply(new, x)
+  assert oracle.compare(oracle.dense_reference(graph, variables, plan, x), out)
+
+
+def test_nnx_update_in_place_sets_attributes():
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.conv = nnx.Conv(3, 8, (3, 3), rngs=rngs)
+      self.bn = nnx.BatchNorm(8, rngs=rngs)
+      self.dw = nnx.Conv(8, 8, (3, 3), feature_group_count=8, rngs=rngs)
+      self.fc = nnx.Linear(8, 4, rngs=rngs)
+
+    def __call__(self, x):
+      x = self.dw(nnx.relu(self.bn(self.conv(x))))
+      return self.fc(x.mean((1, 2)))
+
+  model = Net(nnx.Rngs(0))
+  model.eval()
+  x = _x(2, 5, 5, 3)
+  graphdef, state = nnx.split(model)
+  graph = trace(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
+  plan = selectors.select(graph, state, ratio=0.25)
+  new, _ = shrink.apply_plan(graph, state, plan)
+  reference = oracle.dense_reference(graph, state, plan, x)
+  flax_rebuild.update_nnx(model, new)
+  assert (model.conv.out_features, model.bn.num_features) == (6, 6)
+  assert (model.dw.in_features, model.dw.out_features, model.dw.feature_group_count) == (6, 6, 6)
+  assert (model.fc.in_features, model.fc.out_features) == (6, 4)
+  assert oracle.compare(reference, model(x))
+
+
+class _DenseBN(nn.Module):
+  @nn.compact
+  def __call__(self, x, train=False):
+    x = nn.Dense(3, name='fc')(x)
+    return nn.BatchNorm(use_running_average=not train, momentum=0.8, name='bn')(x)
+
+
+def test_recalibrate_gives_the_mean_of_batch_statistics_for_any_momentum():
+  model = _DenseBN()
+  batches = [jax.random.normal(jax.random.key(i), (16, 4)) * (i + 1) for i in range(3)]
+  variables = model.init(jax.random.key(0), batches[0])
+  update = calibrate.linen_update_fn(model, variables, train=True)
+  stats = calibrate.recalibrate(update, variables['batch_stats'], batches)
+  w = np.asarray(variables['params']['fc']['kernel'])
+  b = np.asarray(variables['params']['fc']['bias'])
+  acts = [np.asarray(x) @ w + b for x in batches]
+  np.testing.assert_allclose(stats['bn']['mean'], np.mean([a.mean(0) for a in acts], 0),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(stats['bn']['var'], np.mean([a.var(0) for a in acts], 0),
+                             rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match='at least one calibration batch'):
+    calibrate.recalibrate(update, variables['batch_stats'], [])
+
+
+def test_prune_one_line_linen_with_taylor_and_bn_recalibration():
+  x = _x(4, 8, 8, 3)
+  model = CNN()
+  variables = model.init(jax.random.key(0), x)
+  batches = [(_x(4, 8, 8, 3) * (i + 1), jnp.arange(4) % 5) for i in range(2)]
+  loss = lambda out, batch: optax.softmax_cross_entropy_with_integer_labels(out, batch[1]).mean()
+  result = api.prune(model, x, variables=variables, ratio=0.5, importance='taylor',
+                     loss_fn=loss, calibration_batches=batches, recalibrate_bn=True,
+                     train_model=CNN(train=True), train_kwargs={}, progress=False)
+  assert result.check.ok
+  # conv1 8 -> 4 and conv2 16 -> 8 channels: 2*36*(4*27) + 2*16*(9*4*8) + 2*8*5 FLOPs (4 images).
+  dense = 4 * (2 * 64 * 27 * 8 + 2 * 16 * 72 * 16 + 2 * 16 * 5)
+  pruned = 4 * (2 * 64 * 27 * 4 + 2 * 16 * 36 * 8 + 2 * 8 * 5)
+  assert (result.flops_before, result.flops_after) == (dense, pruned)
+  acts = [np.asarray(nn.Conv(4, (3, 3)).apply({'params': result.variables['params']['conv1']},
+                                              b[0])) for b in batches]
+  np.testing.assert_allclose(result.variables['batch_stats']['bn1']['mean'],
+                             np.mean([a.mean((0, 1, 2)) for a in acts], 0), rtol=1e-4, atol=1e-5)
+  assert result.apply(result.variables, x).shape == (4, 5)
+
+
+def test_prune_one_line_nnx_to_a_flops_target():
+  fn, state, (x,), _ = ZOO['nnx_model']()
+  from structured_zoo import NNXNet
+  model = NNXNet(nnx.Rngs(0))
+  model.eval()
+  result = api.prune(model, x, flops_target=0.6, progress=False)
+  # fc1 5 -> h, fc2 h -> 3 on 2 rows: 2*2*(5h + 3h) <= 0.6 * 2*2*(5*7 + 3*7) needs h <= 4.
+  assert model.fc1.out_features == 4 and model.bn.num_features == 4
+  assert result.flops_after == 2 * 2 * 8 * 4
+  assert model(x).shape == (2, 3)
+  with pytest.raises(ValueError, match='variables=...'):
+    api.prune(model, x, variables={}, ratio=0.5)
