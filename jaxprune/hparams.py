@@ -75,7 +75,7 @@ def _split_top_level(text: str) -> list[str]:
 
 def _convert(name: str, raw: str, default: Any) -> Any:
   """Converts the text of one value to the type of the field's default."""
-  if isinstance(default, list):
+  if isinstance(default, (list, tuple)):
     if not (raw.startswith('[') and raw.endswith(']')):
       raise ValueError(
           f'parse_hparams: {name}={raw!r} must be a bracketed list, e.g. {name}=[regex:value].')

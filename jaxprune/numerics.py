@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import Array
 
 _SPLITTER = 4097.0  # 2**12 + 1: Veltkamp's split of a 24-bit significand.
-_SMALLEST_NORMAL = 2.0 ** -126
+SMALLEST_NORMAL = 2.0 ** -126
 
 
 def _split(x: Array) -> tuple[Array, Array]:
@@ -40,7 +40,8 @@ def div_rn(x: Array, y: Array) -> Array:
   x = jnp.asarray(x, jnp.float32)
   y = jnp.asarray(y, jnp.float32)
   q = x / y
-  candidates = jnp.stack([jnp.nextafter(q, -jnp.inf), q, jnp.nextafter(q, jnp.inf)])
+  # q first: when residuals tie (only if flushed to zero, e.g. x == 0) it wins.
+  candidates = jnp.stack([q, jnp.nextafter(q, -jnp.inf), jnp.nextafter(q, jnp.inf)])
   p, e = two_product(candidates, y)
   residual = jnp.abs((x - p) - e)
   best = jnp.argmin(residual, axis=0)
@@ -49,20 +50,20 @@ def div_rn(x: Array, y: Array) -> Array:
 
 def count_exponent(value_max: Array) -> Array:
   """The int32 e with 2**e > value_max (>= the smallest normal): scale by 2**-e into [0, 1)."""
-  _, exponent = jnp.frexp(jnp.maximum(value_max, jnp.float32(_SMALLEST_NORMAL)))
+  _, exponent = jnp.frexp(jnp.maximum(value_max, jnp.float32(SMALLEST_NORMAL)))
   return exponent
 
 
 def rows(values: Array) -> Array:
-  """A 2-D view whose rows are short enough to be summed exactly in float32."""
+  """A view whose last axis is short enough to be summed exactly in float32.
+
+  Arrays of rank >= 2 keep their shape, so a tensor sharded along any axis
+  is counted where it lives (a reshape could gather it).
+  """
   if values.ndim >= 2 and values.shape[-1] <= 2 ** 24:
-    return values.reshape(-1, values.shape[-1])
+    return values
   size = values.size
-  width = 1
-  for candidate in (4096, 1024, 256, 64, 16, 4, 2):
-    if size % candidate == 0:
-      width = candidate
-      break
+  width = next((w for w in (4096, 1024, 256, 64, 16, 4, 2) if size % w == 0), 1)
   return values.reshape(-1, width)
 
 
@@ -82,9 +83,9 @@ def count_at_least(scaled: Array, threshold: Array) -> Array:
   CPU XLA flushes subnormals to zero, so the count is exact for threshold == 0
   or threshold >= TINY; callers search below that with `count_at_least_slow`.
   """
-  rows_ = rows(scaled)
-  below = jnp.sum(jnp.floor(rows_ - threshold), axis=1)
-  return rows_.size + jnp.sum(below.astype(jnp.int32))
+  view = rows(scaled)
+  below = jnp.sum(jnp.floor(view - threshold), axis=-1)
+  return view.size + jnp.sum(below.astype(jnp.int32))
 
 
 def count_at_least_slow(values: Array, threshold: Array) -> Array:

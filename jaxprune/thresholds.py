@@ -79,7 +79,7 @@ def _cdf_at_least(count_le: Array, total: int, sparsity: Array) -> Array:
 def _bisect(reaches, lo: Array, hi: Array, steps: int) -> Array:
   """The first k in (lo, hi] with reaches(k), given not reaches(lo) and reaches(hi).
 
-  `steps` must be >= ceil(log2(hi - lo)); unrolled, for cheap `reaches`.
+  `steps` must be >= ceil(log2(hi - lo)).
   """
   def step(_, bounds):
     lo, hi = bounds
@@ -88,7 +88,7 @@ def _bisect(reaches, lo: Array, hi: Array, steps: int) -> Array:
     done = hi - lo <= 1  # converged early: keep the bounds
     return jnp.where(ok | done, lo, mid), jnp.where(ok & ~done, mid, hi)
 
-  _, hi = lax.fori_loop(0, steps, step, (lo, hi), unroll=True)
+  _, hi = lax.fori_loop(0, steps, step, (lo, hi))
   return hi
 
 
@@ -132,6 +132,9 @@ def histogram_threshold(parts: Sequence[Array], value_max: Array, sparsity: Arra
   """
   exponent = numerics.count_exponent(value_max)
   scaled = _scaled(parts, exponent)
+  # Quotients a / max are the same after exact scaling, and in [0.5, 1) the
+  # error-free products of the edge search neither overflow nor underflow.
+  scaled_max = _scaled([value_max], exponent)[0]
   lo, hi = jnp.int32(-1), jnp.int32(nbins - 1)
   steps = (nbins - 1).bit_length()
 
@@ -141,7 +144,7 @@ def histogram_threshold(parts: Sequence[Array], value_max: Array, sparsity: Arra
     def reaches(k):
       # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1); edges are
       # >= max / nbins, far above numerics.TINY after scaling.
-      edge = jnp.ldexp(bin_edge(k + 1, value_max, nbins), -exponent)
+      edge = bin_edge(k + 1, scaled_max, nbins)
       count_le = jnp.where(k >= nbins - 1, total, total - _count(values, edge))
       return (k >= 0) & _cdf_at_least(count_le, total, sparsity)
     return reaches
@@ -166,7 +169,8 @@ def histogram_cdf(values: Array, value_max: float | Array, nbins: int) -> Array:
   total = _size(parts)
   exponent = numerics.count_exponent(jnp.maximum(value_max, magnitude_max(parts)))
   scaled = _scaled(parts, exponent)
-  counts = [total - _count(scaled, jnp.ldexp(bin_edge(k + 1, value_max, nbins), -exponent))
+  scaled_max = _scaled([value_max], exponent)[0]
+  counts = [total - _count(scaled, bin_edge(k + 1, scaled_max, nbins))
             for k in range(nbins - 1)]
   counts = jnp.stack(counts + [jnp.int32(total)]).astype(jnp.float32)
   return numerics.div_rn(counts, jnp.float32(total))
@@ -186,7 +190,7 @@ def _largest_key_with(enough, lo: Array, hi: Array) -> Array:
     ok = enough(mid)
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-  lo, _ = lax.fori_loop(0, 31, step, (lo, hi), unroll=True)
+  lo, _ = lax.fori_loop(0, 31, step, (lo, hi))
   return lo
 
 
@@ -214,6 +218,9 @@ def exact_threshold(parts: Sequence[Array], value_max: Array, sparsity: Array) -
   def slow():
     enough = lambda key: sum(numerics.count_at_least_slow(p, as_value(key)) for p in parts) >= kept
     unscaled_tiny = jnp.ldexp(tiny, exponent)
-    return as_value(_largest_key_with(enough, jnp.int32(0), as_key(unscaled_tiny)))
+    key = _largest_key_with(enough, jnp.int32(0), as_key(unscaled_tiny))
+    # CPU XLA compares subnormals as zero, so the search cannot tell them from 0.
+    smallest_normal = as_key(jnp.float32(numerics.SMALLEST_NORMAL))
+    return as_value(jnp.where(key < smallest_normal, 0, key))
 
   return lax.cond(_count(scaled, tiny) >= kept, fast, slow)

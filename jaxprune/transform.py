@@ -75,7 +75,8 @@ def _new_masks(hparams, specs, new_params, state, sparsity_of):
       w = weights[index]
       finite = jnp.all(jnp.isfinite(w))
       skips += (~finite).astype(jnp.int32)
-      mask = nm_lib.nm_mask(w, *spec.nm, axis=-2)  # the input axis of Dense and conv kernels
+      # The input axis of Dense and conv kernels.
+      mask = nm_lib.nm_mask(w, *spec.nm, axis=-2, name=spec.name)
       new_masks[j] = jnp.where(finite, mask, old_masks[j])
   scores = {j: masks_lib.scores(weights[i], s.block_dims, hparams.block_pooling_function)
             for j, i, s in magnitude}
@@ -127,6 +128,9 @@ def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | Non
     specs = specs_of(params, warn=True)
     leaves, treedef = jax.tree.flatten(params)
     spec_list = specs_lib.spec_leaves(specs)
+    for leaf, spec in zip(leaves, spec_list, strict=True):
+      if spec is not None and spec.nm is not None:  # a bad N:M shape fails now, not at step one
+        jax.eval_shape(lambda w, s=spec: nm_lib.nm_mask(w, *s.nm, axis=-2, name=s.name), leaf)
     masks = [None if s is None else jnp.ones(p.shape, bool)
              for p, s in zip(leaves, spec_list, strict=True)]
     thresholds = [None if s is None else jnp.zeros((), jnp.float32) for s in spec_list]

@@ -1,0 +1,233 @@
+"""The transform's options, maps, errors and accessors (SPEC sections 5-8) vs numpy references."""
+
+from __future__ import annotations
+
+import warnings
+
+import core_refs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxprune
+
+F32 = np.float32
+
+
+def _hparams(**overrides):
+  hparams = jaxprune.get_pruning_hparams()
+  hparams.update(overrides)
+  return hparams
+
+
+def _dyadic(shape, seed):
+  """Distinct integers times 2**-4: exact block sums, no ties."""
+  rng = np.random.default_rng(seed)
+  size = int(np.prod(shape))
+  return (rng.permutation(size) + 1.0) * rng.choice([-1.0, 1.0], size) / 16.0
+
+
+def _one_update(tx, params):
+  """Runs init and two zero updates; with frequency 1 the second one updates the masks."""
+  state = tx.init(params)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  update = jax.jit(tx.update)
+  for _ in range(2):
+    _, state = update(zeros, state, params)
+  return state
+
+
+# Frequency 1, schedule over one step: the update at step 1 uses the target itself.
+ONE_SHOT = dict(pruning_frequency=1, sparsity_function_end_step=1)
+
+
+def test_accessors_on_state_and_chain_state():
+  hparams = _hparams(name='prune', target_sparsity=0.5, **ONE_SHOT)
+  params = {'Dense_0': {'kernel': jnp.asarray(np.linspace(1, 100, 100).reshape(10, 10),
+                                              jnp.float32),
+                        'bias': jnp.arange(10, dtype=jnp.float32)}}
+  tx = optax.chain(optax.sgd(0.0), jaxprune.pruning(hparams))
+  opt_state = _one_update(tx, params)
+  state = opt_state[1]
+  assert jaxprune.find_pruning_state(opt_state) is state
+  assert jaxprune.find_pruning_state(state) is state
+  # SPEC reference: linspace(1, 100, 100) at s = 0.5 has threshold 50 and keeps 51..100.
+  expected_mask = np.linspace(1, 100, 100).reshape(10, 10) > 50
+  for source in (state, opt_state):
+    masks = jaxprune.get_masks(source)
+    assert masks['Dense_0']['bias'] is None
+    np.testing.assert_array_equal(masks['Dense_0']['kernel'], expected_mask)
+    assert jaxprune.get_thresholds(source) == {'Dense_0/kernel': 50.0}
+    assert jaxprune.get_weight_sparsity(source) == {'Dense_0/kernel': 0.5}
+    summary = jaxprune.summaries(source, hparams)
+    assert {k: float(v) for k, v in summary.items()} == {
+        'prune/sparsity': 0.5, 'prune/last_mask_update_step': 1.0, 'prune/nonfinite_skips': 0.0,
+        'Dense_0/kernel/sparsity': 0.5, 'Dense_0/kernel/threshold': 50.0}
+    assert 'model_pruning/sparsity' in jaxprune.summaries(source)
+    masked = jaxprune.apply_masks(params, source)
+    np.testing.assert_array_equal(masked['Dense_0']['kernel'],
+                                  np.where(expected_mask, params['Dense_0']['kernel'], 0.0))
+    np.testing.assert_array_equal(masked['Dense_0']['bias'], params['Dense_0']['bias'])
+  assert jaxprune.get_weight_sparsity(masked) == {'Dense_0/kernel': 0.5}
+
+
+def test_find_pruning_state_needs_exactly_one():
+  params = {'kernel': jnp.ones((4, 4))}
+  hparams = _hparams()
+  two = optax.chain(jaxprune.pruning(hparams), jaxprune.pruning(hparams)).init(params)
+  with pytest.raises(ValueError, match='found 2'):
+    jaxprune.find_pruning_state(two)
+  with pytest.raises(ValueError, match='found 0'):
+    jaxprune.get_masks(optax.adam(1e-3).init(params))
+
+
+def test_update_without_params_raises():
+  tx = jaxprune.pruning(_hparams())
+  params = {'kernel': jnp.ones((4, 4))}
+  with pytest.raises(ValueError, match='params'):
+    tx.update(params, tx.init(params))
+
+
+def test_prune_filter_replaces_regex():
+  params = {'conv': {'w': jnp.asarray(_dyadic((6, 10), 0), jnp.float32)},
+            'Dense_0': {'kernel': jnp.asarray(_dyadic((6, 10), 1), jnp.float32)}}
+  tx = jaxprune.pruning(_hparams(threshold_method='exact', **ONE_SHOT),
+                        prune_filter=lambda name, leaf: name.endswith('/w'))
+  state = _one_update(tx, params)
+  assert state.masks['Dense_0']['kernel'] is None
+  magnitudes = np.abs(np.asarray(params['conv']['w']))
+  np.testing.assert_array_equal(state.masks['conv']['w'],
+                                magnitudes >= np.sort(magnitudes.ravel())[::-1][30 - 1])
+
+
+def test_default_filter_skips_vectors_and_other_names():
+  params = {'a': {'kernel': jnp.ones((5,))}, 'b': {'embedding': jnp.ones((3, 4))},
+            'c': {'scale': jnp.ones((3, 4))}}
+  state = jaxprune.pruning(_hparams()).init(params)
+  assert state.masks['a']['kernel'] is None and state.masks['c']['scale'] is None
+  assert state.masks['b']['embedding'].shape == (3, 4)
+  assert state.masks['b']['embedding'].dtype == jnp.bool_
+
+
+def test_two_matching_map_entries_raise():
+  hparams = _hparams(weight_sparsity_map=['Dense:0.6', 'kernel:0.7'])
+  with pytest.raises(ValueError, match='Dense_0/kernel'):
+    jaxprune.pruning(hparams).init({'Dense_0': {'kernel': jnp.ones((4, 4))}})
+
+
+def test_unused_map_entry_warns_at_init_only():
+  hparams = _hparams(weight_sparsity_map=['Dense_0:0.6', 'no_such_layer:0.7'])
+  tx = jaxprune.pruning(hparams)
+  params = {'Dense_0': {'kernel': jnp.ones((4, 4))}}
+  with pytest.warns(UserWarning, match='no_such_layer'):
+    state = tx.init(params)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    jax.jit(tx.update)(params, state, params)
+
+
+def test_minus_one_block_dims_resolved_per_variable():
+  # '-1' is each kernel's own height: whole columns are pruned in both (TF gave the
+  # second kernel the first one's height, 4, splitting its columns in halves).
+  params = {'a': {'kernel': jnp.asarray(_dyadic((4, 6), 0).reshape(4, 6), jnp.float32)},
+            'b': {'kernel': jnp.asarray(_dyadic((8, 3), 1).reshape(8, 3), jnp.float32)}}
+  hparams = _hparams(block_dims_map=['kernel:-1x1'], threshold_method='exact',
+                     block_pooling_function='MAX', **ONE_SHOT)
+  state = _one_update(jaxprune.pruning(hparams), params)
+  for name, width in (('a', 6), ('b', 3)):
+    weights = np.asarray(params[name]['kernel'])
+    _, expected = core_refs.block_mask(weights, F32(0.5), (-1, 1), 'MAX', 256, 'exact')
+    mask = np.asarray(state.masks[name]['kernel'])
+    np.testing.assert_array_equal(mask, expected)
+    assert (mask.all(axis=0) | ~mask.any(axis=0)).all()
+    assert mask.all(axis=0).sum() == max(round(width * 0.5), 1)
+
+
+@pytest.mark.parametrize('method', ['histogram', 'exact'])
+def test_global_pruning_one_threshold_over_all_leaves(method):
+  rng = np.random.default_rng(5)
+  params = {'Dense_0': {'kernel': jnp.asarray(rng.standard_normal((8, 12)), jnp.float32)},
+            'Dense_1': {'kernel': jnp.asarray(3 * rng.standard_normal((12, 4)), jnp.float32)}}
+  hparams = _hparams(global_pruning=True, target_sparsity=0.7, threshold_method=method,
+                     **ONE_SHOT)
+  state = _one_update(jaxprune.pruning(hparams), params)
+  magnitudes = [np.abs(np.asarray(params[k]['kernel'])) for k in ('Dense_0', 'Dense_1')]
+  threshold, _ = core_refs.threshold_and_mask(
+      np.concatenate([m.ravel() for m in magnitudes]), F32(0.7), 256, method)
+  thresholds = jaxprune.get_thresholds(state)
+  for layer, magnitude in zip(('Dense_0', 'Dense_1'), magnitudes, strict=True):
+    assert thresholds[f'{layer}/kernel'] == threshold
+    expected = magnitude >= threshold if method == 'exact' else magnitude > threshold
+    np.testing.assert_array_equal(state.masks[layer]['kernel'], expected)
+
+
+def test_nm_sparsity_global_and_per_regex():
+  rng = np.random.default_rng(6)
+  params = {'Dense_0': {'kernel': jnp.asarray(rng.standard_normal((8, 6)), jnp.float32)},
+            'Dense_1': {'kernel': jnp.asarray(rng.standard_normal((12, 4)), jnp.float32)}}
+  state = _one_update(jaxprune.pruning(_hparams(sparsity_m_by_n='2:4', **ONE_SHOT)), params)
+  for layer in ('Dense_0', 'Dense_1'):
+    np.testing.assert_array_equal(state.masks[layer]['kernel'],
+                                  core_refs.nm_mask(np.asarray(params[layer]['kernel']), 2, 4))
+  hparams = _hparams(nm_sparsity_map=['Dense_0:1:4'], threshold_method='exact',
+                     target_sparsity=0.25, **ONE_SHOT)
+  state = _one_update(jaxprune.pruning(hparams), params)
+  np.testing.assert_array_equal(state.masks['Dense_0']['kernel'],
+                                core_refs.nm_mask(np.asarray(params['Dense_0']['kernel']), 1, 4))
+  magnitudes = np.abs(np.asarray(params['Dense_1']['kernel']))
+  np.testing.assert_array_equal(state.masks['Dense_1']['kernel'],
+                                magnitudes >= np.sort(magnitudes.ravel())[::-1][36 - 1])
+
+
+def test_nm_input_axis_not_divisible_raises():
+  tx = jaxprune.pruning(_hparams(sparsity_m_by_n='2:4', **ONE_SHOT))
+  params = {'Dense_0': {'kernel': jnp.ones((6, 8))}}
+  with pytest.raises(ValueError, match='not divisible by M=4'):
+    _one_update(tx, params)
+
+
+def test_nonfinite_and_zero_leaves_keep_masks_and_count_skips():
+  hparams = _hparams(threshold_method='exact', pruning_frequency=1, sparsity_function_end_step=4,
+                     target_sparsity=0.5)
+  rng = np.random.default_rng(7)
+  finite = rng.standard_normal((6, 10)).astype(F32)
+  broken = rng.standard_normal((6, 10)).astype(F32)
+  params = {'bad': {'kernel': jnp.asarray(broken)}, 'good': {'kernel': jnp.asarray(finite)},
+            'zero': {'kernel': jnp.zeros((6, 10))}}
+  tx = jaxprune.pruning(hparams)
+  update = jax.jit(tx.update)
+  state = tx.init(params)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  for _ in range(3):  # updates at steps 1 and 2 on finite weights
+    _, state = update(zeros, state, params)
+  kept_mask = np.asarray(state.masks['bad']['kernel'])
+  kept_threshold = np.asarray(state.thresholds['bad']['kernel'])
+  assert not kept_mask.all() and int(state.nonfinite_skips) == 0
+  broken[1, 2], broken[4, 4] = np.nan, np.inf
+  params['bad']['kernel'] = jnp.asarray(broken)
+  for step in (3, 4):
+    _, state = update(zeros, state, params)
+    assert int(state.nonfinite_skips) == step - 2
+    np.testing.assert_array_equal(state.masks['bad']['kernel'], kept_mask)
+    assert state.thresholds['bad']['kernel'] == kept_threshold
+    assert state.thresholds['zero']['kernel'] == 0.0
+    assert np.asarray(state.masks['zero']['kernel']).all()
+  # The finite leaf still followed the schedule to its target.
+  magnitudes = np.abs(finite)
+  np.testing.assert_array_equal(state.masks['good']['kernel'],
+                                magnitudes >= np.sort(magnitudes.ravel())[::-1][30 - 1])
+  assert int(jaxprune.summaries(state)['model_pruning/nonfinite_skips']) == 2
+
+
+def test_nm_error_names_the_leaf():
+  tx = jaxprune.pruning(_hparams(sparsity_m_by_n='2:4', **ONE_SHOT))
+  with pytest.raises(ValueError, match='Dense_0/kernel'):
+    _one_update(tx, {'Dense_0': {'kernel': jnp.ones((6, 8))}})
+
+
+def test_params_sparsity_counts_nan_separately():
+  params = {'k': {'kernel': jnp.asarray([[0.0, np.nan], [1.0, 0.0]])}, 'bias': jnp.zeros(3)}
+  assert jaxprune.get_weight_sparsity(params) == {'k/kernel': 0.5}
+  assert jaxprune.count_nonfinite(params) == {'k/kernel': 1}
