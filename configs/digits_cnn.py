@@ -1,0 +1,23 @@
+"""A small CNN on digits (two 3x3 convs, a 64-wide dense layer), GMP to 90%.
+
+The first conv has only 144 weights and sees the raw pixels, so it is pruned
+to 50% only (`weight_sparsity_map`); every other kernel goes to 90%.
+
+    jaxprune-train --config configs/digits_cnn.py
+"""
+
+import ml_collections
+
+from jaxprune.train import defaults
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """Returns the CNN config; conv kernels and dense kernels are all pruned."""
+  config = defaults.get_config()
+  config.name = 'digits_cnn'
+  config.model.name = 'cnn'
+  config.model.features = (16, 32)
+  config.model.dense = 64
+  config.pruning = defaults.pruning_config(
+      config.pruning, weight_sparsity_map=('Conv_0/kernel:0.5',))
+  return config

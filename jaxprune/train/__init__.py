@@ -1,0 +1,17 @@
+"""The main job: train and prune a Flax model from a config (`jaxprune-train`).
+
+Needs the `examples` extra (scikit-learn, absl-py, tqdm, orbax-checkpoint,
+matplotlib; tensorboardX is optional).
+"""
+
+from jaxprune.train.data import Dataset, load_digits, load_npz
+from jaxprune.train.defaults import get_config
+from jaxprune.train.loop import TrainResult, train
+from jaxprune.train.models import CNN, MLP
+from jaxprune.train.report import format_report
+from jaxprune.train.step import TrainState, make_optimizer, make_train_step
+
+__all__ = [
+    'CNN', 'MLP', 'Dataset', 'TrainResult', 'TrainState', 'format_report', 'get_config',
+    'load_digits', 'load_npz', 'make_optimizer', 'make_train_step', 'train',
+]

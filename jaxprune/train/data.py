@@ -1,0 +1,166 @@
+"""Datasets for the main job: scikit-learn's bundled digits, or a user's `.npz`.
+
+Batches are a pure function of `(seed, step)`: the order of each epoch is a
+permutation drawn from `numpy.random.default_rng((seed, epoch))`, so a run
+resumed from a checkpoint sees exactly the batches an uninterrupted run sees.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')
+
+
+class Dataset(NamedTuple):
+  """A classification dataset held in host memory.
+
+  Attributes:
+    x_train: float32 inputs, shape (n_train, *input_shape).
+    y_train: int32 labels in [0, num_classes), shape (n_train,).
+    x_test: float32 inputs, shape (n_test, *input_shape).
+    y_test: int32 labels, shape (n_test,).
+    num_classes: number of classes.
+  """
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+
+
+def load_digits(seed: int = 0, test_fraction: float = 0.25) -> Dataset:
+  """Loads scikit-learn's 1,797 8x8 handwritten digits (bundled, no download).
+
+  Args:
+    seed: seed of the train/test split.
+    test_fraction: fraction of the images held out for testing, in (0, 1).
+
+  Returns:
+    A `Dataset` with images of shape (8, 8, 1) scaled to [0, 1].
+  """
+  if not 0.0 < test_fraction < 1.0:
+    raise ValueError(
+        f'data.test_fraction={test_fraction!r}: must be in (0, 1), e.g. 0.25.')
+  # Imported here so that `import jaxprune.train` does not require scikit-learn.
+  from sklearn.datasets import load_digits as sk_load_digits
+
+  digits = sk_load_digits()
+  images = (digits.images / 16.0).astype(np.float32)[..., None]
+  labels = digits.target.astype(np.int32)
+  order = np.random.default_rng(seed).permutation(len(labels))
+  n_test = int(round(test_fraction * len(labels)))
+  test, train = order[:n_test], order[n_test:]
+  return Dataset(images[train], labels[train], images[test], labels[test], 10)
+
+
+def load_npz(path: str) -> Dataset:
+  """Loads a user's dataset from a `.npz` file.
+
+  Args:
+    path: a file with arrays `x_train`, `y_train`, `x_test`, `y_test`; inputs
+      have shape (n, *input_shape) with the same input shape in both splits,
+      labels are integers in [0, num_classes) with shape (n,).
+
+  Returns:
+    A `Dataset`; `num_classes` is one more than the largest label.
+
+  Raises:
+    FileNotFoundError: if `path` does not exist.
+    ValueError: if a key is missing or the shapes or labels do not fit.
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f'data.path={path!r}: no such file. Pass the path of a .npz file with '
+        f'arrays {", ".join(NPZ_KEYS)} (e.g. written by numpy.savez).')
+  with np.load(path, allow_pickle=False) as npz:
+    missing = [key for key in NPZ_KEYS if key not in npz.files]
+    if missing:
+      raise ValueError(
+          f'data.path={path!r}: missing arrays {missing}; the file has '
+          f'{sorted(npz.files)} and needs {list(NPZ_KEYS)}.')
+    arrays = {key: npz[key] for key in NPZ_KEYS}
+  for split in ('train', 'test'):
+    x, y = arrays[f'x_{split}'], arrays[f'y_{split}']
+    if y.ndim != 1:
+      raise ValueError(
+          f'{path}: y_{split} has shape {y.shape}; labels must be a 1-D array '
+          'of integer class ids (not one-hot).')
+    if x.ndim < 2 or x.shape[0] != y.shape[0]:
+      raise ValueError(
+          f'{path}: x_{split} has shape {x.shape} but y_{split} has shape '
+          f'{y.shape}; x_{split} must have shape (n, ...) with n = {y.shape[0]}.')
+    if not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
+      raise ValueError(
+          f'{path}: y_{split} must hold non-negative integer class ids; got '
+          f'dtype {y.dtype}.')
+  if arrays['x_train'].shape[1:] != arrays['x_test'].shape[1:]:
+    raise ValueError(
+        f'{path}: x_train has input shape {arrays["x_train"].shape[1:]} but '
+        f'x_test has {arrays["x_test"].shape[1:]}; they must match.')
+  num_classes = int(max(arrays['y_train'].max(initial=0),
+                        arrays['y_test'].max(initial=0))) + 1
+  return Dataset(
+      arrays['x_train'].astype(np.float32), arrays['y_train'].astype(np.int32),
+      arrays['x_test'].astype(np.float32), arrays['y_test'].astype(np.int32),
+      num_classes)
+
+
+def load_dataset(name: str, path: str = '', seed: int = 0,
+                 test_fraction: float = 0.25) -> Dataset:
+  """Loads the dataset named in a config's `data` block.
+
+  Args:
+    name: 'digits' or 'npz'.
+    path: the `.npz` file when `name == 'npz'`.
+    seed: seed of the digits train/test split.
+    test_fraction: fraction of the digits held out for testing.
+
+  Returns:
+    The `Dataset`.
+  """
+  if name == 'digits':
+    return load_digits(seed, test_fraction)
+  if name == 'npz':
+    return load_npz(path)
+  raise ValueError(
+      f"data.name={name!r}: unknown dataset; use 'digits' or 'npz' "
+      "(with data.path='your_file.npz').")
+
+
+def steps_per_epoch(num_examples: int, batch_size: int) -> int:
+  """Full batches per epoch (the last partial batch is dropped)."""
+  if not 1 <= batch_size <= num_examples:
+    raise ValueError(
+        f'batch_size={batch_size}: must be between 1 and the number of '
+        f'training examples ({num_examples}).')
+  return num_examples // batch_size
+
+
+def batch_indices(seed: int, step: int, num_examples: int,
+                  batch_size: int) -> np.ndarray:
+  """The indices of the training batch used at `step`.
+
+  Args:
+    seed: the run's data seed.
+    step: the training step (0-based).
+    num_examples: size of the training set.
+    batch_size: examples per batch.
+
+  Returns:
+    An int array of `batch_size` distinct indices into the training set.
+  """
+  per_epoch = steps_per_epoch(num_examples, batch_size)
+  epoch, position = divmod(step, per_epoch)
+  order = np.random.default_rng((seed, epoch)).permutation(num_examples)
+  return order[position * batch_size:(position + 1) * batch_size]
+
+
+def get_batch(dataset: Dataset, seed: int, step: int,
+              batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Returns `(x, y)` for the training batch of `step`."""
+  index = batch_indices(seed, step, len(dataset.y_train), batch_size)
+  return dataset.x_train[index], dataset.y_train[index]

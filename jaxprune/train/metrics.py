@@ -1,0 +1,97 @@
+"""Metric writers: a `metrics.jsonl` file and, when tensorboardX is installed,
+TensorBoard event files. Both take one flat `{name: number}` dict per step."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+METRICS_FILE = 'metrics.jsonl'
+
+
+def _to_python(value: Any) -> Any:
+  """Converts a Python, numpy or JAX scalar to a JSON-able int, float or str."""
+  if isinstance(value, (str, bool)):
+    return value
+  dtype = getattr(value, 'dtype', None)
+  if isinstance(value, int) or (dtype is not None and np.issubdtype(dtype, np.integer)):
+    return int(value)
+  # NaN and Inf are written as Python's json writes them (NaN, Infinity).
+  return float(value)
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+  """Reads every record of `<workdir>/metrics.jsonl` (empty if it is absent)."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsWriter:
+  """Appends metric records to `metrics.jsonl` and TensorBoard event files.
+
+  On resume, records after the restored step (written by the interrupted run
+  after its last checkpoint) are dropped, so the file holds one history; the
+  whole history is also kept in memory as `history`.
+  """
+
+  def __init__(self, workdir: str | None, *, resume_step: int = 0,
+               tensorboard: bool = True):
+    """Opens the writers.
+
+    Args:
+      workdir: directory for `metrics.jsonl` and the event files; None keeps
+        the records in memory only.
+      resume_step: the step the run restarts from; later records are dropped.
+      tensorboard: whether to write TensorBoard events (needs tensorboardX).
+    """
+    self.history: list[dict[str, Any]] = []
+    self._file = None
+    self._tb = None
+    if workdir is None:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, METRICS_FILE)
+    self.history = [r for r in read_metrics(workdir) if r['step'] <= resume_step]
+    tmp = self.path + '.tmp'
+    with open(tmp, 'w') as f:
+      f.writelines(json.dumps(r) + '\n' for r in self.history)
+    os.replace(tmp, self.path)
+    self._file = open(self.path, 'a')  # noqa: SIM115 -- closed in close()
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+      except ImportError:
+        logging.warning('tensorboardX is not installed; writing only %s. '
+                        'Install it with `pip install tensorboardX`.', self.path)
+      else:
+        # purge_step hides events an interrupted run wrote after its checkpoint.
+        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
+                                 purge_step=resume_step + 1 if resume_step else None)
+
+  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Records `{'step': step, **scalars}`."""
+    record = {'step': int(step)}
+    record.update({k: _to_python(v) for k, v in scalars.items()})
+    self.history.append(record)
+    if self._file is not None:
+      self._file.write(json.dumps(record) + '\n')
+      self._file.flush()
+    if self._tb is not None:
+      for name, value in record.items():
+        if name != 'step' and not isinstance(value, str):
+          self._tb.add_scalar(name, value, global_step=step)
+
+  def close(self) -> None:
+    """Flushes and closes the writers."""
+    if self._file is not None:
+      self._file.close()
+    if self._tb is not None:
+      self._tb.close()

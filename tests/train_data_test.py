@@ -1,0 +1,118 @@
+"""Tests for jaxprune.train.data: digits split, batch order, the .npz loader."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits as sk_load_digits
+
+from jaxprune.train import data
+
+
+def _rows(x):
+  return sorted(map(bytes, np.ascontiguousarray(x.reshape(len(x), -1))))
+
+
+def test_digits_split_sizes_shapes_and_range():
+  ds = data.load_digits(seed=0, test_fraction=0.25)
+  # 1,797 images; round(0.25 * 1797) = 449 held out.
+  assert ds.x_train.shape == (1348, 8, 8, 1)
+  assert ds.x_test.shape == (449, 8, 8, 1)
+  assert ds.y_train.shape == (1348,) and ds.y_test.shape == (449,)
+  assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int32
+  assert ds.num_classes == 10
+  assert ds.x_train.min() == 0.0 and ds.x_train.max() == 1.0
+
+
+def test_digits_split_is_a_partition_of_sklearns_data():
+  ds = data.load_digits(seed=3)
+  digits = sk_load_digits()
+  both = np.concatenate([ds.x_train, ds.x_test])
+  assert _rows(both) == _rows((digits.images / 16.0).astype(np.float32)[..., None])
+  labels = np.concatenate([ds.y_train, ds.y_test])
+  assert np.array_equal(np.bincount(labels), np.bincount(digits.target))
+
+
+def test_digits_split_depends_only_on_seed():
+  a, b, c = data.load_digits(seed=1), data.load_digits(seed=1), data.load_digits(seed=2)
+  assert np.array_equal(a.x_test, b.x_test) and np.array_equal(a.y_train, b.y_train)
+  assert not np.array_equal(a.y_test, c.y_test)
+
+
+def test_digits_rejects_bad_test_fraction():
+  with pytest.raises(ValueError, match='test_fraction=1.0'):
+    data.load_digits(test_fraction=1.0)
+
+
+def test_batches_cover_each_epoch_once_and_are_reproducible():
+  n, batch = 10, 3  # 3 full batches per epoch; one example is dropped each epoch
+  epoch0 = [data.batch_indices(7, step, n, batch) for step in range(3)]
+  flat = np.concatenate(epoch0)
+  assert len(set(flat.tolist())) == 9 and flat.min() >= 0 and flat.max() < n
+  again = [data.batch_indices(7, step, n, batch) for step in range(3)]
+  assert all(np.array_equal(a, b) for a, b in zip(epoch0, again, strict=True))
+  # The epoch's order is numpy's permutation for seed (7, epoch).
+  expected = np.random.default_rng((7, 1)).permutation(n)[3:6]
+  assert np.array_equal(data.batch_indices(7, 4, n, batch), expected)
+  assert not np.array_equal(data.batch_indices(8, 0, n, batch), epoch0[0])
+
+
+def test_get_batch_returns_the_indexed_examples():
+  ds = data.load_digits()
+  x, y = data.get_batch(ds, 0, 5, 32)
+  index = data.batch_indices(0, 5, len(ds.y_train), 32)
+  assert np.array_equal(x, ds.x_train[index]) and np.array_equal(y, ds.y_train[index])
+
+
+def test_batch_size_larger_than_dataset_is_an_error():
+  with pytest.raises(ValueError, match='batch_size=20'):
+    data.batch_indices(0, 0, 10, 20)
+
+
+def _save(tmp_path, **arrays):
+  path = str(tmp_path / 'd.npz')
+  np.savez(path, **arrays)
+  return path
+
+
+def _arrays():
+  rng = np.random.default_rng(0)
+  return {'x_train': rng.normal(size=(20, 4, 4)), 'y_train': np.arange(20) % 3,
+          'x_test': rng.normal(size=(6, 4, 4)), 'y_test': np.arange(6) % 5}
+
+
+def test_npz_round_trip(tmp_path):
+  arrays = _arrays()
+  ds = data.load_npz(_save(tmp_path, **arrays))
+  assert np.allclose(ds.x_train, arrays['x_train']) and ds.x_train.dtype == np.float32
+  assert np.array_equal(ds.y_test, arrays['y_test'])
+  assert ds.num_classes == 5  # the largest label (4, in y_test) plus one
+  assert data.load_dataset('npz', _save(tmp_path, **arrays)).x_test.shape == (6, 4, 4)
+
+
+def test_npz_missing_file(tmp_path):
+  with pytest.raises(FileNotFoundError, match='no such file'):
+    data.load_npz(str(tmp_path / 'absent.npz'))
+
+
+def test_npz_missing_keys(tmp_path):
+  arrays = _arrays()
+  del arrays['y_test']
+  with pytest.raises(ValueError, match=r"missing arrays \['y_test'\]"):
+    data.load_npz(_save(tmp_path, **arrays))
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('y_train', np.arange(19) % 3, r'x_train has shape \(20, 4, 4\) but y_train has shape \(19,\)'),
+    ('x_test', np.zeros((6, 4, 5)), r'x_train has input shape \(4, 4\) but x_test has \(4, 5\)'),
+    ('y_test', np.eye(6), 'not one-hot'),
+    ('y_test', np.linspace(0, 1, 6), 'integer class ids'),
+])
+def test_npz_bad_shapes(tmp_path, key, value, message):
+  arrays = _arrays()
+  arrays[key] = value
+  with pytest.raises(ValueError, match=message):
+    data.load_npz(_save(tmp_path, **arrays))
+
+
+def test_unknown_dataset_name():
+  with pytest.raises(ValueError, match="data.name='mnist'"):
+    data.load_dataset('mnist')
