@@ -107,7 +107,7 @@ def main() -> None:
   }
   # pruning_frequency=10 updates at steps 10, 20, ...: 9 of 100 steps in a run.
   seconds = interleaved({name: make_run(tx, params, x, y, RUN) for name, tx in runs.items()},
-                        rounds=7)
+                        rounds=5)
   base = seconds['plain']
   rows = [[name, f'{seconds[name] / RUN * 1e3:.2f}', f'{seconds[name] / base:.3f}x']
           for name in runs]
