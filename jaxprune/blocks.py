@@ -11,7 +11,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
-from jax import Array
+from jax import Array, lax
 
 from jaxprune import numerics
 
@@ -30,6 +30,25 @@ def resolve_block_dims(shape: tuple[int, ...], block_dims: tuple[int, int]
   if len(squeezed) != 2:
     return None
   return tuple(d if b == -1 else b for b, d in zip(block_dims, squeezed, strict=True))
+
+
+def _halving_sum(values: Array, axis: int) -> Array:
+  """Sums over `axis` by adding halves: the same float additions, in the same
+  order, whatever the shape of each device's shard. XLA's reduce picks its
+  order per shape, so sharded and single-device block averages could differ in
+  the last bit. Zero padding to a power of two adds exact zeros.
+  """
+  size = values.shape[axis]
+  width = 1 << (size - 1).bit_length()
+  if width != size:
+    padding = [(0, 0)] * values.ndim
+    padding[axis] = (0, width - size)
+    values = jnp.pad(values, padding)
+  while width > 1:
+    width //= 2
+    values = (lax.slice_in_dim(values, 0, width, axis=axis)
+              + lax.slice_in_dim(values, width, 2 * width, axis=axis))
+  return lax.squeeze(values, (axis,))
 
 
 def pool(magnitudes: Array, block_dims: tuple[int, int], pooling: str) -> Array:
@@ -54,7 +73,8 @@ def pool(magnitudes: Array, block_dims: tuple[int, int], pooling: str) -> Array:
   row_counts = np.minimum(bh, height - bh * np.arange(rows))
   col_counts = np.minimum(bw, width - bw * np.arange(cols))
   counts = (row_counts[:, None] * col_counts[None, :]).astype(np.float32)
-  return numerics.div_rn(blocks.sum(axis=(1, 3)), jnp.asarray(counts))
+  sums = _halving_sum(_halving_sum(blocks, 3), 1)
+  return numerics.div_rn(sums, jnp.asarray(counts))
 
 
 def expand(pooled_mask: Array, block_dims: tuple[int, int], shape: tuple[int, int]) -> Array:

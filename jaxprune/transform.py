@@ -97,6 +97,41 @@ def _new_masks(hparams, specs, new_params, state, sparsity_of):
   return new_masks, new_thresholds, skips
 
 
+def _explicit_mesh(arrays: list[Array]) -> Any:
+  """The mesh of the first array typed with explicit mesh axes, else None."""
+  for array in arrays:
+    mesh = getattr(jax.typeof(array).sharding, 'mesh', None)
+    if mesh is not None and not mesh.empty and mesh.explicit_axes:
+      return mesh
+  return None
+
+
+def _new_masks_on_any_mesh(hparams, specs, new_params, state, sparsity_of):
+  """`_new_masks`, also for arrays sharded over explicit mesh axes.
+
+  Explicit axes (the default of `jax.make_mesh`) type every array with its
+  sharding, and ops without a sharding rule (the block reshapes) refuse them.
+  The mask update runs with automatic axes instead, where XLA's partitioner
+  shards it as under `pjit`; masks come back sharded like the old masks,
+  thresholds and the count replicated.
+  """
+  mesh = _explicit_mesh(jax.tree.leaves(new_params))
+  if mesh is None:
+    return _new_masks(hparams, specs, new_params, state, sparsity_of)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  out_sharding = ([jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
+                  [replicated for _ in jax.tree.leaves(state.thresholds)], replicated)
+  # Values closed over keep their explicit types, so the sparsities come in as arguments.
+  keys = [None] + [s for s in specs_lib.spec_leaves(specs) if s is not None]
+  sparsities = [sparsity_of(key) for key in keys]
+
+  def compute(new_params, state, sparsities):
+    by_spec = dict(zip(keys, sparsities, strict=True))
+    return _new_masks(hparams, specs, new_params, state, lambda spec: by_spec[spec])
+
+  return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(new_params, state, sparsities)
+
+
 def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | None = None,
             prune_filter: specs_lib.PruneFilter | None = None) -> optax.GradientTransformation:
   """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
@@ -161,7 +196,7 @@ def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | Non
 
     def recompute(_):
       new_params = optax.apply_updates(params, updates)
-      return _new_masks(hparams, specs, new_params, state, sparsity_of)
+      return _new_masks_on_any_mesh(hparams, specs, new_params, state, sparsity_of)
 
     def keep(_):
       return pruned_masks, pruned_thresholds, jnp.int32(0)
