@@ -162,12 +162,16 @@ class Checkpointer:
 
     Args:
       step: a step with a complete checkpoint.
-      like: a train state (or its `jax.eval_shape`) giving structure and dtypes.
+      like: a train state (or its `jax.eval_shape`) giving structure, dtypes and,
+        where its arrays have them, the shardings to restore into (each host
+        then reads only its own shards).
 
     Returns:
       `(state, meta)`.
     """
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), like)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)),
+        like)
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return restored.state, dict(restored.meta)

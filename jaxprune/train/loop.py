@@ -69,6 +69,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   state = create_train_state(params, tx)
   # The one place the step is jitted: everything it needs is in its arguments.
   mesh = sharding.make_mesh(config.get('mesh_shape', ()))
+  # Placed first, so that a checkpoint is restored straight into these shards.
+  state = sharding.place(state, mesh)
   train_step = sharding.jit_train_step(make_train_step(model.apply, tx), mesh, state,
                                        config.batch_size)
   evaluate = make_evaluate(model.apply)
@@ -91,7 +93,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         print(f'The run in {workdir} is complete (step {latest}); reporting it.')
       else:
         print(f'Resuming from the checkpoint of step {latest} in {workdir}.')
-  state = sharding.place(state, mesh)
   start = int(state.step)
   writer = MetricsWriter(workdir, resume_step=start,
                          tensorboard=config.tensorboard and workdir is not None)
