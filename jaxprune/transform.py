@@ -80,9 +80,9 @@ def _new_masks(hparams, specs, new_params, state, sparsity_of):
       new_masks[j] = jnp.where(finite, mask, old_masks[j])
   scores = {j: masks_lib.scores(weights[i], s.block_dims, hparams.block_pooling_function)
             for j, i, s in magnitude}
-  for j, _, _ in magnitude:
-    skips += (~jnp.all(jnp.isfinite(scores[j]))).astype(jnp.int32)
   maxima = {j: masks_lib.max_score(weights[i], scores[j]) for j, i, _ in magnitude}
+  for value_max in maxima.values():  # NaN and +-Inf all reach the max: no extra pass
+    skips += (~jnp.isfinite(value_max)).astype(jnp.int32)
   if hparams.global_pruning and magnitude:
     value_max = jnp.max(jnp.stack(list(maxima.values())))
     current, ok = masks_lib.threshold_of(list(scores.values()), sparsity_of(None),
