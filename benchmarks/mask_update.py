@@ -14,6 +14,8 @@ Run: python benchmarks/mask_update.py
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,8 +60,9 @@ def main() -> None:
     w = jnp.asarray(np.random.default_rng(side).standard_normal((side, side), np.float32))
     same = bool(jnp.array_equal(exact_mask(w)[1], sort_mask(w)[1]))
     seconds = interleaved(
-        {'max': lambda: max_pass(w), 'histogram': lambda: histogram_mask(w),
-         'exact': lambda: exact_mask(w), 'sort': lambda: sort_mask(w)},
+        {name: functools.partial(fn, w) for name, fn in
+         (('max', max_pass), ('histogram', histogram_mask), ('exact', exact_mask),
+          ('sort', sort_mask))},
         rounds=15, rounds_for={'sort': 3})
     floor, sort = seconds['max'], seconds['sort']
     for name in ('max', 'histogram', 'exact', 'sort'):
