@@ -2,11 +2,14 @@
 
 Neither rule sorts nor builds a histogram. Both are searches over a monotone
 count: `count(a >= t)` for a candidate t, computed in one memory-speed pass
-(`numerics.count_at_least`). The histogram rule searches the `nbins` bin edges
-(log2(nbins) passes); the exact rule searches float32 bit patterns, which are
-ordered like the non-negative values they encode (31 passes). Every function
-takes a list of arrays of magnitudes so that one threshold can span several
-variables (global pruning) without concatenating them.
+(`numerics.count_at_least`). The histogram rule searches the `nbins` bin edges;
+the exact rule searches float32 bit patterns, which are ordered like the
+non-negative values they encode. Both start from an estimate made on every 16th
+row, which decides only where the search starts, never its result: about 2
+full passes for the histogram rule and 15 for the exact one, instead of
+log2(nbins) and 31. Every function takes a list of arrays of magnitudes so that
+one threshold can span several variables (global pruning) without
+concatenating them.
 """
 
 from __future__ import annotations
@@ -57,15 +60,11 @@ def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
   """
   k = jnp.asarray(k, jnp.float32)
   guess = numerics.div_rn(k, jnp.float32(nbins)) * value_max
-  offsets = range(-_EDGE_SEARCH_ULPS, _EDGE_SEARCH_ULPS + 1)
-  candidates = [guess]
-  for _ in offsets[_EDGE_SEARCH_ULPS + 1:]:
-    candidates.append(jnp.nextafter(candidates[-1], jnp.float32(jnp.inf)))
-  lower = [guess]
+  above, below = [guess], [guess]
   for _ in range(_EDGE_SEARCH_ULPS):
-    lower.append(jnp.nextafter(lower[-1], jnp.float32(-jnp.inf)))
-  candidates = jnp.stack(lower[:0:-1] + candidates)
-  candidates = jnp.maximum(candidates, 0.0)
+    above.append(jnp.nextafter(above[-1], jnp.float32(jnp.inf)))
+    below.append(jnp.nextafter(below[-1], jnp.float32(-jnp.inf)))
+  candidates = jnp.maximum(jnp.stack(below[:0:-1] + above), 0.0)  # ascending
   bins = jnp.float32(nbins) * numerics.div_rn(candidates, value_max)
   first = jnp.argmax(bins >= k)
   return candidates[first]
