@@ -20,6 +20,10 @@ LAYOUTS = ('data_parallel', 'model_parallel', 'fsdp')
 # The exact rule compiles slowly on 2 busy cores.
 _SLOW = pytest.mark.slow
 METHODS = ['histogram', pytest.param('exact', marks=_SLOW)]
+METHOD_LAYOUTS = [
+    *[('histogram', layout) for layout in LAYOUTS],
+    *[pytest.param('exact', layout, marks=_SLOW) for layout in LAYOUTS],
+]
 # The largest all-reduce allowed: one partial sum per row of the largest
 # leaf (the conv kernel's 3*3*16 rows); a whole weight is 2,048 to 8,192 values.
 MAX_ALL_REDUCE = 144
@@ -54,14 +58,7 @@ def test_masks_and_pruned_params_equal_one_device(request, method, layout):
   assert result['pruned_params_equal']
 
 
-@pytest.mark.parametrize('method, layout', [
-    ('histogram', 'data_parallel'),
-    ('histogram', 'model_parallel'),
-    ('histogram', 'fsdp'),
-    pytest.param('exact', 'data_parallel', marks=_SLOW),
-    pytest.param('exact', 'model_parallel', marks=_SLOW),
-    pytest.param('exact', 'fsdp', marks=_SLOW),
-])
+@pytest.mark.parametrize('method, layout', METHOD_LAYOUTS)
 def test_thresholds_and_whole_state_equal_one_device(request, method, layout):
   result = request.getfixturevalue(method)[layout]
   assert result['unequal_thresholds'] == []
@@ -76,14 +73,7 @@ def test_masks_sharded_like_params_and_thresholds_replicated(request, method, la
   assert result['threshold_specs'] == ['P()']
 
 
-@pytest.mark.parametrize('method, layout', [
-    ('histogram', 'data_parallel'),
-    ('histogram', 'model_parallel'),
-    ('histogram', 'fsdp'),
-    pytest.param('exact', 'data_parallel', marks=_SLOW),
-    pytest.param('exact', 'model_parallel', marks=_SLOW),
-    pytest.param('exact', 'fsdp', marks=_SLOW),
-])
+@pytest.mark.parametrize('method, layout', METHOD_LAYOUTS)
 def test_compiled_hlo_has_only_small_reductions(request, method, layout):
   result = request.getfixturevalue(method)[layout]
   kinds = set(result['collective_counts'])
