@@ -82,6 +82,19 @@ def compare(magnitudes: Array, threshold: Array, threshold_method: str) -> Array
   return magnitudes > threshold
 
 
+def finish_update(score: Array, current: Array, ok: Array, threshold: Array,
+                  previous_mask: Array, shape: tuple[int, ...], block_dims: tuple[int, int],
+                  threshold_decay: float, threshold_method: str) -> tuple[Array, Array]:
+  """From a leaf's current threshold to its stored threshold and mask.
+
+  Applies the decay, thresholds the scores, expands block masks to `shape`, and
+  keeps `threshold` and `previous_mask` when `ok` is False.
+  """
+  new_threshold = decay(current, threshold, threshold_decay)
+  mask = expand_mask(compare(score, new_threshold, threshold_method), shape, block_dims)
+  return jnp.where(ok, new_threshold, threshold), jnp.where(ok, mask, previous_mask)
+
+
 def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int = 256,
                 threshold_decay: float = 0.0, block_dims: tuple[int, int] = (1, 1),
                 block_pooling_function: str = 'AVG', threshold_method: str = 'histogram',
@@ -109,9 +122,7 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
   score = scores(weights, block_dims, block_pooling_function)
   current, ok = threshold_of([score], sparsity, nbins=nbins, threshold_method=threshold_method,
                              value_max=max_score(weights, score))
-  threshold = jnp.asarray(threshold, jnp.float32)
-  new_threshold = decay(current, threshold, threshold_decay)
-  mask = expand_mask(compare(score, new_threshold, threshold_method), weights.shape, block_dims)
   if previous_mask is None:
     previous_mask = jnp.ones(weights.shape, bool)
-  return jnp.where(ok, new_threshold, threshold), jnp.where(ok, mask, previous_mask)
+  return finish_update(score, current, ok, jnp.asarray(threshold, jnp.float32), previous_mask,
+                       weights.shape, block_dims, threshold_decay, threshold_method)

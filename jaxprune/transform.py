@@ -63,11 +63,9 @@ def _new_masks(hparams, specs, new_params, state, sparsity_of):
   kw = dict(nbins=hparams.nbins, threshold_method=method)
 
   def finish(j, index, spec, score, current, ok):
-    threshold = masks_lib.decay(current, old_thresholds[j], hparams.threshold_decay)
-    mask = masks_lib.expand_mask(masks_lib.compare(score, threshold, method),
-                                 weights[index].shape, spec.block_dims)
-    new_thresholds[j] = jnp.where(ok, threshold, old_thresholds[j])
-    new_masks[j] = jnp.where(ok, mask, old_masks[j])
+    new_thresholds[j], new_masks[j] = masks_lib.finish_update(
+        score, current, ok, old_thresholds[j], old_masks[j], weights[index].shape,
+        spec.block_dims, hparams.threshold_decay, method)
 
   magnitude = [(j, i, s) for j, (i, s) in enumerate(pruned) if s.nm is None]
   for j, (index, spec) in enumerate(pruned):
