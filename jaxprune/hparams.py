@@ -15,7 +15,9 @@ import ml_collections
 from jaxprune import nm
 
 _POOLING = ('AVG', 'MAX')
-_THRESHOLD_METHODS = ('histogram', 'exact')
+THRESHOLD_METHODS = ('histogram', 'exact')
+# Which leaves are pruned by default: Dense/Conv kernels and embeddings (SPEC section 6).
+DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
 
 
 def get_pruning_hparams() -> ml_collections.ConfigDict:
@@ -45,7 +47,7 @@ def get_pruning_hparams() -> ml_collections.ConfigDict:
       'use_tpu': False,
       # jaxprune additions.
       'threshold_method': 'histogram',
-      'weight_name_regex': '(kernel|embedding)$',
+      'weight_name_regex': DEFAULT_WEIGHT_NAME_REGEX,
       'global_pruning': False,
       'sparsity_m_by_n': '',
       'nm_sparsity_map': [''],
@@ -228,8 +230,8 @@ def validate(hparams: ml_collections.ConfigDict) -> None:
     _check(h[field] >= 1 or h[field] == -1, field, h[field], 'must be >= 1 or -1 (whole dim)')
   _check(h.block_pooling_function.upper() in _POOLING, 'block_pooling_function',
          h.block_pooling_function, f'must be one of {_POOLING}')
-  _check(h.threshold_method in _THRESHOLD_METHODS, 'threshold_method', h.threshold_method,
-         f'must be one of {_THRESHOLD_METHODS}')
+  _check(h.threshold_method in THRESHOLD_METHODS, 'threshold_method', h.threshold_method,
+         f'must be one of {THRESHOLD_METHODS}')
   try:
     re.compile(h.weight_name_regex)
   except re.error as err:

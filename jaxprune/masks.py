@@ -8,8 +8,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxprune import blocks, thresholds
-
-_METHODS = ('histogram', 'exact')
+from jaxprune.hparams import THRESHOLD_METHODS
 
 
 def scores(weights: Array, block_dims: tuple[int, int] = (1, 1),
@@ -53,8 +52,9 @@ def threshold_of(parts: Sequence[Array], sparsity: Array, *, nbins: int,
     layer) or not finite; the caller then keeps the previous mask (TF produced
     NaN thresholds or emptied the layer here).
   """
-  if threshold_method not in _METHODS:
-    raise ValueError(f'threshold_method={threshold_method!r}: must be one of {_METHODS}.')
+  if threshold_method not in THRESHOLD_METHODS:
+    raise ValueError(
+        f'threshold_method={threshold_method!r}: must be one of {THRESHOLD_METHODS}.')
   if value_max is None:
     value_max = thresholds.magnitude_max(parts)
   ok = jnp.isfinite(value_max) & (value_max > 0)
