@@ -26,6 +26,7 @@ from jaxprune import nm
 
 POOLING = ('AVG', 'MAX')
 THRESHOLD_METHODS = ('histogram', 'exact')
+MASK_SOURCES = ('updated', 'params')
 # Which leaves are pruned by default: Dense/Conv kernels and embeddings (SPEC section 6).
 DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
 # Steps and sizes live in int32 arrays inside jit.
@@ -72,6 +73,7 @@ _DEFAULTS = {
     'nm_sparsity': '',
     'nm_sparsity_map': [''],
     'layer_axes_map': [''],
+    'mask_source': 'updated',
 }
 
 # tfmot's `sparsity_m_by_n=(m, n)` zeroes m of every n; ours keeps N of every M.
@@ -114,6 +116,7 @@ class HParams:
   sparsity_function_exponent: float
   use_tpu: bool
   threshold_method: str
+  mask_source: str
   weight_name_regex: str
   global_pruning: bool
   sparsity_entries: tuple[tuple[str, float], ...]
@@ -433,6 +436,9 @@ def _check_ranges(h: dict[str, Any]) -> None:
          h['block_pooling_function'], f'must be one of {POOLING}')
   _check(h['threshold_method'] in THRESHOLD_METHODS, 'threshold_method', h['threshold_method'],
          f'must be one of {THRESHOLD_METHODS}')
+  _check(h['mask_source'] in MASK_SOURCES, 'mask_source', h['mask_source'],
+         f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
+         "rule), 'params' the params the step starts from (no cost on other steps)")
   _compile('weight_name_regex', h['weight_name_regex'])
 
 

@@ -9,7 +9,7 @@ small-vector cost, and a counting pass that runs at memory speed on CPU.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import Array
+from jax import Array, lax
 
 _SPLITTER = 4097.0  # 2**12 + 1: Veltkamp's split of a 24-bit significand.
 SMALLEST_NORMAL = 2.0 ** -126
@@ -30,6 +30,25 @@ def two_product(x: Array, y: Array) -> tuple[Array, Array]:
   return p, e
 
 
+def as_key(x: Array) -> Array:
+  """The int32 bit pattern of float32 x: ordered like x for x >= 0."""
+  return lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.int32)
+
+
+def as_value(key: Array) -> Array:
+  """The float32 of an int32 bit pattern (the inverse of `as_key`)."""
+  return lax.bitcast_convert_type(key, jnp.float32)
+
+
+def step_ulps(x: Array, ulps: int) -> Array:
+  """The float32 `ulps` steps above x (below for negative ulps), for finite x >= 0.
+
+  Adjacent bit patterns of non-negative floats are adjacent values, so this is
+  `nextafter` applied |ulps| times, in one integer add; it stops at 0.
+  """
+  return as_value(jnp.maximum(as_key(x) + ulps, 0))
+
+
 def div_rn(x: Array, y: Array) -> Array:
   """The float32 nearest to the true quotient x / y, for finite x >= 0 and y > 0.
 
@@ -40,54 +59,41 @@ def div_rn(x: Array, y: Array) -> Array:
   x = jnp.asarray(x, jnp.float32)
   y = jnp.asarray(y, jnp.float32)
   q = x / y
+  best, best_residual = q, _residual(x, y, q)
   # q first: when residuals tie (only if flushed to zero, e.g. x == 0) it wins.
-  candidates = jnp.stack([q, jnp.nextafter(q, -jnp.inf), jnp.nextafter(q, jnp.inf)])
-  p, e = two_product(candidates, y)
-  residual = jnp.abs((x - p) - e)
-  best = jnp.argmin(residual, axis=0)
-  return jnp.take_along_axis(candidates, best[None], axis=0)[0]
+  for candidate in (step_ulps(q, -1), step_ulps(q, 1)):
+    residual = _residual(x, y, candidate)
+    best = jnp.where(residual < best_residual, candidate, best)
+    best_residual = jnp.minimum(residual, best_residual)
+  return best
+
+
+def _residual(x: Array, y: Array, q: Array) -> Array:
+  p, e = two_product(q, y)
+  return jnp.abs((x - p) - e)
 
 
 def count_exponent(value_max: Array) -> Array:
-  """The int32 e with 2**e > value_max (>= the smallest normal): scale by 2**-e into [0, 1)."""
-  _, exponent = jnp.frexp(jnp.maximum(value_max, jnp.float32(SMALLEST_NORMAL)))
-  return exponent
+  """The int32 e with 2**e > value_max (>= the smallest normal): scale by 2**-e into [0, 1).
 
-
-def rows(values: Array) -> Array:
-  """A view whose last axis is short enough to be summed exactly in float32.
-
-  Arrays of rank >= 2 keep their shape, so a tensor sharded along any axis
-  is counted where it lives (a reshape could gather it).
+  frexp's exponent, read off the bit pattern of a normal float.
   """
-  if values.ndim >= 2 and values.shape[-1] <= 2 ** 24:
-    return values
-  size = values.size
-  width = next((w for w in (4096, 1024, 256, 64, 16, 4, 2) if size % w == 0), 1)
-  return values.reshape(-1, width)
+  key = as_key(jnp.maximum(value_max, jnp.float32(SMALLEST_NORMAL)))
+  return (key >> 23) - 126
+
+
+def power_of_two(exponent: Array) -> Array:
+  """2.0**exponent as float32, for integer exponents in [-126, 127]."""
+  return as_value((exponent + 127) << 23)
+
+
+def ldexp(x: Array, exponent: Array) -> Array:
+  """x * 2**exponent, exactly when the result is a normal float or zero.
+
+  In two factors, each a normal power of two, for exponents up to +-252.
+  """
+  half = exponent // 2
+  return x * power_of_two(half) * power_of_two(exponent - half)
 
 
 TINY = 2.0 ** -100
-
-
-def count_at_least(scaled: Array, threshold: Array) -> Array:
-  """Exact int32 count of `scaled >= threshold`, for values in [0, 1).
-
-  XLA on CPU vectorises a float sum of `floor` but not a sum of compares or
-  selects (about 8x slower). For |d| < 1, floor(d) is -1 when d < 0 and 0
-  otherwise, so floor(v - t) + 1 is the indicator of v >= t: the sign of a
-  float difference is exact. Callers scale magnitudes by a power of two
-  (`count_scale`, exact) once, so that every pass reads one array and no
-  broadcast. Each row sums at most 2**24 ones, which float32 holds exactly.
-
-  CPU XLA flushes subnormals to zero, so the count is exact for threshold == 0
-  or threshold >= TINY; callers search below that with `count_at_least_slow`.
-  """
-  view = rows(scaled)
-  below = jnp.sum(jnp.floor(view - threshold), axis=-1)
-  return view.size + jnp.sum(below.astype(jnp.int32))
-
-
-def count_at_least_slow(values: Array, threshold: Array) -> Array:
-  """`count_at_least` by comparison: exact for any threshold, several times slower."""
-  return jnp.sum(values >= threshold, dtype=jnp.int32)

@@ -1,253 +1,477 @@
-"""Magnitude thresholds: TF's histogram CDF rule and the exact k-th value (SPEC section 4).
+"""Magnitude thresholds of many variables at once (SPEC section 4).
+
+TF's histogram CDF rule and the exact k-th value, for every pruned variable
+(or stacked layer, or one global set) in one search. A *group* is one search:
+the variables (*parts*) whose counts add up, with one threshold per *unit*
+(one unit, or one per stacked layer of a single part).
 
 Neither rule sorts nor builds a histogram. Both are searches over a monotone
-count: `count(a >= t)` for a candidate t, computed in one memory-speed pass
-(`numerics.count_at_least`). The histogram rule searches the `nbins` bin edges;
-the exact rule searches float32 bit patterns, which are ordered like the
-non-negative values they encode. Both start from an estimate made on every 16th
-row, which decides only where the search starts, never its result: about 2
-full passes for the histogram rule and 15 for the exact one, instead of
-log2(nbins) and 31. Every function takes a list of arrays of magnitudes so that
-one threshold can span several variables (global pruning) without
-concatenating them.
+count, `count(a >= t)`, for J candidate thresholds per unit in one pass over
+the weights (`_counts`): the searches of all groups advance together in one
+loop, whatever the number of variables. Each pass recomputes the magnitudes
+from the weights (`Part.values`), so no full-size copy of them is stored. The
+searches start from an estimate made on every 16th row, which decides only
+where they start, never their result: about one full pass for the histogram
+rule and a handful for the exact one.
+
+The search logic runs on (units, J) arrays, once for all groups; each pass
+then hands every part its own rows of candidates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 
 from jaxprune import numerics
 
 _EDGE_SEARCH_ULPS = 4
 _SAMPLE_STRIDE = 16  # rows of the estimate's sample
-_MIN_SAMPLE = 4096  # smaller samples bisect all elements directly
 _GRID = 4096  # cells of [0, max] that bracket the exact search
+# Candidate thresholds per unit and pass. A pass costs about (1 + 0.4 * PROBES)
+# max passes on CPU; with the sampled estimate two settle most searches in one.
+PROBES = 2
 
+def fresh(arrays: Any, token: Any) -> Any:
+  """`arrays` behind an optimization barrier shared with `token`.
 
-def _size(parts: Sequence[Array]) -> int:
-  return sum(int(p.size) for p in parts)
-
-
-def _count(parts: Sequence[Array], threshold: Array) -> Array:
-  """count(a >= threshold) over parts pre-scaled into [0, 1) (see numerics.count_at_least)."""
-  return sum(numerics.count_at_least(p, threshold) for p in parts)
-
-
-def _scaled(parts: Sequence[Array], exponent: Array) -> list[Array]:
-  """parts * 2**-exponent: exact, and the one array every counting pass reads.
-
-  Two normal powers of two (a single 2**-128 would be subnormal, i.e. zero).
+  Values computed from them then depend on the token: inside a search loop
+  (token = the pass's candidates) XLA cannot hoist |w| out of the loop and
+  store it, and passes with different tokens share nothing, so each pass reads
+  the weights and keeps no full-size temporary.
   """
+  if token is None:
+    return lax.optimization_barrier(arrays)
+  return lax.optimization_barrier((arrays, token))[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """The magnitudes of one variable, as seen by a threshold search.
+
+  Attributes:
+    values: `token -> float32 array >= 0`, called in every counting pass with
+      that pass's candidate thresholds as `token`. It should read the weights
+      through `fresh(..., token)`, so that XLA recomputes the magnitudes (|w|,
+      or |params + updates|) in each pass instead of keeping a copy of them.
+    shape: the shape of `values(...)`.
+    unit_axes: how many leading axes index units (stacked layers); 0 when
+      the whole array belongs to one unit.
+  """
+  values: Callable[[Any], Array]
+  shape: tuple[int, ...]
+  unit_axes: int = 0
+
+  @property
+  def num_units(self) -> int:
+    return math.prod(self.shape[:self.unit_axes])
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Which units the parts' values belong to.
+
+  Without `shared`, part i owns its own units (one, or one per stacked layer),
+  numbered after those of the parts before it; with `shared` all parts form
+  one unit (global pruning) and must have no unit axes.
+  """
+  parts: tuple[Part, ...]
+  shared: bool = False
+
+  def __post_init__(self):
+    if self.shared and any(p.unit_axes for p in self.parts):
+      raise ValueError('parts of one shared unit need unit_axes=0.')
+
+  @property
+  def num_units(self) -> int:
+    return 1 if self.shared else sum(p.num_units for p in self.parts)
+
+  def pieces(self, per_unit: Array) -> list[Array]:
+    """Each part's rows of a (units, ...) array."""
+    if self.shared:
+      return [per_unit] * len(self.parts)
+    bounds = np.cumsum([p.num_units for p in self.parts])[:-1]
+    return jnp.split(per_unit, bounds)
+
+  def join(self, per_part: Sequence[Array]) -> Array:
+    """The inverse of `pieces` for per-part (units of the part, ...) arrays;
+    shared units add up."""
+    return sum(per_part) if self.shared else jnp.concatenate(per_part)
+
+  def sizes(self, sample: bool = False) -> np.ndarray:
+    """Elements per unit that a (sampled) counting pass sees (static)."""
+    per_part = []
+    for part in self.parts:
+      shape = rows_shape(part.shape, part.unit_axes)
+      rows = math.ceil(shape[-2] / _SAMPLE_STRIDE) if sample else shape[-2]
+      per_part.append(np.full(part.num_units, math.prod(shape[part.unit_axes:-2]) * rows
+                              * shape[-1], np.int64))
+    sizes = sum(per_part) if self.shared else np.concatenate(per_part)
+    if sizes.max() > np.iinfo(np.int32).max:
+      raise ValueError(f'a threshold spans {sizes.max()} weights; counts are int32, so one '
+                       'variable, layer or global set may hold at most 2**31 - 1 weights.')
+    return sizes
+
+
+def rows_shape(shape: Sequence[int], unit_axes: int) -> tuple[int, ...]:
+  """The shape counting passes view an array in: its last axis short enough to be
+  summed exactly in float32, at least two axes after the unit axes.
+
+  Arrays with two or more axes after the unit axes keep their shape, so a
+  tensor sharded along any axis is counted where it lives (a reshape could
+  gather it); one-axis data is folded into rows.
+  """
+  shape = tuple(shape)
+  if len(shape) - unit_axes >= 2 and shape[-1] <= 2 ** 24:
+    return shape
+  size = math.prod(shape[unit_axes:])
+  width = next((w for w in (4096, 1024, 256, 64, 16, 4, 2) if size % w == 0), 1)
+  return shape[:unit_axes] + (size // width, width)
+
+
+def _unit_shaped(part: Part, per_unit: Array, ndim: int) -> Array:
+  """A (units, *tail) array shaped to broadcast against an ndim array of the part:
+  unit axes first, then ones, then the tail."""
+  tail = per_unit.shape[1:]
+  lead = part.shape[:part.unit_axes]
+  return per_unit.reshape(lead + (1,) * (ndim - part.unit_axes - len(tail)) + tail)
+
+
+def _part_counts(part: Part, scale: Array, thresholds: Array, sample: bool,
+                 below_tiny: bool = False) -> Array:
+  """(units of the part, J) int32 counts of `values * scale >= threshold`, minus the size.
+
+  With `below_tiny`, thresholds lie below numerics.TINY (after scaling), where
+  float differences may flush to zero on CPU: values are capped just below TINY
+  and both sides lifted by 2**100 (exact), so differences stay normal.
+  """
+  rows = part.values(thresholds).reshape(rows_shape(part.shape, part.unit_axes))
+  if sample:
+    rows = rows[..., ::_SAMPLE_STRIDE, :]
+  probes = _unit_shaped(part, thresholds, rows.ndim)[..., None]  # (..., J, 1)
+  scale = _unit_shaped(part, scale, rows.ndim)
+  scaled = rows * scale[..., :1] * scale[..., 1:]
+  if below_tiny:
+    lift = jnp.float32(2.0 ** 100)
+    scaled = jnp.minimum(scaled, numerics.step_ulps(jnp.float32(numerics.TINY), -1)) * lift
+    probes = probes * lift
+  # floor(v - t) is -1 below t and 0 above, for v and t in [0, 1): see numerics.
+  flags = jnp.floor(scaled[..., None, :] - probes)
+  row_axes = tuple(range(part.unit_axes, rows.ndim - 1))
+  if math.prod(rows.shape[part.unit_axes:]) <= 2 ** 24:
+    # A float32 sum of at most 2**24 ones is exact in any order: one reduction.
+    below = jnp.sum(flags, axis=row_axes + (rows.ndim,)).astype(jnp.int32)
+  else:
+    below = jnp.sum(jnp.sum(flags, axis=-1).astype(jnp.int32), axis=row_axes)
+  return below.reshape(part.num_units, -1)
+
+
+def _counts(layout: Layout, scales: Sequence[Array], thresholds: Array, sample: bool = False,
+            below_tiny: bool = False) -> Array:
+  """Exact int32 `count(values * scale >= threshold)` per unit and candidate.
+
+  Args:
+    layout: the parts.
+    scales: per part, (units of the part, 2) float32 powers of two whose product
+      maps each unit into [0, 1).
+    thresholds: (units, J) float32 candidates, each 0 or >= numerics.TINY
+      (below it with `below_tiny`).
+    sample: count every 16th row only.
+    below_tiny: count at thresholds below numerics.TINY.
+
+  Returns:
+    (units, J) int32.
+  """
+  below = layout.join([
+      _part_counts(part, scale, probes, sample, below_tiny)
+      for part, scale, probes in zip(layout.parts, scales, layout.pieces(thresholds),
+                                     strict=True)])
+  return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
+
+
+def part_maxima(layout: Layout) -> list[Array]:
+  """max(values) per unit of each part, float32; NaN where a NaN is."""
+  maxima = []
+  for part in layout.parts:
+    values = part.values(None)
+    maxima.append(jnp.max(values, axis=tuple(range(part.unit_axes, values.ndim))).reshape(-1))
+  return maxima
+
+
+def maxima(layout: Layout) -> Array:
+  """max(values) per unit, float32 (units,); NaN when a unit holds a NaN."""
+  per_part = part_maxima(layout)
+  if layout.shared:
+    # jnp.max propagates NaN, so a NaN anywhere reaches the unit's maximum.
+    return jnp.max(jnp.concatenate(per_part), keepdims=True)
+  return jnp.concatenate(per_part)
+
+
+def _scales(value_max: Array) -> tuple[Array, Array]:
+  """(exponent e, (units, 2) powers of two) with values * 2**-e in [0, 1), exactly.
+
+  Two normal powers of two: a single 2**-128 would be subnormal, i.e. zero.
+  """
+  exponent = numerics.count_exponent(value_max)
   half = exponent // 2
-  first = jnp.ldexp(jnp.float32(1.0), -half)
-  second = jnp.ldexp(jnp.float32(1.0), half - exponent)
-  return [p * first * second for p in parts]
+  factors = jnp.stack([numerics.power_of_two(-half), numerics.power_of_two(half - exponent)],
+                      axis=-1)
+  return exponent, factors
 
 
-def magnitude_max(parts: Sequence[Array]) -> Array:
-  """max(|a|) over all parts (float32 scalar)."""
-  return jnp.max(jnp.stack([jnp.max(p) for p in parts]))
+@dataclasses.dataclass(frozen=True)
+class _Scaling:
+  """The units' maxima and the exact scaling that maps each unit into [0, 1).
+
+  Each part's factors come from its own maxima (not sliced out of the units'),
+  so that no part's arithmetic is copied into another's.
+  """
+  value_max: Array  # (units,)
+  exponent: Array  # (units,)
+  scaled_max: Array  # (units,), in [0.5, 1)
+  part_scales: list[Array]  # per part, (units of the part, 2)
+
+  @classmethod
+  def of(cls, layout: Layout, maxima: Sequence[Array]) -> _Scaling:
+    """`maxima`: per part, or one (1,) array for a shared layout; finite and > 0."""
+    per_part = [_scales(m) for m in maxima]
+    exponent = jnp.concatenate([e for e, _ in per_part])
+    factors = jnp.concatenate([f for _, f in per_part])
+    part_scales = [per_part[0][1]] * len(layout.parts) if layout.shared else [
+        f for _, f in per_part]
+    value_max = jnp.concatenate(list(maxima))
+    return cls(value_max, exponent, value_max * factors[:, 0] * factors[:, 1], part_scales)
 
 
 def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
-  """The smallest float32 a >= 0 whose bin, floor(nbins * (a / m)), is >= k.
+  """The smallest float32 a >= 0 whose bin, floor(nbins * (a / m)), is >= k (elementwise).
 
   So `bin(a) >= k` exactly when `a >= bin_edge(k)`. The edge is within a few
   ulps of k * m / nbins; the neighbours are checked with the exact rule.
   """
   k = jnp.asarray(k, jnp.float32)
+  value_max = jnp.asarray(value_max, jnp.float32)
   guess = numerics.div_rn(k, jnp.float32(nbins)) * value_max
-  above, below = [guess], [guess]
-  for _ in range(_EDGE_SEARCH_ULPS):
-    above.append(jnp.nextafter(above[-1], jnp.float32(jnp.inf)))
-    below.append(jnp.nextafter(below[-1], jnp.float32(-jnp.inf)))
-  candidates = jnp.maximum(jnp.stack(below[:0:-1] + above), 0.0)  # ascending
-  bins = jnp.float32(nbins) * numerics.div_rn(candidates, value_max)
-  first = jnp.argmax(bins >= k)
-  return candidates[first]
+  edge = numerics.step_ulps(guess, -_EDGE_SEARCH_ULPS)
+  # Candidates from the highest down: the last one in its bin >= k is the edge.
+  for ulps in range(_EDGE_SEARCH_ULPS, -_EDGE_SEARCH_ULPS - 1, -1):
+    candidate = numerics.step_ulps(guess, ulps)
+    in_bin = jnp.float32(nbins) * numerics.div_rn(candidate, value_max) >= k
+    edge = jnp.where(in_bin, candidate, edge)
+  return edge
 
 
-def _cdf_at_least(count_le: Array, total: int, sparsity: Array) -> Array:
-  """Whether fl(count_le / total) >= sparsity, with a correctly rounded quotient."""
-  cdf = numerics.div_rn(jnp.asarray(count_le, jnp.float32), jnp.float32(total))
-  return cdf >= sparsity
+def _first_reaching(thresholds_of: Callable[[Array], Array],
+                    reaches: Callable[[Array, Array], Array], lo: Array, hi: Array,
+                    guess: Array | None = None,
+                    finish: tuple[Callable[[Array], Array], Layout] | None = None
+                    ) -> Array | list[Array]:
+  """Per unit, the first k in (lo, hi] with reaches(k), given not reaches(lo), reaches(hi).
 
+  Candidates k are (units, J) int32; `thresholds_of(k)` maps them to the
+  float32 values to count at, and `reaches(thresholds, k)` to (units, J) bools
+  with one counting pass over all parts. With a guess, the first pass probes
+  the J candidates ending at the guess (a right guess finishes there), and the
+  next ones gallop away from it by 1, 2, 3 ... then 3, 6, 9 ... candidates;
+  otherwise (and once the gallop spans the bracket) each pass splits (lo, hi)
+  into J + 1 parts.
 
-def _bisect(reaches, lo: Array, hi: Array, steps: int) -> Array:
-  """The first k in (lo, hi] with reaches(k), given not reaches(lo) and reaches(hi).
-
-  `steps` must be >= ceil(log2(hi - lo)).
+  The next pass's thresholds are computed at the end of a pass and carried by
+  the loop, so every part reads one stored array (XLA would otherwise copy
+  their arithmetic into each part's pass). With `finish = (f, layout)` the loop
+  also carries f(hi) split into each part's units, and returns that list: XLA
+  compiles the code that uses a part's own buffer once for all parts of its
+  shapes, but code that slices a shared one once per part.
   """
-  def step(_, bounds):
-    lo, hi = bounds
-    mid = (lo + hi) // 2
-    ok = reaches(mid)
-    done = hi - lo <= 1  # converged early: keep the bounds
-    return jnp.where(ok | done, lo, mid), jnp.where(ok & ~done, mid, hi)
+  offsets = jnp.arange(1, PROBES + 1, dtype=jnp.int32)
 
-  _, hi = lax.fori_loop(0, steps, step, (lo, hi))
-  return hi
+  def candidates_of(lo, hi, reach, first):
+    # lo + ceil((hi - lo) * j / (J + 1)) for j = 1..J, without int32 overflow.
+    quotient, remainder = jnp.divmod((hi - lo)[:, None], PROBES + 1)
+    candidates = lo[:, None] + quotient * offsets + (remainder * offsets + PROBES) // (PROBES + 1)
+    if guess is not None:
+      ahead = reach[:, None] * offsets
+      up = (lo >= guess) & (lo + reach * PROBES < hi)
+      down = (hi < guess) & (hi - reach * PROBES > lo)
+      candidates = jnp.where(up[:, None], lo[:, None] + ahead, candidates)
+      candidates = jnp.where(down[:, None], hi[:, None] - ahead, candidates)
+      candidates = jnp.where(first, guess[:, None] - PROBES + offsets, candidates)
+    return jnp.clip(candidates, lo[:, None] + 1, jnp.maximum(hi[:, None] - 1, lo[:, None] + 1))
 
-
-def _gallop(reaches, guess: Array, lo: Array, hi: Array) -> Array:
-  """Like `_bisect`, starting from a guess of the answer.
-
-  Probes the guess, then steps away from it by 1, 1, 2, 4, ... until a probe
-  flips, then bisects: two probes when the guess is right, three when it is
-  one off, about 2 * log2(error) otherwise.
-  """
-  def unfinished(state):
-    lo, hi = state[:2]
-    return hi - lo > 1
+  def finished(hi):
+    if finish is None:
+      return []
+    f, layout = finish
+    return layout.pieces(f(hi))
 
   def step(state):
-    lo, hi, probe, delta, previous, bracketed = state
-    probe = jnp.clip(probe, lo + 1, hi - 1)
-    ok = reaches(probe)
-    lo, hi = jnp.where(ok, lo, probe), jnp.where(ok, probe, hi)
-    bracketed |= (previous >= 0) & (ok != (previous == 1))
-    gallop = jnp.where(ok, probe - delta, probe + delta)
-    probe = jnp.where(bracketed, (lo + hi) // 2, gallop)
-    delta = jnp.where(previous >= 0, delta * 2, delta)
-    return lo, hi, probe, delta, ok.astype(jnp.int32), bracketed
+    lo, hi, reach, candidates, thresholds, _ = state
+    ok = reaches(thresholds, candidates)
+    lo = jnp.maximum(lo, jnp.max(jnp.where(ok, lo[:, None], candidates), axis=1))
+    hi = jnp.minimum(hi, jnp.min(jnp.where(ok, candidates, hi[:, None]), axis=1))
+    candidates = candidates_of(lo, hi, reach, False)
+    reach = jnp.minimum(reach * (PROBES + 1), 2 ** 20)
+    return lo, hi, reach, candidates, thresholds_of(candidates), finished(hi)
 
-  state = (lo, hi, guess, jnp.int32(1), jnp.int32(-1), jnp.bool_(False))
-  return lax.while_loop(unfinished, step, state)[1]
+  candidates = candidates_of(lo, hi, jnp.ones_like(lo), True)
+  # The results start as placeholders: the loop runs at least once.
+  placeholders = jax.eval_shape(finished, hi)
+  state = (lo, hi, jnp.ones_like(lo), candidates, thresholds_of(candidates),
+           [jnp.zeros(x.shape, x.dtype) for x in placeholders])
+  state = lax.while_loop(lambda s: jnp.any(s[1] - s[0] > 1) | (s[2][0] == 1), step, state)
+  return state[1] if finish is None else state[-1]
 
 
-def histogram_threshold(parts: Sequence[Array], value_max: Array, sparsity: Array,
-                        nbins: int) -> Array:
-  """TF's histogram threshold on magnitudes `parts` with maximum `value_max` > 0.
+def histogram_thresholds(layout: Layout, maxima: Sequence[Array], sparsity: Array,
+                         nbins: int) -> Array:
+  """TF's histogram threshold of every unit, given its maximum > 0.
 
-  Returns (number of bins whose CDF is below `sparsity`) / nbins * max: the
-  lower edge of the first bin whose CDF reaches `sparsity` (SPEC section 4).
+  Returns (number of bins whose CDF is below the unit's sparsity) / nbins * max:
+  the lower edge of the first bin whose CDF reaches the sparsity (SPEC section 4).
 
-  The first bin whose CDF reaches s is searched with exact counts over all
-  elements, starting from an estimate on every 16th row. The estimate only
-  decides where the search starts, never the result; on large tensors it is
-  usually exact, so the search takes two counting passes instead of log2(nbins).
+  Args:
+    layout: the parts and their units.
+    maxima: per part, (units of the part,) float32 maxima, finite and > 0; for a
+      shared layout, one (1,) array.
+    sparsity: (units,) float32 targets in [0, 1).
+    nbins: histogram bins.
+
+  Returns:
+    Per part, (units of the part,) float32 thresholds; for a shared layout the
+    same (1,) array for every part.
   """
-  exponent = numerics.count_exponent(value_max)
-  scaled = _scaled(parts, exponent)
-  # Quotients a / max are the same after exact scaling, and in [0.5, 1) the
-  # error-free products of the edge search neither overflow nor underflow.
-  scaled_max = _scaled([value_max], exponent)[0]
-  lo, hi = jnp.int32(-1), jnp.int32(nbins - 1)
-  steps = (nbins - 1).bit_length()
+  scaling = _Scaling.of(layout, maxima)
 
-  def reaches_on(values):
-    total = _size(values)
+  def edges(k):
+    # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1); edges are
+    # >= max / nbins, far above numerics.TINY after scaling. Quotients a / max are
+    # the same after exact scaling, and in [0.5, 1) the error-free products of
+    # the edge search neither overflow nor underflow.
+    return bin_edge(k + 1, scaling.scaled_max[:, None], nbins)
 
-    def reaches(k):
-      # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1); edges are
-      # >= max / nbins, far above numerics.TINY after scaling.
-      edge = bin_edge(k + 1, scaled_max, nbins)
-      count_le = jnp.where(k >= nbins - 1, total, total - _count(values, edge))
-      return (k >= 0) & _cdf_at_least(count_le, total, sparsity)
+  def reaches_on(sample):
+    total = jnp.asarray(layout.sizes(sample), jnp.int32)[:, None]
+
+    def reaches(thresholds, k):
+      count_le = total - _counts(layout, scaling.part_scales, thresholds, sample)
+      count_le = jnp.where(k >= nbins - 1, total, count_le)
+      cdf = numerics.div_rn(count_le.astype(jnp.float32), total.astype(jnp.float32))
+      return (k >= 0) & (cdf >= sparsity[:, None])
     return reaches
 
-  samples = _samples(scaled)
-  if _size(samples) < _MIN_SAMPLE:
-    first = _bisect(reaches_on(scaled), lo, hi, steps)
-  else:
-    guess = _bisect(reaches_on(samples), lo, hi, steps)
-    first = _gallop(reaches_on(scaled), guess, lo, hi)
-  return numerics.div_rn(first.astype(jnp.float32), jnp.float32(nbins)) * value_max
+  def threshold(first):
+    return numerics.div_rn(first.astype(jnp.float32), jnp.float32(nbins)) * scaling.value_max
+
+  lo = jnp.full((layout.num_units,), -1, jnp.int32)
+  hi = jnp.full((layout.num_units,), nbins - 1, jnp.int32)
+  guess = _first_reaching(edges, reaches_on(True), lo, hi)
+  return _first_reaching(edges, reaches_on(False), lo, hi, guess, finish=(threshold, layout))
+
+
+def keep_count(total: Array | int, sparsity: Array) -> Array:
+  """tfmot's rule: k = max(round(N * (1 - s)), 1), in float32, half to even."""
+  kept = jnp.round(jnp.asarray(total, jnp.float32) * (jnp.float32(1.0) - sparsity))
+  return jnp.maximum(kept, 1.0).astype(jnp.int32)
+
+
+def exact_thresholds(layout: Layout, maxima: Sequence[Array], sparsity: Array) -> Array:
+  """The k-th largest magnitude of every unit, k = keep_count(N, sparsity); `mask = a >= it`.
+
+  Per unit, searches the largest float32 bit pattern b with count(a >= float(b))
+  >= k, which is the value a sort would put at position k - 1 from the top.
+  The search first finds the cell of a uniform grid over [0, max] that holds the
+  answer (from an estimate on every 16th row, then exact counts), then the bit
+  pattern inside the cell. The fast count is exact above `numerics.TINY` (after
+  scaling); a unit whose answer lies below it (almost all weights < 1e-30 of
+  the largest) is searched by comparison instead.
+
+  Args and Returns: as `histogram_thresholds`, without `nbins`.
+  """
+  sizes = layout.sizes()
+  kept = keep_count(sizes, sparsity)
+  sample_kept = jnp.ceil(kept * jnp.asarray(layout.sizes(True) / sizes, jnp.float32)
+                         ).astype(jnp.int32)
+  scaling = _Scaling.of(layout, maxima)
+  exponent, part_scales, scaled_max = scaling.exponent, scaling.part_scales, scaling.scaled_max
+  tiny = jnp.float32(numerics.TINY)
+
+  def grid(j):
+    # Non-decreasing in j; 0 -> 0 (count = N >= kept), GRID + 1 -> inf (count 0).
+    value = j.astype(jnp.float32) * (scaled_max[:, None] / _GRID)
+    value = jnp.where(j > _GRID, jnp.float32(jnp.inf), jnp.maximum(value, tiny))
+    return jnp.where(j <= 0, jnp.float32(0.0), value)
+
+  def fewer_than(needed, sample):
+    return lambda values, _: _counts(layout, part_scales, values, sample) < needed[:, None]
+
+  lo = jnp.zeros((layout.num_units,), jnp.int32)
+  hi = jnp.full((layout.num_units,), _GRID + 1, jnp.int32)
+  guess = _first_reaching(grid, fewer_than(sample_kept, True), lo, hi)
+  cell = _first_reaching(grid, fewer_than(kept, False), lo, hi, guess)
+  # count(a >= grid(cell - 1)) >= kept > count(a >= grid(cell)). In cell 1 the lower
+  # end is 0, and the fast count is exact only from `tiny` up: the search starts
+  # just below tiny, and a result of "just below tiny" means the answer lies
+  # below it, where a search by comparison takes over.
+  below_tiny = numerics.as_key(tiny) - 1
+  lower = jnp.where(cell == 1, below_tiny, numerics.as_key(grid(cell[:, None] - 1)[:, 0]))
+  upper = jnp.where(cell > _GRID, numerics.as_key(scaled_max) + 1,
+                    numerics.as_key(grid(cell[:, None])[:, 0]))
+
+  def fewer_keys(values, _):
+    return _counts(layout, part_scales, values) < kept[:, None]
+
+  def value(first_fewer):
+    # The first key with count < kept, minus one, is the largest key with count >=
+    # kept; scaling back by a power of two is exact: it is one of the magnitudes.
+    # NaN marks an answer below tiny (the search's "just below tiny").
+    key = first_fewer - 1
+    return jnp.where(key == below_tiny, jnp.float32(jnp.nan),
+                     numerics.ldexp(numerics.as_value(key), exponent))
+
+  fast = _first_reaching(numerics.as_value, fewer_keys, lower, upper, finish=(value, layout))
+
+  def with_slow():
+    slow = layout.pieces(_slow_search(layout, part_scales, kept, exponent))
+    return [jnp.where(jnp.isnan(f), v, f) for v, f in zip(slow, fast, strict=True)]
+
+  any_slow = jnp.any(jnp.isnan(jnp.concatenate(fast)))
+  return lax.cond(any_slow, with_slow, lambda: fast)
+
+
+def _slow_search(layout: Layout, part_scales: Sequence[Array], kept: Array,
+                 exponent: Array) -> Array:
+  """The k-th largest value of each unit, given that it lies below TINY after scaling."""
+  def fewer_keys(values, _):
+    return _counts(layout, part_scales, values, below_tiny=True) < kept[:, None]
+
+  lo = jnp.zeros((layout.num_units,), jnp.int32)
+  hi = jnp.full((layout.num_units,), numerics.as_key(jnp.float32(numerics.TINY)))
+  key = _first_reaching(numerics.as_value, fewer_keys, lo, hi) - 1
+  value = numerics.ldexp(numerics.as_value(key), exponent)
+  # CPU XLA compares subnormals as zero, so the search cannot tell them from 0.
+  return jnp.where(value < numerics.SMALLEST_NORMAL, jnp.float32(0.0), value)
 
 
 def histogram_cdf(values: Array, value_max: float | Array, nbins: int) -> Array:
   """The CDF of |values| over `nbins` equal bins of [0, value_max] (reporting, tests).
 
   Values above the range land in the last bin, as in TF's
-  `histogram_fixed_width`. Costs one counting pass per bin.
+  `histogram_fixed_width`. Counts every bin edge in one pass.
   """
-  parts = [jnp.abs(jnp.asarray(values, jnp.float32))]
+  magnitudes = jnp.abs(jnp.asarray(values, jnp.float32))
   value_max = jnp.asarray(value_max, jnp.float32)
-  total = _size(parts)
-  exponent = numerics.count_exponent(jnp.maximum(value_max, magnitude_max(parts)))
-  scaled = _scaled(parts, exponent)
-  scaled_max = _scaled([value_max], exponent)[0]
-  counts = [total - _count(scaled, bin_edge(k + 1, scaled_max, nbins))
-            for k in range(nbins - 1)]
-  counts = jnp.stack(counts + [jnp.int32(total)]).astype(jnp.float32)
+  layout = Layout((Part(lambda token: fresh(magnitudes, token), magnitudes.shape),))
+  _, scales = _scales(jnp.maximum(value_max, jnp.max(magnitudes))[None])
+  scaled_max = value_max * scales[0, 0] * scales[0, 1]
+  edges = bin_edge(jnp.arange(1, nbins, dtype=jnp.int32), scaled_max, nbins)
+  total = magnitudes.size
+  counts = total - _counts(layout, [scales], edges[None])[0]
+  counts = jnp.concatenate([counts, jnp.array([total], jnp.int32)]).astype(jnp.float32)
   return numerics.div_rn(counts, jnp.float32(total))
-
-
-def keep_count(total: int, sparsity: Array) -> Array:
-  """tfmot's rule: k = max(round(N * (1 - s)), 1), in float32, half to even."""
-  kept = jnp.round(jnp.float32(total) * (jnp.float32(1.0) - sparsity))
-  return jnp.maximum(kept, 1.0).astype(jnp.int32)
-
-
-def _largest_key_with(enough, lo: Array, hi: Array) -> Array:
-  """The largest int32 key in [lo, hi) with enough(key), given enough(lo) and not enough(hi)."""
-  def step(bounds):
-    lo, hi = bounds
-    mid = lo + (hi - lo) // 2
-    ok = enough(mid)
-    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
-
-  return lax.while_loop(lambda bounds: bounds[1] - bounds[0] > 1, step, (lo, hi))[0]
-
-
-def _samples(scaled: Sequence[Array]) -> list[Array]:
-  """Every 16th row of each part: where the searches' estimates are made."""
-  return [rows[::_SAMPLE_STRIDE] for rows in map(numerics.rows, scaled)]
-
-
-def exact_threshold(parts: Sequence[Array], value_max: Array, sparsity: Array) -> Array:
-  """The k-th largest magnitude, k = keep_count(N, sparsity); `mask = a >= it`.
-
-  Searches the largest float32 bit pattern b with count(a >= float(b)) >= k,
-  which is the value a sort would put at position k - 1 from the top. The bit
-  search starts inside the cell of a uniform grid over [0, max] that holds the
-  answer, found from an estimate on every 16th row (as in `histogram_threshold`),
-  which takes about 12 bits off the search. The fast count is exact above
-  `numerics.TINY` (after scaling); when the answer lies below it (almost all
-  weights are < 1e-30 of the largest) the search compares instead.
-  """
-  total = _size(parts)
-  kept = keep_count(total, sparsity)
-  exponent = numerics.count_exponent(value_max)
-  scaled = _scaled(parts, exponent)
-  scaled_max = _scaled([value_max], exponent)[0]
-  tiny = jnp.float32(numerics.TINY)
-  as_key = lambda x: lax.bitcast_convert_type(x, jnp.int32)
-  as_value = lambda key: lax.bitcast_convert_type(key, jnp.float32)
-
-  def grid(j):
-    # Non-decreasing in j; 0 -> tiny (count >= kept, checked below), GRID + 1 -> inf.
-    value = j.astype(jnp.float32) * (scaled_max / _GRID)
-    return jnp.where(j > _GRID, jnp.float32(jnp.inf), jnp.maximum(value, tiny))
-
-  def fewer_than(values, needed):
-    return lambda j: _count(values, grid(j)) < needed
-
-  def fast():
-    samples = _samples(scaled)
-    lo, hi = jnp.int32(0), jnp.int32(_GRID + 1)
-    if _size(samples) < _MIN_SAMPLE:
-      cell = _bisect(fewer_than(scaled, kept), lo, hi, (_GRID + 1).bit_length())
-    else:
-      sample_kept = jnp.ceil(kept * (_size(samples) / total)).astype(jnp.int32)
-      guess = _bisect(fewer_than(samples, sample_kept), lo, hi, (_GRID + 1).bit_length())
-      cell = _gallop(fewer_than(scaled, kept), guess, lo, hi)
-    # count(a >= grid(cell - 1)) >= kept > count(a >= grid(cell)).
-    upper = jnp.where(cell > _GRID, as_key(scaled_max) + 1, as_key(grid(cell)))
-    enough = lambda key: _count(scaled, as_value(key)) >= kept
-    key = _largest_key_with(enough, as_key(grid(cell - 1)), upper)
-    # Scaling back by a power of two is exact: the result is an element of `parts`.
-    return jnp.ldexp(as_value(key), exponent)
-
-  def slow():
-    enough = lambda key: sum(numerics.count_at_least_slow(p, as_value(key)) for p in parts) >= kept
-    unscaled_tiny = jnp.ldexp(tiny, exponent)
-    key = _largest_key_with(enough, jnp.int32(0), as_key(unscaled_tiny))
-    # CPU XLA compares subnormals as zero, so the search cannot tell them from 0.
-    smallest_normal = as_key(jnp.float32(numerics.SMALLEST_NORMAL))
-    return as_value(jnp.where(key < smallest_normal, 0, key))
-
-  return lax.cond(_count(scaled, tiny) >= kept, fast, slow)

@@ -12,6 +12,8 @@ are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -24,7 +26,7 @@ from jax import Array, lax
 from jaxprune import hparams as hparams_lib
 from jaxprune import masks as masks_lib
 from jaxprune import nm as nm_lib
-from jaxprune import schedule
+from jaxprune import schedule, thresholds
 from jaxprune import specs as specs_lib
 from jaxprune.names import leaf_name
 
@@ -68,48 +70,47 @@ def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> No
             f'its mask from init has shape {mask.shape}. Call init again with the new params.')
 
 
-def _new_masks(hparams, specs, new_params, state, sparsity_of):
-  """Thresholds, masks and the non-finite count after a mask update."""
-  spec_list = specs_lib.spec_leaves(specs)
-  weights = jax.tree.leaves(new_params)
-  old_masks = jax.tree.leaves(state.masks)
-  old_thresholds = jax.tree.leaves(state.thresholds)
-  pruned = [(i, s) for i, s in enumerate(spec_list) if s is not None]
+def _new_masks(hparams, specs, weights, state, sparsity_of):
+  """Thresholds, masks and the non-finite count after a mask update.
+
+  `weights` are the pruned leaves' values as callables (made where they are
+  read), in the order of the pruned specs.
+  """
+  specs = [s for s in specs_lib.spec_leaves(specs) if s is not None]
+  old_masks = [m for m in jax.tree.leaves(state.masks)]
+  old_thresholds = [t for t in jax.tree.leaves(state.thresholds)]
   new_masks, new_thresholds, skips = list(old_masks), list(old_thresholds), jnp.int32(0)
-  method = hparams.threshold_method
-  kw = dict(nbins=hparams.nbins, threshold_method=method)
-
-  def finish(j, index, spec, score, current, ok):
-    new_thresholds[j], new_masks[j] = masks_lib.finish_update(
-        score, current, ok, old_thresholds[j], old_masks[j], weights[index].shape,
-        spec.block_dims, hparams.threshold_decay, method)
-
-  magnitude = [(j, i, s) for j, (i, s) in enumerate(pruned) if s.nm is None]
-  for j, (index, spec) in enumerate(pruned):
+  magnitude = [j for j, spec in enumerate(specs) if spec.nm is None]
+  for j, spec in enumerate(specs):
     if spec.nm is not None:
-      w = weights[index]
+      w = weights[j](None)
       finite = jnp.all(jnp.isfinite(w))
       skips += (~finite).astype(jnp.int32)
       # The input axis of Dense and conv kernels.
       mask = nm_lib.nm_mask(w, *spec.nm, axis=-2, name=spec.name)
       new_masks[j] = jnp.where(finite, mask, old_masks[j])
-  scores = {j: masks_lib.scores(weights[i], s.block_dims, hparams.block_pooling_function)
-            for j, i, s in magnitude}
-  maxima = {j: masks_lib.max_score(weights[i], scores[j]) for j, i, _ in magnitude}
-  for value_max in maxima.values():  # NaN and +-Inf all reach the max: no extra pass
-    skips += (~jnp.isfinite(value_max)).astype(jnp.int32)
-  if hparams.global_pruning and magnitude:
-    value_max = jnp.max(jnp.stack(list(maxima.values())))
-    current, ok = masks_lib.threshold_of(list(scores.values()), sparsity_of(None),
-                                         value_max=value_max, **kw)
-    for j, index, spec in magnitude:
-      finish(j, index, spec, scores[j], current, ok)
+  if not magnitude:
+    return new_masks, new_thresholds, skips
+  variables = [masks_lib.Variable(weights[j], old_masks[j].shape, specs[j].block_dims,
+                                  specs[j].layer_axes) for j in magnitude]
+  if hparams.global_pruning:
+    sparsity = [jnp.reshape(sparsity_of(None), (1,))]
+    previous = [jnp.reshape(old_thresholds[magnitude[0]], (1,))]
   else:
-    for j, index, spec in magnitude:
-      current, ok = masks_lib.threshold_of([scores[j]], sparsity_of(spec),
-                                           value_max=maxima[j], **kw)
-      finish(j, index, spec, scores[j], current, ok)
-  return new_masks, new_thresholds, skips
+    sparsity = [jnp.full((v.num_layers,), sparsity_of(specs[j]), jnp.float32)
+                for j, v in zip(magnitude, variables, strict=True)]
+    previous = [jnp.reshape(old_thresholds[j], (-1,)) for j in magnitude]
+  unit_thresholds, masks, nonfinite = masks_lib.update_masks(
+      variables, sparsity, previous, [old_masks[j] for j in magnitude],
+      nbins=hparams.nbins, threshold_decay=hparams.threshold_decay,
+      threshold_method=hparams.threshold_method, pooling=hparams.block_pooling_function,
+      global_threshold=hparams.global_pruning)
+  for i, (j, mask) in enumerate(zip(magnitude, masks, strict=True)):
+    new_masks[j] = mask
+    shape = old_thresholds[j].shape
+    new_thresholds[j] = jnp.broadcast_to(unit_thresholds[0 if hparams.global_pruning else i],
+                                         (math.prod(shape),)).reshape(shape)
+  return new_masks, new_thresholds, skips + jnp.sum(nonfinite, dtype=jnp.int32)
 
 
 def _explicit_mesh(arrays: list[Array]) -> Any:
@@ -121,18 +122,19 @@ def _explicit_mesh(arrays: list[Array]) -> Any:
   return None
 
 
-def _new_masks_on_any_mesh(hparams, specs, new_params, state, sparsity_of):
+def _new_masks_on_any_mesh(hparams, specs, operands, values, state, sparsity_of):
   """`_new_masks`, also for arrays sharded over explicit mesh axes.
 
   Explicit axes (the default of `jax.make_mesh`) type every array with its
   sharding, and ops without a sharding rule (the block reshapes) refuse them.
   The mask update runs with automatic axes instead, where XLA's partitioner
   shards it as under `pjit`; masks come back sharded like the old masks,
-  thresholds and the count replicated.
+  thresholds and the count replicated. `values(operands)` makes the pruned
+  leaves' weights as callables.
   """
-  mesh = _explicit_mesh(jax.tree.leaves(new_params))
+  mesh = _explicit_mesh(jax.tree.leaves(operands))
   if mesh is None:
-    return _new_masks(hparams, specs, new_params, state, sparsity_of)
+    return _new_masks(hparams, specs, values(operands), state, sparsity_of)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   out_sharding = ([jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
                   [replicated for _ in jax.tree.leaves(state.thresholds)], replicated)
@@ -140,11 +142,11 @@ def _new_masks_on_any_mesh(hparams, specs, new_params, state, sparsity_of):
   keys = [None] + [s for s in specs_lib.spec_leaves(specs) if s is not None]
   sparsities = [sparsity_of(key) for key in keys]
 
-  def compute(new_params, state, sparsities):
+  def compute(operands, state, sparsities):
     by_spec = dict(zip(keys, sparsities, strict=True))
-    return _new_masks(hparams, specs, new_params, state, lambda spec: by_spec[spec])
+    return _new_masks(hparams, specs, values(operands), state, lambda spec: by_spec[spec])
 
-  return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(new_params, state, sparsities)
+  return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(operands, state, sparsities)
 
 
 def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
@@ -183,7 +185,9 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
         jax.eval_shape(lambda w, s=spec: nm_lib.nm_mask(w, *s.nm, axis=-2, name=s.name), leaf)
     masks = [None if s is None else jnp.ones(p.shape, bool)
              for p, s in zip(leaves, spec_list, strict=True)]
-    thresholds = [None if s is None else jnp.zeros((), jnp.float32) for s in spec_list]
+    # One threshold per layer of a stacked leaf, a scalar otherwise.
+    thresholds = [None if s is None else jnp.zeros(p.shape[:s.layer_axes], jnp.float32)
+                  for p, s in zip(leaves, spec_list, strict=True)]
     return PruningState(
         step=jnp.zeros((), jnp.int32),
         last_update_step=jnp.zeros((), jnp.int32),
@@ -207,17 +211,35 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
       return schedule.sparsity_at(hparams, step, target=spec.target)
 
     do_update = schedule.should_update(hparams, step, state.last_update_step)
-    pruned_masks = jax.tree.leaves(state.masks)
-    pruned_thresholds = jax.tree.leaves(state.thresholds)
+    old_masks = jax.tree.leaves(state.masks)
+    old_thresholds = jax.tree.leaves(state.thresholds)
+    pruned = [i for i, spec in enumerate(specs_lib.spec_leaves(specs)) if spec is not None]
+    param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
+    if hparams.mask_source == 'params':
+      # The weights the step starts from: already in memory, so steps without an
+      # update pay nothing for the update's conditional.
+      operands = [param_leaves[i] for i in pruned]
 
-    def recompute(_):
-      new_params = optax.apply_updates(params, updates)
-      return _new_masks_on_any_mesh(hparams, specs, new_params, state, sparsity_of)
+      def values(operands):
+        return [functools.partial(thresholds.fresh, p) for p in operands]
+    else:
+      # The weights as they will be stored (SPEC 7): optax.apply_updates casts
+      # params + updates to the params' dtype.
+      operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
+
+      def values(operands):
+        def stored(p, u, token):
+          p, u = thresholds.fresh((p, u), token)
+          return (p + u).astype(p.dtype)
+        return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
+
+    def recompute(operands):
+      return _new_masks_on_any_mesh(hparams, specs, operands, values, state, sparsity_of)
 
     def keep(_):
-      return pruned_masks, pruned_thresholds, jnp.int32(0)
+      return old_masks, old_thresholds, jnp.int32(0)
 
-    new_masks, new_thresholds, skips = lax.cond(do_update, recompute, keep, None)
+    new_masks, new_thresholds, skips = lax.cond(do_update, recompute, keep, operands)
     treedef = jax.tree.structure(state.masks)
     masks = jax.tree.unflatten(treedef, new_masks)
     masked = jax.tree.map(

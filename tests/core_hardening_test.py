@@ -241,3 +241,14 @@ def test_chain_with_sgd_still_runs_without_warnings():
     warnings.simplefilter('error')
     state = tx.init(params)
     tx.update(params, state, params)
+
+
+@pytest.mark.parametrize('kept, expected', [(3, F32(2e-35)), (4, F32(1e-35)), (6, F32(0.0))])
+def test_exact_answer_far_below_the_maximum(kept, expected):
+  # The k-th largest magnitude is below 2**-100 of the largest: counted by the
+  # search's comparison path, it must still be the element itself.
+  w = np.array([[1.0, -3e-35, 2e-35, -1e-35, 0.0, 0.0, 0.0, 0.0]], F32)
+  sparsity = 1.0 - kept / 8
+  threshold, mask = jaxprune.update_mask(jnp.asarray(w), 0.0, sparsity, threshold_method='exact')
+  assert threshold == expected
+  np.testing.assert_array_equal(mask, np.abs(w) >= expected)

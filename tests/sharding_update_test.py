@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from jaxprune import thresholds
+
 SCRIPT = os.path.join(os.path.dirname(__file__), 'sharding_multidevice.py')
 LAYOUTS = ('data_parallel', 'model_parallel', 'fsdp')
 # The exact rule compiles slowly on 2 busy cores.
@@ -24,9 +26,10 @@ METHOD_LAYOUTS = [
     *[('histogram', layout) for layout in LAYOUTS],
     *[pytest.param('exact', layout, marks=_SLOW) for layout in LAYOUTS],
 ]
-# The largest all-reduce allowed: one partial sum per row of the largest
-# leaf (the conv kernel's 3*3*16 rows); a whole weight is 2,048 to 8,192 values.
-MAX_ALL_REDUCE = 144
+# The largest all-reduce allowed: one partial sum per row of the largest leaf
+# (the conv kernel's 3*3*16 rows) for each of the search's candidate thresholds;
+# a whole weight is 2,048 to 8,192 values.
+MAX_ALL_REDUCE = 144 * thresholds.PROBES
 
 
 
