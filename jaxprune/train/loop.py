@@ -121,10 +121,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     StorageError: a file could not be written (disk full, quota, permissions).
   """
   validate.check_config(config)
+  job = _build(config)
   shortfall = validate.schedule_shortfall(config)
   if shortfall is not None:
     warnings.warn(shortfall, stacklevel=2)
-  job = _build(config)
   if workdir is None:
     return _Run(job, None).run(on_step)
   with files.locked(workdir):
