@@ -63,10 +63,10 @@ def _read_npz(path: str, fix: str) -> dict[str, np.ndarray]:
   """The arrays `NPZ_KEYS` of `path`; a ValueError naming `data.path` if it is no .npz file."""
   try:
     with open(path, 'rb') as f:
-      head = f.read(len(_ZIP_MAGIC))
+      head = f.read(6)
   except OSError as err:
     raise ValueError(f'data.path={path!r} cannot be read ({err.strerror}); {fix}.') from err
-  if head != _ZIP_MAGIC:
+  if not head.startswith(_ZIP_MAGIC):
     # np.load would fall back to unpickling it and blame "pickled (object) data".
     kind = 'a single .npy array' if head.startswith(b'\x93NUMPY') else 'not a .npz file'
     raise ValueError(f'data.path={path!r} is {kind} (a .npz file is a zip archive); {fix}.')
@@ -124,7 +124,8 @@ def load_npz(path: str) -> Dataset:
       raise ValueError(
           f'data.path={path!r}: y_{split} must hold non-negative integer class ids; got '
           f'dtype {y.dtype} and minimum {y.min()}.')
-    bad = int(np.sum(~np.isfinite(x.astype(np.float32))))
+    with np.errstate(over='ignore'):
+      bad = int(np.sum(~np.isfinite(x.astype(np.float32))))
     if bad:
       raise ValueError(f'data.path={path!r}: x_{split} has {bad} NaN or infinite values '
                        '(or values beyond float32); clean or rescale the inputs.')
