@@ -2,25 +2,20 @@
 
 Used in two ways:
 
-* in the test process, `fail_writes(basename, at, error)` makes the `at`-th
-  write to a file of that name (or its `.tmp`) write half its bytes, then
-  raise `error` (ENOSPC by default): a full disk in the middle of a write;
-* as a script, `python train_faults.py WORKDIR OUT FAULT [NUM_STEPS]` trains
-  the tiny config below in WORKDIR under FAULT, then saves the final state's
-  arrays to OUT (an .npz). Faults that kill the process (SIGKILL, like
-  `kill -9` or a power cut as far as the process can tell) leave WORKDIR as a
-  crash would:
+* in the test process, `fail_writes(basename, at)` makes the `at`-th write to
+  a file of that name (or its `.tmp`) store half its bytes, then raise
+  OSError(ENOSPC): a full disk in the middle of a write;
+* as a script, `python train_faults.py WORKDIR FAULT [NUM_STEPS]` trains the
+  tiny config below in WORKDIR until FAULT kills the process with SIGKILL (as
+  `kill -9` or a power cut would, as far as the process can tell), leaving
+  WORKDIR as such a crash does:
 
-    none                      no fault
     kill-write:NAME:N         half-way through the N-th write to file NAME
-    enospc-write:NAME:N       the same write fails with ENOSPC instead
     kill-checkpoint:POINT:N   inside the N-th checkpoint save, at POINT:
                                 tmp-dir   its temporary directory was just made
                                 commit    its arrays are written, not yet renamed
-                                item      one item (state or meta) is committed
+                                item      one item (meta) is committed, not the other
                                 renamed   the step directory was renamed into place
-    fsize:BYTES               no file may grow past BYTES (RLIMIT_FSIZE): writes
-                              beyond fail with EFBIG, as on a full disk
 """
 
 from __future__ import annotations
@@ -29,13 +24,10 @@ import builtins
 import contextlib
 import errno
 import os
-import resource
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
-
-import numpy as np
 
 
 def tiny_config(num_steps: int = 60) -> Any:
@@ -178,31 +170,19 @@ def _kill_in_checkpoint(point: str, at: int) -> None:
   atomicity.AtomicRenameTemporaryPath.finalize = finalize
 
 
-def _save_state(state: Any, path: str) -> None:
-  import jax
-
-  flat, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(state))
-  np.savez(path, **{jax.tree_util.keystr(p): np.asarray(leaf) for p, leaf in flat})
-
-
 def main(argv: list[str]) -> None:
-  workdir, out, fault = argv[1], argv[2], argv[3]
-  num_steps = int(argv[4]) if len(argv) > 4 else 60
+  workdir, fault = argv[1], argv[2]
+  num_steps = int(argv[3]) if len(argv) > 3 else 60
   kind, *rest = fault.split(':')
-  if kind == 'fsize':
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (int(rest[0]), int(rest[0])))
-  elif kind == 'kill-checkpoint':
-    _kill_in_checkpoint(rest[0], int(rest[1]))
   from jaxprune.train import loop
 
-  if kind in ('kill-write', 'enospc-write'):
-    fault_fn = _kill if kind == 'kill-write' else None
-    with fail_writes(rest[0], int(rest[1]), fault_fn):
-      result = loop.train(tiny_config(num_steps), workdir)
-  else:
-    result = loop.train(tiny_config(num_steps), workdir)
-  _save_state(result.state, out)
+  if kind == 'kill-checkpoint':
+    _kill_in_checkpoint(rest[0], int(rest[1]))
+    loop.train(tiny_config(num_steps), workdir)
+  elif kind == 'kill-write':
+    with fail_writes(rest[0], int(rest[1]), _kill):
+      loop.train(tiny_config(num_steps), workdir)
+  raise SystemExit(f'the fault {fault!r} did not happen')
 
 
 if __name__ == '__main__':

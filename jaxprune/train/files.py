@@ -102,7 +102,7 @@ def locked(workdir: str) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   except OSError as err:
     raise ConfigError(f'--workdir={workdir!r} cannot be used ({err.strerror}: '
-                      f'{err.filename}); pick a directory you can write to.') from err
+                      f'{err.filename!r}); pick a directory you can write to.') from err
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -122,9 +122,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   """
   validate.check_config(config)
   job = _build(config)
-  shortfall = validate.schedule_shortfall(config)
-  if shortfall is not None:
-    warnings.warn(shortfall, stacklevel=2)
   if workdir is None:
     return _Run(job, None).run(on_step)
   with files.locked(workdir):
@@ -205,6 +202,10 @@ class _Run:
     config, job = self.config, self.job
     if self.workdir is not None:
       self._resume()
+    # Said once the run is known to go ahead.
+    shortfall = validate.schedule_shortfall(config)
+    if shortfall is not None:
+      warnings.warn(shortfall, stacklevel=3)
     start = int(self.state.step)
     metrics_path = os.path.join(self.workdir or '', METRICS_FILE)
     with self._writing('the metrics', metrics_path):
