@@ -86,6 +86,10 @@ def test_unknown_and_missing_fields_are_named():
                                         r'jaxprune.train.defaults.get_config\(\), whose value '
                                         r'is True.$'):
     validate.check_config(config)
+  del config['pruning']
+  config.plots = True
+  with pytest.raises(ConfigError, match=r'^config.pruning is missing; start the config from '):
+    validate.check_config(config)
 
 
 def test_pruning_errors_are_the_core_message():

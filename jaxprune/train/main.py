@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Sequence
 from typing import NamedTuple, NoReturn
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -88,11 +89,13 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     logging.set_verbosity(logging.FATAL)
   warnings.showwarning = _show_warning
   config, hparams_text = defined.config.value, defined.pruning_hparams.value
-  try:
-    config.pruning = (defaults.parse_pruning_flag(hparams_text, config.pruning)
-                      if hparams_text else defaults.pruning_config(config.pruning))
-  except (ValueError, TypeError, AttributeError) as err:
-    _fail(str(err))
+  # A config without a pruning block is reported by train(), with the other fields.
+  if isinstance(config.get('pruning'), ml_collections.ConfigDict):
+    try:
+      config.pruning = (defaults.parse_pruning_flag(hparams_text, config.pruning)
+                        if hparams_text else defaults.pruning_config(config.pruning))
+    except (ValueError, TypeError) as err:
+      _fail(str(err))
   workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
   print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
   try:

@@ -125,6 +125,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if not check(fields[name]):
       raise ConfigError(f'config.{name}={fields[name]!r}: {rule} (the default is '
                         f'{expected[name]!r}).')
+  if 'pruning' not in config:
+    raise ConfigError('config.pruning is missing; start the config from '
+                      'jaxprune.train.defaults.get_config(), or set it to '
+                      'jaxprune.train.defaults.pruning_config().')
   pruning = config.pruning
   if not isinstance(pruning, _BLOCKS):
     raise ConfigError(f'config.pruning={pruning!r}: must be a ConfigDict of pruning hparams, '
