@@ -29,7 +29,8 @@ def resolve_block_dims(shape: tuple[int, ...], block_dims: tuple[int, int]
   squeezed = [d for d in shape if d != 1]
   if len(squeezed) != 2:
     return None
-  return tuple(d if b == -1 else b for b, d in zip(block_dims, squeezed, strict=True))
+  # A block larger than its dimension is that dimension (same pooled values, no huge pad).
+  return tuple(d if b == -1 else min(b, d) for b, d in zip(block_dims, squeezed, strict=True))
 
 
 def _halving_sum(values: Array, axis: int) -> Array:

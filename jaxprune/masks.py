@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from jaxprune import blocks, thresholds
-from jaxprune.hparams import THRESHOLD_METHODS
+from jaxprune.hparams import MAX_NBINS, POOLING, THRESHOLD_METHODS
 
 
 def scores(weights: Array, block_dims: tuple[int, int] = (1, 1),
@@ -118,6 +120,8 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
   Returns:
     (new_threshold, mask) with mask a bool array of the weights' shape.
   """
+  _check_arguments(sparsity, nbins, threshold_decay, block_dims, block_pooling_function,
+                   threshold_method)
   weights = jnp.asarray(weights)
   score = scores(weights, block_dims, block_pooling_function)
   current, ok = threshold_of([score], sparsity, nbins=nbins, threshold_method=threshold_method,
@@ -126,3 +130,25 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
     previous_mask = jnp.ones(weights.shape, bool)
   return finish_update(score, current, ok, jnp.asarray(threshold, jnp.float32), previous_mask,
                        weights.shape, block_dims, threshold_decay, threshold_method)
+
+
+def _check_arguments(sparsity, nbins, threshold_decay, block_dims, pooling, method) -> None:
+  """ValueErrors naming the argument of `update_mask` that is out of its range."""
+  def check(ok, what, rule):
+    if not ok:
+      raise ValueError(f'update_mask: {what}: {rule}.')
+
+  check(method in THRESHOLD_METHODS, f'threshold_method={method!r}',
+        f'must be one of {THRESHOLD_METHODS}')
+  check(isinstance(pooling, str) and pooling.upper() in POOLING,
+        f'block_pooling_function={pooling!r}', f'must be one of {POOLING}')
+  check(isinstance(nbins, int) and 2 <= nbins <= MAX_NBINS, f'nbins={nbins!r}',
+        'must be an integer in [2, 2**24]')
+  check(0.0 <= threshold_decay < 1.0, f'threshold_decay={threshold_decay!r}', 'must be in [0, 1)')
+  dims = tuple(block_dims)
+  check(len(dims) == 2 and all(isinstance(d, int) and (d >= 1 or d == -1) for d in dims),
+        f'block_dims={block_dims!r}', 'must be (height, width), each >= 1 or -1 (whole dim)')
+  if not isinstance(sparsity, jax.core.Tracer):  # a traced sparsity cannot be checked here
+    values = np.asarray(sparsity, np.float64)
+    check(bool(np.all((values >= 0) & (values < 1))), f'sparsity={sparsity!r}',
+          'must be in [0, 1)')

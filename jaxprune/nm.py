@@ -1,11 +1,12 @@
 """N:M semi-structured sparsity: keep n of every m consecutive weights.
 
-The rule of tfmot's `sparsity_m_by_n` and jaxpruner's N:M pruning (2:4 is the
-pattern sparse tensor cores accelerate): along the input-channel axis, split
-the weights into groups of `m` consecutive entries and keep the `n` of largest
-magnitude in each group. For a Dense kernel `(in, out)` the input-channel axis
-is 0; for a conv kernel `(H, W, I, O)` it is -2; both are `axis=-2`, the
-default.
+jaxpruner's N:M pruning, and tfmot's `sparsity_m_by_n` with the count turned
+around (tfmot's `(m, n)` zeroes m of every n; `N:M` here keeps N of every M;
+2:4, the pattern sparse tensor cores accelerate, is the same in both). Along
+the input-channel axis, split the weights into groups of `m` consecutive
+entries and keep the `n` of largest magnitude in each group. For a Dense
+kernel `(in, out)` the input-channel axis is 0; for a conv kernel
+`(H, W, I, O)` it is -2; both are `axis=-2`, the default.
 """
 
 from __future__ import annotations

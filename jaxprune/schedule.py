@@ -7,6 +7,8 @@ import ml_collections
 from jax import Array
 from jax.typing import ArrayLike
 
+from jaxprune.hparams import INT32_MAX, HParams
+
 
 def polynomial_sparsity(step: ArrayLike, *, initial: float, target: ArrayLike, begin_step: int,
                         end_step: int, exponent: float) -> Array:
@@ -30,7 +32,7 @@ def polynomial_sparsity(step: ArrayLike, *, initial: float, target: ArrayLike, b
   return target + (initial - target) * remaining ** jnp.float32(exponent)
 
 
-def sparsity_at(hparams: ml_collections.ConfigDict, step: ArrayLike,
+def sparsity_at(hparams: ml_collections.ConfigDict | HParams, step: ArrayLike,
                 target: ArrayLike | None = None) -> Array:
   """The sparsity of SPEC section 2 at `step`; `target` overrides `target_sparsity`."""
   return polynomial_sparsity(
@@ -42,7 +44,7 @@ def sparsity_at(hparams: ml_collections.ConfigDict, step: ArrayLike,
       exponent=hparams.sparsity_function_exponent)
 
 
-def should_update(hparams: ml_collections.ConfigDict, step: ArrayLike,
+def should_update(hparams: ml_collections.ConfigDict | HParams, step: ArrayLike,
                   last_update_step: ArrayLike) -> Array:
   """Whether masks are recomputed at `step` (SPEC section 3); a bool scalar.
 
@@ -53,4 +55,14 @@ def should_update(hparams: ml_collections.ConfigDict, step: ArrayLike,
   in_window = step >= hparams.begin_pruning_step
   if hparams.end_pruning_step >= 0:
     in_window &= step <= hparams.end_pruning_step
-  return in_window & (last_update_step + hparams.pruning_frequency <= step)
+  # step - last rather than last + frequency: no int32 overflow near 2**31.
+  return in_window & (step - last_update_step >= hparams.pruning_frequency)
+
+
+def next_step(step: Array) -> Array:
+  """step + 1, saturating at 2**31 - 1 instead of wrapping to negative steps.
+
+  From there the step no longer advances, so masks freeze after one last update:
+  at a thousand steps a second that is 24 days of training.
+  """
+  return jnp.where(step < INT32_MAX, step + 1, step)

@@ -9,11 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import ml_collections
+import numpy as np
 
 from jaxprune import blocks
 from jaxprune import hparams as hparams_lib
-from jaxprune import nm as nm_lib
 from jaxprune.names import leaf_name
 
 PyTree = Any
@@ -27,73 +26,107 @@ class LeafSpec:
   Attributes:
     name: the leaf's name (key path joined with '/').
     target: its final sparsity (its `weight_sparsity_map` entry, else the global one).
-    block_dims: (height, width) with -1 already resolved for this leaf's shape.
+    block_dims: (height, width) with -1 already resolved for one layer's shape.
     nm: (n, m) for N:M sparsity along the input axis, or None.
+    layer_axes: how many leading axes index stacked layers (0: one variable).
   """
   name: str
   target: float
   block_dims: tuple[int, int]
   nm: tuple[int, int] | None = None
+  layer_axes: int = 0
 
 
-def default_filter(hparams: ml_collections.ConfigDict) -> PruneFilter:
+def default_filter(hparams: Any) -> PruneFilter:
   """Prunes leaves whose name matches `weight_name_regex` and that have ndim >= 2."""
   pattern = re.compile(hparams.weight_name_regex)
   return lambda name, leaf: bool(pattern.search(name)) and getattr(leaf, 'ndim', 0) >= 2
 
 
-def _single_match(field: str, name: str, entries: list[tuple[str, Any]], used: set[str]) -> Any:
+def _single_match(field: str, name: str, entries: tuple[tuple[str, Any], ...],
+                  used: set[tuple[str, str]]) -> Any:
   matches = [(regex, value) for regex, value in entries if re.search(regex, name)]
   if len(matches) > 1:
     raise ValueError(f'{field}: leaf {name!r} matches several entries '
                      f'{[f"{r}:{v}" for r, v in matches]}; make the regexes exclusive.')
   if not matches:
     return None
-  used.add(matches[0][0])
+  used.add((field, matches[0][0]))
   return matches[0][1]
 
 
-def _resolve_blocks(name: str, shape: tuple[int, ...], dims: tuple[int, int]) -> tuple[int, int]:
-  resolved = blocks.resolve_block_dims(shape, dims)
-  return (1, 1) if resolved is None else resolved
+def _check_prunable(name: str, leaf: Any) -> None:
+  dtype = np.dtype(leaf.dtype)
+  if not np.issubdtype(dtype, np.floating):
+    raise ValueError(
+        f'leaf {name!r} has dtype {dtype}: only real floating-point leaves can be pruned by '
+        'magnitude. Leave it out with weight_name_regex or a prune_filter.')
 
 
-def leaf_specs(params: PyTree, hparams: ml_collections.ConfigDict,
-               prune_filter: PruneFilter | None = None) -> PyTree:
+def leaf_specs(params: PyTree, hparams: Any, prune_filter: PruneFilter | None = None,
+               warn: bool = True) -> PyTree:
   """A tree parallel to `params`: a LeafSpec for each pruned leaf, None for the rest.
 
-  Raises ValueError when one leaf matches several entries of a map; warns about
-  entries that match no pruned leaf.
+  Leaves with no elements are never pruned (there is nothing to threshold).
+
+  Args:
+    params: the params tree (arrays or shape/dtype structs).
+    hparams: a ConfigDict or `HParams`.
+    prune_filter: `(name, leaf) -> bool` replacing `weight_name_regex`.
+    warn: warn about map entries that match no pruned leaf and about block
+      dims that fall back to elementwise masks.
+
+  Raises:
+    ValueError: when one leaf matches several entries of a map, when a pruned
+      leaf is not floating point, or when it has fewer axes than its layer axes.
   """
-  hparams_lib.validate(hparams)
-  prune_filter = prune_filter or default_filter(hparams)
-  sparsities = hparams_lib.sparsity_map(hparams)
-  block_entries = hparams_lib.block_dims_map(hparams)
-  nm_entries = hparams_lib.nm_map(hparams)
-  global_nm = nm_lib.parse_nm(hparams.sparsity_m_by_n)
-  default_dims = (hparams.block_height, hparams.block_width)
-  used: set[str] = set()
+  h = hparams_lib.freeze(hparams)
+  prune_filter = prune_filter or default_filter(h)
+  used: set[tuple[str, str]] = set()
+  elementwise: list[str] = []
 
   def spec(path, leaf):
     name = leaf_name(path)
-    if not prune_filter(name, leaf):
+    if not prune_filter(name, leaf) or int(np.prod(leaf.shape)) == 0:
       return None
-    target = _single_match('weight_sparsity_map', name, sparsities, used)
-    dims = _single_match('block_dims_map', name, block_entries, used) or default_dims
-    nm = _single_match('nm_sparsity_map', name, nm_entries, used) or global_nm
+    _check_prunable(name, leaf)
+    target = _single_match('weight_sparsity_map', name, h.sparsity_entries, used)
+    dims = _single_match('block_dims_map', name, h.block_entries, used) or h.block_dims
+    nm = _single_match('nm_sparsity_map', name, h.nm_entries, used) or h.nm
+    layer_axes = _single_match('layer_axes_map', name, h.layer_entries, used) or 0
+    if layer_axes >= len(leaf.shape):
+      raise ValueError(f'layer_axes_map: leaf {name!r} of shape {tuple(leaf.shape)} has no '
+                       f'axes left after its {layer_axes} layer axes.')
+    layer_shape = tuple(leaf.shape)[layer_axes:]
+    resolved = blocks.resolve_block_dims(layer_shape, dims)
+    if resolved is None and tuple(dims) != (1, 1) and nm is None:
+      elementwise.append(f'{name} {layer_shape}')
     return LeafSpec(
         name=name,
-        target=hparams.target_sparsity if target is None else target,
-        block_dims=_resolve_blocks(name, tuple(leaf.shape), dims),
-        nm=nm)
+        target=h.target_sparsity if target is None else target,
+        block_dims=(1, 1) if resolved is None else resolved,
+        nm=nm,
+        layer_axes=layer_axes)
 
   specs = jax.tree_util.tree_map_with_path(spec, params)
-  all_regexes = [r for r, _ in sparsities + block_entries + nm_entries]
-  unused = [r for r in all_regexes if r not in used]
-  if unused:
-    warnings.warn(f'jaxprune: map entries {unused} match no pruned leaf; pruned leaves are '
-                  f'{[s.name for s in jax.tree.leaves(specs, is_leaf=_is_spec)]}.', stacklevel=3)
+  if warn:
+    _warn_unused(h, used, [s.name for s in spec_leaves(specs) if s is not None])
+    if elementwise:
+      warnings.warn(
+          f'jaxprune: block dims apply to 2-D weights (after squeezing size-1 axes); these '
+          f'pruned leaves are not 2-D and get elementwise masks: {elementwise}. Give them '
+          '1x1 in block_dims_map, or leave them out of the block rule.', stacklevel=3)
   return specs
+
+
+def _warn_unused(h: hparams_lib.HParams, used: set[tuple[str, str]], pruned: list[str]) -> None:
+  maps = {'weight_sparsity_map': h.sparsity_entries, 'block_dims_map': h.block_entries,
+          'nm_sparsity_map': h.nm_entries, 'layer_axes_map': h.layer_entries}
+  unused = [f'{field} entry {regex!r}' for field, entries in maps.items()
+            for regex, _ in entries if (field, regex) not in used]
+  if unused:
+    warnings.warn(f'jaxprune: {", ".join(unused)} match no pruned leaf; pruned leaves are '
+                  f'{pruned}.', stacklevel=3)
 
 
 def _is_spec(x: Any) -> bool:

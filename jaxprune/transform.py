@@ -12,7 +12,6 @@ are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -27,6 +26,7 @@ from jaxprune import masks as masks_lib
 from jaxprune import nm as nm_lib
 from jaxprune import schedule
 from jaxprune import specs as specs_lib
+from jaxprune.names import leaf_name
 
 PyTree = Any
 SparsityFn = Callable[[Array], Array]
@@ -49,6 +49,23 @@ class PruningState(NamedTuple):
   thresholds: PyTree
   nonfinite_skips: Array
   sparsity: Array
+
+
+def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> None:
+  """ValueErrors naming the leaf when params or updates do not match the state's masks."""
+  is_none = lambda x: x is None
+  masks = jax.tree_util.tree_flatten_with_path(state.masks, is_leaf=is_none)[0]
+  for what, tree in (('params', params), ('updates', updates)):
+    if jax.tree.structure(tree) != jax.tree.structure(state.masks, is_leaf=is_none):
+      raise ValueError(
+          f'jaxprune.pruning: the {what} tree has another structure than the params given to '
+          f'init: {jax.tree.structure(tree)} vs {jax.tree.structure(state.masks, is_leaf=is_none)}.'
+          ' Call init again with the new params.')
+    for (path, mask), leaf in zip(masks, jax.tree.leaves(tree), strict=True):
+      if mask is not None and mask.shape != leaf.shape:
+        raise ValueError(
+            f'jaxprune.pruning: {what} leaf {leaf_name(path)!r} has shape {leaf.shape}, but '
+            f'its mask from init has shape {mask.shape}. Call init again with the new params.')
 
 
 def _new_masks(hparams, specs, new_params, state, sparsity_of):
@@ -130,12 +147,14 @@ def _new_masks_on_any_mesh(hparams, specs, new_params, state, sparsity_of):
   return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(new_params, state, sparsities)
 
 
-def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | None = None,
+def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
+            sparsity_fn: SparsityFn | None = None,
             prune_filter: specs_lib.PruneFilter | None = None) -> optax.GradientTransformation:
   """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
 
   Args:
-    hparams: from `get_pruning_hparams()` / `parse_hparams(...)`.
+    hparams: from `get_pruning_hparams()` / `parse_hparams(...)`; validated and
+      parsed once, here.
     sparsity_fn: optional `step -> sparsity` (e.g. an optax schedule) replacing
       the polynomial schedule for every pruned leaf; it cannot be combined with
       `weight_sparsity_map`.
@@ -144,18 +163,16 @@ def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | Non
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
   """
-  hparams_lib.validate(hparams)
-  if sparsity_fn is not None and hparams_lib.sparsity_map(hparams):
+  hparams = hparams_lib.freeze(hparams)
+  if sparsity_fn is not None and hparams.sparsity_entries:
     raise ValueError(
-        f'weight_sparsity_map={list(hparams.weight_sparsity_map)!r} cannot be combined with '
-        'sparsity_fn: per-variable targets follow the polynomial schedule. Drop one of them.')
+        f'weight_sparsity_map={[f"{r}:{v}" for r, v in hparams.sparsity_entries]!r} cannot be '
+        'combined with sparsity_fn: per-variable targets follow the polynomial schedule. '
+        'Drop one of them.')
 
   def specs_of(params, warn=False):
     # Specs are rebuilt (from static shapes) at each trace; warn once, at init.
-    with warnings.catch_warnings():
-      if not warn:
-        warnings.simplefilter('ignore')
-      return specs_lib.leaf_specs(params, hparams, prune_filter)
+    return specs_lib.leaf_specs(params, hparams, prune_filter, warn=warn)
 
   def init_fn(params):
     specs = specs_of(params, warn=True)
@@ -178,6 +195,7 @@ def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | Non
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError('jaxprune.pruning needs the params: call tx.update(grads, state, params).')
+    _check_like_init(state, params, updates)
     specs = specs_of(params)
     step = state.step
     global_sparsity = (schedule.sparsity_at(hparams, step) if sparsity_fn is None
@@ -206,7 +224,7 @@ def pruning(hparams: ml_collections.ConfigDict, *, sparsity_fn: SparsityFn | Non
         lambda mask, u, p: u if mask is None else jnp.where(mask, u, -p).astype(u.dtype),
         masks, updates, params, is_leaf=lambda x: x is None)
     new_state = PruningState(
-        step=step + 1,
+        step=schedule.next_step(step),
         last_update_step=jnp.where(do_update, step, state.last_update_step),
         masks=masks,
         thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),

@@ -88,7 +88,7 @@ def test_unknown_name_lists_known_names():
     ('block_pooling_function=MIN', 'block_pooling_function'),
     ('threshold_method=sort', 'threshold_method'),
     ('weight_name_regex=(', 'weight_name_regex'),
-    ('sparsity_m_by_n=4:2', 'sparsity_m_by_n'),
+    ('nm_sparsity=4:2', 'nm_sparsity'),
     ('nm_sparsity_map=[dense:2]', 'nm_sparsity_map'),
 ])
 def test_each_validation_rule_names_its_field(text, field):

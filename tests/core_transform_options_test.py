@@ -167,7 +167,7 @@ def test_nm_sparsity_global_and_per_regex():
   rng = np.random.default_rng(6)
   params = {'Dense_0': {'kernel': jnp.asarray(rng.standard_normal((8, 6)), jnp.float32)},
             'Dense_1': {'kernel': jnp.asarray(rng.standard_normal((12, 4)), jnp.float32)}}
-  state = _one_update(jaxprune.pruning(_hparams(sparsity_m_by_n='2:4', **ONE_SHOT)), params)
+  state = _one_update(jaxprune.pruning(_hparams(nm_sparsity='2:4', **ONE_SHOT)), params)
   for layer in ('Dense_0', 'Dense_1'):
     np.testing.assert_array_equal(state.masks[layer]['kernel'],
                                   core_refs.nm_mask(np.asarray(params[layer]['kernel']), 2, 4))
@@ -182,7 +182,7 @@ def test_nm_sparsity_global_and_per_regex():
 
 
 def test_nm_input_axis_not_divisible_raises():
-  tx = jaxprune.pruning(_hparams(sparsity_m_by_n='2:4', **ONE_SHOT))
+  tx = jaxprune.pruning(_hparams(nm_sparsity='2:4', **ONE_SHOT))
   params = {'Dense_0': {'kernel': jnp.ones((6, 8))}}
   with pytest.raises(ValueError, match='not divisible by M=4'):
     _one_update(tx, params)
@@ -222,7 +222,7 @@ def test_nonfinite_and_zero_leaves_keep_masks_and_count_skips():
 
 
 def test_nm_error_names_the_leaf():
-  tx = jaxprune.pruning(_hparams(sparsity_m_by_n='2:4', **ONE_SHOT))
+  tx = jaxprune.pruning(_hparams(nm_sparsity='2:4', **ONE_SHOT))
   with pytest.raises(ValueError, match='Dense_0/kernel'):
     _one_update(tx, {'Dense_0': {'kernel': jnp.ones((6, 8))}})
 
