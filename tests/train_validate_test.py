@@ -75,10 +75,9 @@ def test_unknown_and_missing_fields_are_named():
                                         r"you mean 'num_steps'\?$"):
     validate.check_config(config)
   config = defaults.get_config()
-  config.pruning.target_sparisty = 0.95
-  with pytest.raises(ConfigError, match=r"^config.pruning.target_sparisty: the pruning hparams "
-                                        r"has no such field; did you mean "
-                                        r"'pruning.target_sparsity'\?$"):
+  config.pruning.target_sparisty = 0.95  # jaxprune's own message
+  with pytest.raises(ConfigError, match=r"^unknown hyperparameter 'target_sparisty': did you "
+                                        r"mean 'target_sparsity'\? known names: \["):
     validate.check_config(config)
   config = defaults.get_config()
   del config['plots']
@@ -108,17 +107,8 @@ def test_a_run_shorter_than_its_schedule_is_found():
   config.num_steps = 1000
   assert validate.schedule_shortfall(config) == (
       'config.num_steps=1000 stops the mask updates at step 950, where the schedule is at 59.1% '
-      'sparsity, short of target_sparsity=0.9 (reached at sparsity_function_end_step=2000); set '
-      'num_steps above 2000, or end the schedule earlier.')
-  # The pruning window closes first: s(1500) = 0.9 * (1 - (1/3) ** 3) = 0.8667.
-  config.num_steps = 3000
-  config.pruning.end_pruning_step = 1500
-  assert validate.schedule_shortfall(config) == (
-      'config.pruning.end_pruning_step=1500 stops the mask updates at step 1500, where the '
-      'schedule is at 86.7% sparsity, short of target_sparsity=0.9 (reached at '
-      'sparsity_function_end_step=2000); set end_pruning_step at or after '
-      'sparsity_function_end_step, or end the schedule earlier.')
-  config.pruning.end_pruning_step = 2000
+      'sparsity, short of target_sparsity=0.9 (reached at sparsity_function_end_step=2000, by '
+      'the update at step 2000); set num_steps above 2000, or end the schedule earlier.')
   config.num_steps = 500  # steps 0 .. 499: the first update would be at 500
   assert validate.schedule_shortfall(config) == (
       'config.num_steps=500: the run ends before its first mask update (at step '
@@ -128,15 +118,39 @@ def test_a_run_shorter_than_its_schedule_is_found():
   assert validate.schedule_shortfall(config) is None
 
 
-def test_updates_count_from_the_last_one_not_on_a_grid():
+def test_a_window_closing_before_the_schedule_is_left_to_the_hparams_warning():
+  config = defaults.get_config()
+  config.pruning.end_pruning_step = 1500
+  with pytest.warns(UserWarning, match='end_pruning_step=1500 stops mask updates before'):
+    validate.check_config(config)
+  assert validate.schedule_shortfall(config) is None
+
+
+def _every_300(end_pruning_step=-1):
   config = defaults.get_config()
   config.pruning = defaults.pruning_config(
-      config.pruning, begin_pruning_step=0, end_pruning_step=-1, pruning_frequency=300,
-      sparsity_function_begin_step=0, sparsity_function_end_step=1000, target_sparsity=0.5,
-      sparsity_function_exponent=1.0)
-  # Updates at 300, 600, 900 (max(begin, frequency), then every 300): s(900) = 0.45.
+      config.pruning, begin_pruning_step=0, end_pruning_step=end_pruning_step,
+      pruning_frequency=300, sparsity_function_begin_step=0, sparsity_function_end_step=1000,
+      target_sparsity=0.5, sparsity_function_exponent=1.0)
+  return config
+
+
+def test_updates_count_from_the_last_one_not_on_a_grid():
+  config = _every_300()
+  # Updates at 300, 600, 900 (max(begin, frequency), then every 300): s(900) = 0.45;
+  # the target needs the update at 1200.
   config.num_steps = 1000
-  assert validate.schedule_shortfall(config).startswith(
-      'config.num_steps=1000 stops the mask updates at step 900, where the schedule is at 45.0%')
-  config.num_steps = 1201  # one more update, at 1200, past the schedule's end
+  assert validate.schedule_shortfall(config) == (
+      'config.num_steps=1000 stops the mask updates at step 900, where the schedule is at 45.0% '
+      'sparsity, short of target_sparsity=0.5 (reached at sparsity_function_end_step=1000, by '
+      'the update at step 1200); set num_steps above 1200, or end the schedule earlier.')
+  config.num_steps = 1201
   assert validate.schedule_shortfall(config) is None
+  # A window that ends at the schedule's end still misses its last update.
+  config = _every_300(end_pruning_step=1000)
+  config.num_steps = 3000
+  assert validate.schedule_shortfall(config) == (
+      'config.pruning.end_pruning_step=1000 stops the mask updates at step 900, where the '
+      'schedule is at 45.0% sparsity, short of target_sparsity=0.5 (reached at '
+      'sparsity_function_end_step=1000, by the update at step 1200); set end_pruning_step=1200 '
+      'or later, or end the schedule earlier.')

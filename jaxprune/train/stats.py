@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
@@ -61,11 +60,9 @@ def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None
   """
   if hparams is None:
     return []
-  with warnings.catch_warnings():
-    # Map entries that match no leaf were already reported when the transform was built.
-    warnings.simplefilter('ignore')
-    specs = {spec.name: spec for spec in specs_lib.spec_leaves(
-        specs_lib.leaf_specs(state.params, hparams)) if spec is not None}
+  # Map entries that match no leaf were reported when the transform was built.
+  specs = {spec.name: spec for spec in specs_lib.spec_leaves(
+      specs_lib.leaf_specs(state.params, hparams, warn=False)) if spec is not None}
   thresholds = {k: float(v) for k, v in
                 jax.device_get(jaxprune.get_thresholds(state.opt_state)).items()}
   reports = []

@@ -96,10 +96,10 @@ def _flatten(config: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
   return flat
 
 
-def _unknown(name: str, known: list[str], where: str) -> ConfigError:
+def _unknown(name: str, known: list[str]) -> ConfigError:
   close = difflib.get_close_matches(name, known, n=1)
   hint = f"did you mean '{close[0]}'?" if close else f'known fields: {", ".join(sorted(known))}.'
-  return ConfigError(f'config.{name}: {where} has no such field; {hint}')
+  return ConfigError(f'config.{name}: the config has no such field; {hint}')
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -110,13 +110,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   Raises:
     ConfigError: a ValueError naming the first bad field, its value and the
-      fix; for the `pruning` block, jaxprune's own hparams message.
+      fix; for the `pruning` block (unknown fields included), jaxprune's own
+      hparams message.
   """
   default = defaults.get_config()
   fields, expected = _flatten(config), _flatten(default)
   for name in fields:
     if name not in expected:
-      raise _unknown(name, list(expected), 'the config')
+      raise _unknown(name, list(expected))
   for name, (check, rule) in RULES.items():
     if name not in fields:
       raise ConfigError(f'config.{name} is missing; start the config from '
@@ -133,25 +134,26 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not isinstance(pruning, _BLOCKS):
     raise ConfigError(f'config.pruning={pruning!r}: must be a ConfigDict of pruning hparams, '
                       'e.g. jaxprune.train.defaults.pruning_config().')
-  hparams_fields = list(jaxprune.get_pruning_hparams().keys())
-  for name in pruning:
-    if name not in hparams_fields:
-      raise _unknown(f'pruning.{name}', [f'pruning.{f}' for f in hparams_fields],
-                     'the pruning hparams')
   try:
     hparams_lib.validate(pruning)
   except (ValueError, TypeError) as err:
     raise ConfigError(str(err)) from err
 
 
+def _first_update(hparams: ml_collections.ConfigDict) -> int:
+  # SPEC section 3: last_update_step starts at 0 and updates need
+  # step - last_update_step >= pruning_frequency.
+  return max(hparams.begin_pruning_step, hparams.pruning_frequency)
+
+
 def _last_update(hparams: ml_collections.ConfigDict, num_steps: int) -> int | None:
-  """The step of the run's last mask update (SPEC section 3), or None if there is none.
+  """The step of the run's last mask update, or None if there is none.
 
   The job makes one update call per train step, at steps 0 .. num_steps - 1;
-  updates start at max(begin_pruning_step, pruning_frequency) and follow
-  every `pruning_frequency` steps up to `end_pruning_step`.
+  updates start at `_first_update` and follow every `pruning_frequency`
+  steps (counted from the last one) up to `end_pruning_step`.
   """
-  first = max(hparams.begin_pruning_step, hparams.pruning_frequency)
+  first = _first_update(hparams)
   last_allowed = num_steps - 1
   if hparams.end_pruning_step >= 0:
     last_allowed = min(last_allowed, hparams.end_pruning_step)
@@ -167,28 +169,31 @@ def schedule_shortfall(config: ml_collections.ConfigDict) -> str | None:
     config: a checked training config.
 
   Returns:
-    A one-line warning naming the fields involved, or None (also when the
-    run does not prune).
+    A one-line warning naming the fields involved and the value that fixes
+    it, or None (also when the run does not prune).
   """
   if not config.prune:
     return None
   hparams, num_steps = config.pruning, config.num_steps
-  last = _last_update(hparams, num_steps)
+  first, last = _first_update(hparams), _last_update(hparams, num_steps)
   if last is None:
     return (f'config.num_steps={num_steps}: the run ends before its first mask update (at '
-            f'step max(begin_pruning_step, pruning_frequency) = '
-            f'{max(hparams.begin_pruning_step, hparams.pruning_frequency)}), so nothing is '
+            f'step max(begin_pruning_step, pruning_frequency) = {first}), so nothing is '
             'pruned; raise num_steps or start pruning earlier.')
   reached = float(jaxprune.sparsity_at(hparams, last))
   if reached >= hparams.target_sparsity - 1e-6:
     return None
   end = hparams.sparsity_function_end_step
   by_window = 0 <= hparams.end_pruning_step < num_steps - 1
+  if by_window and hparams.end_pruning_step < end:
+    return None  # jaxprune's hparams check has warned about this window already
+  frequency = hparams.pruning_frequency
+  # The first update at or after the schedule's end: the one that reaches the target.
+  needed = first + max(-(-(end - first) // frequency), 0) * frequency
   cause = (f'config.pruning.end_pruning_step={hparams.end_pruning_step}' if by_window
            else f'config.num_steps={num_steps}')
-  fix = ('end_pruning_step at or after sparsity_function_end_step' if by_window
-         else f'num_steps above {end}')
+  fix = f'end_pruning_step={needed} or later' if by_window else f'num_steps above {needed}'
   return (f'{cause} stops the mask updates at step {last}, where the schedule is at '
           f'{reached:.1%} sparsity, short of target_sparsity={hparams.target_sparsity} '
-          f'(reached at sparsity_function_end_step={end}); set {fix}, or end the schedule '
-          'earlier.')
+          f'(reached at sparsity_function_end_step={end}, by the update at step {needed}); '
+          f'set {fix}, or end the schedule earlier.')
