@@ -288,3 +288,21 @@ def test_default_run_with_no_flags_meets_the_goal(tmp_path):
   for name in ('sparsity.png', 'accuracy.png', 'layer_sparsity.png', 'report.txt'):
     assert (workdir / name).exists()
   assert 'Outputs in' in result.stdout and 'runs/digits_mlp' in result.stdout
+
+
+def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
+  import io
+
+  from jaxprune.train import main
+  out = io.StringIO()
+  stderr = main._WithoutClosedLoopTracebacks(out)
+  # As tensorstore's threads print it, piece by piece, once per aborted write.
+  for piece in ('Traceback (most recent call last):\n',
+                '  File "asyncio/base_events.py", line 806, in call_soon_threadsafe\n',
+                '    self._check_closed()\n', 'RuntimeError: Event loop is closed\n'):
+    stderr.write(piece)
+  stderr.write('jaxprune-train: cannot write the checkpoint\n')
+  bug = ('Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+         'KeyError: \'a bug keeps its traceback\'\n')
+  stderr.write(bug)
+  assert out.getvalue() == 'jaxprune-train: cannot write the checkpoint\n' + bug

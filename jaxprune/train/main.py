@@ -14,11 +14,13 @@ logs, evaluates and checkpoints).
 from __future__ import annotations
 
 import functools
+import io
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
-from typing import NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import ml_collections
 from absl import app, flags, logging
@@ -65,6 +67,40 @@ def _fail(message: str) -> NoReturn:
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
   del category, filename, lineno, file, line
   print(f'{PROGRAM}: warning: {errors.one_line(str(message))}', file=sys.stderr)
+
+
+class _WithoutClosedLoopTracebacks(io.TextIOBase):
+  """`sys.stderr` less the tracebacks of a checkpoint write that failed.
+
+  When a write fails (a full disk), orbax closes its event loop while
+  tensorstore's threads still finish the other writes; each then prints a
+  'RuntimeError: Event loop is closed' traceback, dozens in all, around the
+  one-line error the job prints. Everything else passes through.
+  """
+
+  _NOISE = 'RuntimeError: Event loop is closed'
+
+  def __init__(self, stream: Any):
+    super().__init__()
+    self._stream = stream
+    self._held = threading.local()  # a traceback being written, per thread
+
+  def write(self, text: str) -> int:
+    held = getattr(self._held, 'text', None)
+    if held is None and not text.startswith('Traceback (most recent call last):'):
+      return self._stream.write(text)
+    held = (held or '') + text
+    last = held.rstrip('\n').rsplit('\n', 1)[-1]
+    if held.endswith('\n') and last[:1] not in ('', ' ') and not last.startswith('Traceback'):
+      self._held.text = None  # the exception line closes the traceback
+      if last != self._NOISE:
+        self._stream.write(held)
+    else:
+      self._held.text = held
+    return len(text)
+
+  def flush(self) -> None:
+    self._stream.flush()
 
 
 def _parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
@@ -131,5 +167,6 @@ def run() -> None:
     defined = _define_flags()
   except Exception as err:  # noqa: BLE001 -- every parse failure is described in one line
     _fail(usage.describe_flag_error(err, argv))
+  sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
   app.run(functools.partial(main, defined=defined),
           flags_parser=functools.partial(_parse_flags, config=defined.config))

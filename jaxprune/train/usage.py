@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -47,9 +48,10 @@ def load_config(path: str) -> ml_collections.ConfigDict:
   file, *argument = path.split(':', 1)
   if not os.path.isfile(file):
     raise FileNotFoundError(errno.ENOENT, 'no such file', file)
-  spec = importlib.util.spec_from_file_location('jaxprune_train_config', file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  # As ml_collections loads it: any file name, not only *.py.
+  loader = importlib.machinery.SourceFileLoader('jaxprune_train_config', file)
+  module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+  loader.exec_module(module)
   return ensure_loaded(module.get_config(*argument))
 
 
