@@ -64,9 +64,16 @@ def _fail(message: str) -> NoReturn:
   sys.exit(f'{PROGRAM}: {errors.one_line(message)}')
 
 
+_SHOWN: set[str] = set()
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
   del category, filename, lineno, file, line
-  print(f'{PROGRAM}: warning: {errors.one_line(str(message))}', file=sys.stderr)
+  text = errors.one_line(str(message))
+  # The hparams are checked in several places, and each would repeat its warning.
+  if text not in _SHOWN:
+    _SHOWN.add(text)
+    print(f'{PROGRAM}: warning: {text}', file=sys.stderr)
 
 
 class _WithoutClosedLoopTracebacks(io.TextIOBase):
@@ -139,8 +146,8 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   except errors.RunError as err:
     _fail(str(err))
   except KeyboardInterrupt:
-    print(f'\nInterrupted; progress is checkpointed in {workdir}. Run the same '
-          'command again to resume.', file=sys.stderr)
+    print(f'\nInterrupted; run the same command again to resume from the newest checkpoint '
+          f'in {workdir} (training writes one when interrupted).', file=sys.stderr)
     sys.exit(130)
   print()
   print(report.format_report(result.report))
