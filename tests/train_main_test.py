@@ -306,3 +306,12 @@ def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
          'KeyError: \'a bug keeps its traceback\'\n')
   stderr.write(bug)
   assert out.getvalue() == 'jaxprune-train: cannot write the checkpoint\n' + bug
+
+
+def test_each_warning_is_shown_once_in_one_line(capsys):
+  from jaxprune.train import main
+  for _ in range(3):  # the hparams are checked in several places
+    main._show_warning(UserWarning('end_pruning_step=1500 stops\nmask updates'), UserWarning,
+                       'hparams.py', 1)
+  assert capsys.readouterr().err == (
+      'jaxprune-train: warning: end_pruning_step=1500 stops; mask updates\n')
