@@ -26,10 +26,11 @@ import numpy as np
 from jax.experimental import sparse
 
 from jaxprune.names import leaf_name
-from jaxprune.summaries import contains_pruning_state, get_masks
+from jaxprune.summaries import apply_masks, contains_pruning_state, get_masks
 
 __all__ = [
     'LeafSize',
+    'OutputMismatchError',
     'SizeReport',
     'check_sparse_outputs',
     'densify',
@@ -70,6 +71,8 @@ def _mask_leaves(params: PyTree, masks: Any) -> list[Any]:
 def strip(params: PyTree, masks: Any) -> PyTree:
   """Returns params with every masked-out entry set to zero; the masks are dropped.
 
+  The same as `jaxprune.apply_masks`, under the name tfmot users know.
+
   Args:
     params: a pytree of arrays.
     masks: a mask tree parallel to params (bool, None for unpruned leaves), a
@@ -78,14 +81,12 @@ def strip(params: PyTree, masks: Any) -> PyTree:
   Returns:
     A pytree like params (same shapes and dtypes) with zeros where the masks
     are False. Leaves without a mask are returned as they are.
+
+  Raises:
+    ValueError: if the masks are not parallel to params or a mask's shape
+      differs from its leaf's.
   """
-  leaves, treedef = jax.tree_util.tree_flatten(params, is_leaf=_is_none)
-  mask_leaves = _mask_leaves(params, masks)
-  stripped = [
-      leaf if mask is None else jnp.where(mask, leaf, jnp.zeros((), jnp.asarray(leaf).dtype))
-      for leaf, mask in zip(leaves, mask_leaves, strict=True)
-  ]
-  return jax.tree_util.tree_unflatten(treedef, stripped)
+  return apply_masks(params, masks)
 
 
 def _to_convert(params: PyTree, masks: Any, names: str | None) -> tuple[PyTree, list[bool]]:
@@ -159,6 +160,21 @@ def sparse_apply(fn: Callable[..., Any]) -> Callable[..., Any]:
   return sparse.sparsify(fn, use_tracer=True)
 
 
+class OutputMismatchError(Exception):
+  """The sparse model's outputs differ from the dense model's beyond the tolerance.
+
+  Attributes:
+    max_difference: the largest absolute difference of an output that failed.
+    rtol, atol: the tolerances it was checked with.
+  """
+
+  def __init__(self, max_difference: float, rtol: float, atol: float):
+    super().__init__(f'sparse and dense outputs differ by up to {max_difference:.3g} '
+                     f'(rtol={rtol}, atol={atol}); a sparse rule changed the computation, '
+                     'or the tolerance is too tight for its summation order')
+    self.max_difference, self.rtol, self.atol = max_difference, rtol, atol
+
+
 def check_sparse_outputs(fn: Callable[..., Any], params: PyTree, masks: Any, *args: Any,
                          rtol: float = 1e-5, atol: float = 1e-5) -> float:
   """Checks that `fn` on sparse params gives the outputs of `fn` on the stripped dense ones.
@@ -177,7 +193,7 @@ def check_sparse_outputs(fn: Callable[..., Any], params: PyTree, masks: Any, *ar
     The largest absolute difference over all outputs.
 
   Raises:
-    AssertionError: if some output differs by more than `atol + rtol * |dense|`.
+    OutputMismatchError: if some output differs by more than `atol + rtol * |dense|`.
   """
   dense_params = params if masks is None else strip(params, masks)
   dense_out = fn(dense_params, *args)
@@ -188,9 +204,7 @@ def check_sparse_outputs(fn: Callable[..., Any], params: PyTree, masks: Any, *ar
     if d.size:
       worst = max(worst, float(np.max(np.abs(d - s))))
     if not np.allclose(s, d, rtol=rtol, atol=atol):
-      raise AssertionError(
-          f'sparse and dense outputs differ by up to {np.max(np.abs(d - s)):.3g} '
-          f'(rtol={rtol}, atol={atol})')
+      raise OutputMismatchError(float(np.max(np.abs(d - s))), rtol, atol)
   return worst
 
 

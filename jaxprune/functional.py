@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxprune.export import strip
+from jaxprune.hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune.methods import (
     L1Unstructured,
     LnStructured,
@@ -43,6 +43,7 @@ from jaxprune.methods import (
     validate_amount,
 )
 from jaxprune.names import leaf_name
+from jaxprune.summaries import apply_masks
 
 __all__ = [
     'global_unstructured',
@@ -57,7 +58,6 @@ __all__ = [
 PyTree = Any
 Names = str | Callable[[str, Any], bool]
 
-DEFAULT_NAMES = r'(kernel|embedding)$'
 
 
 def _is_none(x: Any) -> bool:
@@ -153,7 +153,7 @@ def _prune_each(params: PyTree, names: Names, masks: PyTree | None, scores: PyTr
   return jax.tree_util.tree_unflatten(flat.treedef, new_masks)
 
 
-def prune(params: PyTree, method: PruningMethod, *, names: Names = DEFAULT_NAMES,
+def prune(params: PyTree, method: PruningMethod, *, names: Names = DEFAULT_WEIGHT_NAME_REGEX,
           masks: PyTree | None = None, scores: PyTree | None = None) -> PyTree:
   """Prunes each selected leaf with a method (torch's `BasePruningMethod.apply`).
 
@@ -179,8 +179,9 @@ def prune(params: PyTree, method: PruningMethod, *, names: Names = DEFAULT_NAMES
   return _prune_each(params, names, masks, scores, lambda i: method)
 
 
-def l1_unstructured(params: PyTree, amount: int | float, *, names: Names = DEFAULT_NAMES,
-                    masks: PyTree | None = None, scores: PyTree | None = None) -> PyTree:
+def l1_unstructured(params: PyTree, amount: int | float, *,
+                    names: Names = DEFAULT_WEIGHT_NAME_REGEX, masks: PyTree | None = None,
+                    scores: PyTree | None = None) -> PyTree:
   """Prunes the `amount` smallest-magnitude entries of each selected leaf.
 
   Args:
@@ -197,7 +198,8 @@ def l1_unstructured(params: PyTree, amount: int | float, *, names: Names = DEFAU
 
 
 def random_unstructured(params: PyTree, amount: int | float, *, key: jax.Array,
-                        names: Names = DEFAULT_NAMES, masks: PyTree | None = None) -> PyTree:
+                        names: Names = DEFAULT_WEIGHT_NAME_REGEX,
+                        masks: PyTree | None = None) -> PyTree:
   """Prunes `amount` uniformly random entries of each selected leaf.
 
   Args:
@@ -216,7 +218,7 @@ def random_unstructured(params: PyTree, amount: int | float, *, key: jax.Array,
 
 
 def ln_structured(params: PyTree, amount: int | float, n: float, axis: int, *,
-                  names: Names = DEFAULT_NAMES, masks: PyTree | None = None,
+                  names: Names = DEFAULT_WEIGHT_NAME_REGEX, masks: PyTree | None = None,
                   scores: PyTree | None = None) -> PyTree:
   """Prunes whole slices along `axis` with the smallest Ln norm (torch's `ln_structured`).
 
@@ -240,7 +242,7 @@ def ln_structured(params: PyTree, amount: int | float, n: float, axis: int, *,
 
 
 def nm_structured(params: PyTree, n: int, m: int, axis: int = -2, *,
-                  names: Names = DEFAULT_NAMES, masks: PyTree | None = None) -> PyTree:
+                  names: Names = DEFAULT_WEIGHT_NAME_REGEX, masks: PyTree | None = None) -> PyTree:
   """Keeps the `n` largest-magnitude of every `m` consecutive entries along `axis`.
 
   The N:M pattern of tfmot's `sparsity_m_by_n` (2:4 for sparse tensor cores);
@@ -262,7 +264,7 @@ def nm_structured(params: PyTree, n: int, m: int, axis: int = -2, *,
 
 
 def global_unstructured(params: PyTree, amount: int | float, *,
-                        names: Names = DEFAULT_NAMES, masks: PyTree | None = None,
+                        names: Names = DEFAULT_WEIGHT_NAME_REGEX, masks: PyTree | None = None,
                         scores: PyTree | None = None) -> PyTree:
   """Prunes the `amount` smallest-magnitude entries across all selected leaves together.
 
@@ -302,7 +304,7 @@ def global_unstructured(params: PyTree, amount: int | float, *,
 def remove(params: PyTree, masks: PyTree) -> PyTree:
   """Bakes the masks into the params: pruned entries become 0, masks are dropped.
 
-  torch's `prune.remove`; the same as `jaxprune.export.strip`.
+  torch's `prune.remove`; the same as `jaxprune.apply_masks` and `export.strip`.
 
   Args:
     params: a pytree of arrays.
@@ -311,5 +313,9 @@ def remove(params: PyTree, masks: PyTree) -> PyTree:
 
   Returns:
     params with every masked-out entry set to zero (same dtypes).
+
+  Raises:
+    ValueError: if a mask's shape differs from its leaf's (masks are not
+      broadcast) or the trees are not parallel.
   """
-  return strip(params, masks)
+  return apply_masks(params, masks)

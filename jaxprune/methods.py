@@ -18,21 +18,24 @@ follow torch's semantics:
   the largest (kept), as in `torch.topk`.
 
 Every method is pure and jittable for a fixed `amount`. When the previous mask
-is a traced value (the whole call is under `jit`), a fractional amount is
-turned into a count with float32 arithmetic, which can differ from Python's
-float64 `round` by one when `amount * n` lies within float32 rounding of a
-half-integer, and an integer amount larger than the number of unpruned entries
-is clipped instead of raising.
+is a traced value (the whole call is under `jit`), the number of unpruned
+entries is only known on the device: a fractional amount is then turned into
+a count by a host callback running torch's Python rule, `round(amount * n)`
+(float32 on the device would get 45 * 0.7 = 31.4999... wrong: 31.5, then 32),
+and an integer amount larger than the number of unpruned entries is clipped
+instead of raising.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxprune.nm import nm_mask_from_scores, parse_nm
 
@@ -89,6 +92,11 @@ def _as_python_int(x: jax.Array | int) -> int | None:
     return None
 
 
+def _round_count(amount: float, n_alive: np.ndarray) -> np.ndarray:
+  """torch's count for a fraction, in Python's float64: `round(amount * n)`, half to even."""
+  return np.asarray(round(amount * int(n_alive)), np.int32)
+
+
 def _count_to_prune(amount: int | float, n_alive: jax.Array | int) -> jax.Array | int:
   """Entries to prune out of `n_alive` for `amount` (torch's `_compute_nparams_toprune`)."""
   n_static = _as_python_int(n_alive)
@@ -102,7 +110,9 @@ def _count_to_prune(amount: int | float, n_alive: jax.Array | int) -> jax.Array 
     return round(amount * n_static)
   if isinstance(amount, numbers.Integral):
     return jnp.minimum(amount, n_alive)
-  return jnp.round(jnp.float32(amount) * n_alive.astype(jnp.float32)).astype(jnp.int32)
+  return jax.pure_callback(functools.partial(_round_count, float(amount)),
+                           jax.ShapeDtypeStruct((), jnp.int32), n_alive,
+                           vmap_method='sequential')
 
 
 def prune_lowest(scores: jax.Array, amount: int | float,

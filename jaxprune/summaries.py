@@ -79,10 +79,42 @@ def count_nonfinite(params: PyTree) -> dict[str, Array]:
 
 
 def apply_masks(params: PyTree, state: Any) -> PyTree:
-  """Zeroes the pruned entries of `params` (unpruned leaves pass through)."""
-  masks = get_masks(state)
-  return jax.tree.map(lambda m, p: p if m is None else jnp.where(m, p, jnp.zeros_like(p)),
-                      masks, params, is_leaf=lambda x: x is None)
+  """Zeroes the pruned entries of `params` (unpruned leaves pass through).
+
+  The one mask-zeroing rule of jaxprune: `export.strip` and
+  `functional.remove` call it. Jittable (the masks may be traced).
+
+  Args:
+    params: a pytree of arrays.
+    state: a `PruningState`, an optax state containing one, or a mask tree
+      parallel to `params` (bool, True = kept; None for unpruned leaves).
+
+  Returns:
+    `params` with zeros where the masks are False, same shapes and dtypes.
+
+  Raises:
+    ValueError: if the masks are not a tree parallel to `params`, or a mask's
+      shape differs from its leaf's (a mask is never broadcast), naming the leaf.
+  """
+  masks = get_masks(state) if contains_pruning_state(state) else state
+  is_none = lambda x: x is None  # None marks a leaf without a mask
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_none)
+  mask_leaves, mask_treedef = jax.tree_util.tree_flatten(masks, is_leaf=is_none)
+  if mask_treedef != treedef:
+    raise ValueError(
+        'masks must be a tree parallel to params (None for unpruned leaves), a PruningState, '
+        f'or an optax state containing one; got structure {mask_treedef}, params have {treedef}')
+  zeroed = []
+  for (path, leaf), mask in zip(flat, mask_leaves, strict=True):
+    if mask is None:
+      zeroed.append(leaf)
+      continue
+    if jnp.shape(mask) != jnp.shape(leaf):
+      raise ValueError(
+          f'the mask of leaf {leaf_name(path)!r} has shape {jnp.shape(mask)} but the leaf has '
+          f'shape {jnp.shape(leaf)}; masks are not broadcast: give the leaf\'s shape')
+    zeroed.append(jnp.where(mask, leaf, jnp.zeros((), jnp.asarray(leaf).dtype)))
+  return jax.tree_util.tree_unflatten(treedef, zeroed)
 
 
 def summaries(state: Any, hparams: ml_collections.ConfigDict | None = None) -> dict[str, Array]:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxprune
 from jaxprune import functional
 
 # The torch pruning tutorial's conv1 (torch layout (out, in, H, W)), the mask that
@@ -279,3 +280,33 @@ def test_masks_and_params_serialise_with_flax_msgpack():
   again = functional.l1_unstructured(restored['params'], 0.5, masks=restored['masks'])
   direct = functional.l1_unstructured(params, 0.5, masks=masks)
   np.testing.assert_array_equal(again['Dense_1']['kernel'], direct['Dense_1']['kernel'])
+
+
+@pytest.mark.parametrize('mask', [np.ones((8, 1), bool), np.bool_(True), np.ones((6, 8), bool)])
+def test_remove_never_broadcasts_a_mask(mask):
+  params = mlp_params()
+  with pytest.raises(ValueError) as err:
+    functional.remove(params, {'Dense_0': {'kernel': mask, 'bias': None},
+                               'Dense_1': {'kernel': None, 'bias': None}})
+  assert str(err.value) == (f"the mask of leaf 'Dense_0/kernel' has shape {mask.shape} but the "
+                            "leaf has shape (8, 6); masks are not broadcast: give the leaf's shape")
+
+
+def test_remove_strip_and_apply_masks_are_one_rule_also_under_jit():
+  params = mlp_params()
+  masks = functional.l1_unstructured(params, 0.5)
+  expected = jax.tree.map(lambda p, m: p if m is None else np.where(m, p, 0), params, masks,
+                          is_leaf=lambda x: x is None)
+  for zero in (functional.remove, jaxprune.strip, jaxprune.apply_masks,
+               jax.jit(functional.remove)):
+    for a, b in zip(jax.tree.leaves(zero(params, masks)), jax.tree.leaves(expected), strict=True):
+      np.testing.assert_array_equal(a, b)
+
+
+def test_default_leaves_are_the_transforms_default():
+  import inspect
+
+  from jaxprune import hparams
+  for fn in (functional.prune, functional.l1_unstructured, functional.random_unstructured,
+             functional.ln_structured, functional.nm_structured, functional.global_unstructured):
+    assert inspect.signature(fn).parameters['names'].default is hparams.DEFAULT_WEIGHT_NAME_REGEX

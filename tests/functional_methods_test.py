@@ -42,6 +42,23 @@ def test_fraction_rounds_half_to_even_like_torch():
   assert int(jnp.sum(~methods.prune_lowest(scores, 0.26))) == 3
 
 
+@pytest.mark.parametrize('size, amount', [(45, 0.7), (10, 0.25), (10, 0.75), (1001, 0.3),
+                                          (7, 0.5), (200, 0.145)])
+def test_counts_under_jit_with_traced_masks_are_torchs(size, amount):
+  # Python's float64 round(amount * n), half to even: 45 * 0.7 = 31.499999999999996 -> 31,
+  # where float32 gives 31.5 -> 32.
+  expected = round(amount * size)
+  prune = jax.jit(lambda s, p: methods.prune_lowest(s, amount, p))
+  keep = prune(jnp.arange(float(size)), jnp.ones(size, bool))
+  assert int(jnp.sum(~keep)) == expected
+  # Relative to the entries still unpruned (traced): 0.7 of the 45 alive of 50.
+  previous = jnp.arange(size + 5) >= 5
+  keep = prune(jnp.arange(float(size + 5)), previous)
+  assert int(jnp.sum(~keep)) == 5 + expected
+  batched = jax.vmap(lambda p: methods.prune_lowest(jnp.arange(float(size)), amount, p))
+  assert jnp.sum(~batched(jnp.ones((2, size), bool)), axis=1).tolist() == [expected] * 2
+
+
 def test_amount_is_relative_to_unpruned_entries():
   scores = jnp.arange(1.0, 11.0)  # 1..10
   previous = jnp.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1], bool)  # 5..10 alive

@@ -54,7 +54,8 @@ loop.train(tiny.get_config((2, 4), num_steps=60), workdir)
 many = loop.train(tiny.get_config((2, 4)), workdir).state
 assert jax.device_count() == 8
 masks_one, masks_many = jaxprune.get_masks(one.opt_state), jaxprune.get_masks(many.opt_state)
-out = {'step': int(many.step), 'specs': {}, 'mask_specs': {}, 'errors': {}, 'mask_mismatches': {}}
+out = {'step': int(many.step), 'specs': {}, 'mask_specs': {}, 'errors': {}, 'mask_mismatches': {},
+       'kept': {}}
 for name, leaf in jaxprune.named_leaves(many.params):
   out['specs'][name] = str(leaf.sharding.spec)
 for (name, a), (_, b) in zip(jaxprune.named_leaves(one.params), jaxprune.named_leaves(many.params)):
@@ -63,6 +64,7 @@ for (name, a), (_, b) in zip(jaxprune.named_leaves(one.params), jaxprune.named_l
 for (name, a), (_, b) in zip(jaxprune.named_leaves(masks_one), jaxprune.named_leaves(masks_many)):
   out['mask_specs'][name] = str(b.sharding.spec)
   out['mask_mismatches'][name] = int(np.sum(np.asarray(a) != np.asarray(b)))
+  out['kept'][name] = [int(np.sum(np.asarray(a))), int(np.sum(np.asarray(b)))]
 print(json.dumps(out))
 '''
 
@@ -87,10 +89,16 @@ def test_sharded_run_resumes_and_agrees_with_one_device(tmp_path):
       'Dense_2/bias': 'P()', 'Dense_2/kernel': 'P()'}
   assert out['mask_specs'] == {'Dense_0/kernel': "P(None, 'model')",
                                'Dense_1/kernel': "P(None, 'model')", 'Dense_2/kernel': 'P()'}
-  # Gradients are summed over the 'data' devices in another order than on one
-  # device: the runs agree to float rounding, and so do their masks.
+  # What the README says holds over a run. Gradients are summed over the 'data'
+  # devices in another order than on one device, and training amplifies the
+  # rounding: over these 100 steps the params still agree within 1e-4 and the
+  # masks are identical (over the default 3,000-step run they do not).
   assert out['mask_mismatches'] == {name: 0 for name in out['mask_specs']}
   assert max(out['errors'].values()) < 1e-4, out['errors']
+  # The exact method keeps round(N * 0.2) weights of each kernel on any mesh:
+  # 64*32 = 2048 -> 410, 32*16 = 512 -> 102, 16*10 = 160 -> 32.
+  assert out['kept'] == {'Dense_0/kernel': [410, 410], 'Dense_1/kernel': [102, 102],
+                         'Dense_2/kernel': [32, 32]}
 
 
 @pytest.mark.parametrize('mesh_shape, message', [
@@ -109,5 +117,8 @@ def test_command_line_mesh_shape(tmp_path, mesh_shape, message):
     return
   result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV,
                           cwd=tmp_path, timeout=600)
-  assert result.returncode != 0
-  assert message in result.stderr, textwrap.shorten(result.stderr[-2000:], 2000)
+  assert result.returncode == 1
+  # One line, without a traceback.
+  assert result.stderr.splitlines() == [f'jaxprune-train: mesh_shape=(3, 3) {message}; make the '
+                                        'product of the sizes equal the device count, or use () '
+                                        'for one device.'], textwrap.shorten(result.stderr, 2000)

@@ -116,3 +116,44 @@ def test_npz_bad_shapes(tmp_path, key, value, message):
 def test_unknown_dataset_name():
   with pytest.raises(ValueError, match="data.name='mnist'"):
     data.load_dataset('mnist')
+
+
+@pytest.mark.parametrize('content, kind', [
+    (b'hello, these are not arrays\n', 'is not a .npz file'),
+    (b'\x93NUMPY\x01\x00v\x00', 'is a single .npy array'),
+])
+def test_a_file_that_is_no_npz_says_so(tmp_path, content, kind):
+  path = tmp_path / 'data.txt'
+  path.write_bytes(content)
+  with pytest.raises(ValueError) as err:
+    data.load_npz(str(path))
+  # Not numpy's "contains pickled (object) data".
+  assert str(err.value).startswith(f'data.path={str(path)!r} {kind} (a .npz file is a zip')
+  assert 'numpy.savez' in str(err.value)
+
+
+def test_a_damaged_npz_and_object_arrays_are_named(tmp_path):
+  good = _save(tmp_path, **_arrays())
+  with open(good, 'rb') as f:
+    blob = f.read()
+  damaged = tmp_path / 'cut.npz'
+  damaged.write_bytes(blob[:len(blob) // 2])
+  with pytest.raises(ValueError, match=r"data.path='.*cut.npz' cannot be read as a .npz file"):
+    data.load_npz(str(damaged))
+  arrays = _arrays()
+  arrays['y_train'] = np.array([{'a': 1}] * 20, dtype=object)
+  with pytest.raises(ValueError, match=r"data.path='.*d.npz' cannot be read as a .npz file"):
+    data.load_npz(_save(tmp_path, **arrays))
+
+
+def test_a_directory_and_non_finite_inputs_are_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"data.path='.*': no such file"):
+    data.load_npz(str(tmp_path))
+  arrays = _arrays()
+  arrays['x_train'][3, 1, 1] = np.nan
+  arrays['x_test'][0, 0, 0] = 1e39  # beyond float32
+  with pytest.raises(ValueError, match='x_train has 1 NaN or infinite values'):
+    data.load_npz(_save(tmp_path, **arrays))
+  arrays['x_train'][3, 1, 1] = 0.0
+  with pytest.raises(ValueError, match='x_test has 1 NaN or infinite values'):
+    data.load_npz(_save(tmp_path, **arrays))

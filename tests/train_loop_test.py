@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 import jaxprune
-from jaxprune.train import defaults, loop
+from jaxprune.train import checkpoints, data, defaults, loop
+from jaxprune.train.errors import DivergedError
 from jaxprune.train.metrics import read_metrics
+from jaxprune.train.report import format_report
 
 
 def _config(**pruning):
@@ -187,3 +189,55 @@ def test_block_config_prunes_whole_blocks():
   assert kept.sum() == 26
   leaf = result.report.leaves[0]
   assert leaf.name == 'Dense_0/kernel' and leaf.block == (4, 4) and leaf.nonzero == 26 * 16
+
+
+def test_global_and_nm_runs_report_their_own_rules():
+  config = _config(global_pruning=True, nm_sparsity_map=('Dense_2/kernel:2:4',))
+  config.num_steps = 210
+  result = loop.train(config)
+  kept = {leaf.name: leaf.nonzero for leaf in result.report.leaves}
+  # One exact threshold over Dense_0 and Dense_1 together keeps
+  # round((2048 + 512) * 0.2) = 512 of them; Dense_2 keeps 2 of every 4 of 160.
+  assert kept['Dense_0/kernel'] + kept['Dense_1/kernel'] == 512
+  assert kept['Dense_2/kernel'] == 80
+  assert [(leaf.target, leaf.pattern) for leaf in result.report.leaves] == [
+      (0.8, '1x1'), (0.8, '1x1'), (0.5, '2:4')]
+  assert result.report.global_target == 0.8
+  text = format_report(result.report)
+  assert 'global pruning: one threshold across the pruned leaves; the target 0.800' in text
+
+
+@pytest.mark.parametrize('log_every, found', [
+    # Found when the loss is logged (step 50), before the checkpoint of step 60.
+    (10, 'at step 50 the training loss is nan'),
+    # Nothing is logged before step 60: found when that checkpoint is about to be written.
+    (100, 'at step 60 the params or the optimizer state hold NaN or Inf values'),
+])
+def test_a_diverging_run_never_checkpoints_non_finite_state(tmp_path, log_every, found):
+  digits = data.load_digits()
+  path = str(tmp_path / 'digits.npz')
+  splits = {'x_train': digits.x_train, 'y_train': digits.y_train, 'x_test': digits.x_test,
+            'y_test': digits.y_test}
+  np.savez(path, **splits)
+  config = _config()
+  config.data.name, config.data.path = 'npz', path
+  config.num_steps, config.checkpoint_every, config.log_every = 40, 20, log_every
+  workdir = str(tmp_path / 'run')
+  good = loop.train(config, workdir).state
+  # The same file, now with inputs near float32's largest value: the first
+  # layer overflows to +-inf, the loss and then the params to NaN.
+  np.savez(path, **{**splits, 'x_train': np.full_like(digits.x_train, 3e38)})
+  config.num_steps = 80
+  with pytest.raises(DivergedError) as err:
+    loop.train(config, workdir)
+  assert str(err.value) == (
+      f'training diverged: {found} (all finite at step 40); '
+      'config.optimizer.learning_rate=0.01 is likely too high. Nothing non-finite was saved: '
+      'the newest checkpoint (step 40) is from before. Train again with a lower learning rate '
+      'and a new --workdir.')
+  # Step 40 is still the newest checkpoint, and it is the good state.
+  checkpointer = checkpoints.Checkpointer(workdir)
+  assert checkpointer.steps() == [20, 40]
+  restored, _ = checkpointer.restore(40, good)
+  checkpointer.close()
+  _assert_trees_equal(restored, good)

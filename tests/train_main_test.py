@@ -2,10 +2,15 @@
 
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
+
+import jaxprune
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), 'jaxprune-train')
@@ -15,6 +20,15 @@ SHORT = ['--config.num_steps=120', '--config.eval_every=60', '--config.checkpoin
          '--config.pruning.sparsity_function_begin_step=20',
          '--config.pruning.end_pruning_step=100', '--config.pruning.sparsity_function_end_step=100',
          '--config.pruning.pruning_frequency=10']
+
+
+@pytest.fixture(scope='module', autouse=True)
+def compilation_cache(tmp_path_factory):
+  """One persistent compilation cache for the runs below: each compiles the same steps."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path_factory.mktemp('jax_cache')))
+    patch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+    yield
 
 
 def _run(args, cwd=REPO):
@@ -67,22 +81,194 @@ def test_tf_hparams_string_goes_on_top_of_the_config(tmp_path):
                                    'Dense_2/kernel': 100}
 
 
-def test_help_lists_the_flags():
+def test_help_lists_every_config_field_and_exits_0():
   result = _run([SCRIPT, '--help'])
-  # absl's --help exits with status 1 after printing the flags.
-  for flag in ('--config:', '--workdir:', '--pruning_hparams:'):
-    assert flag in result.stdout
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  for flag in ('  --config: ', '  --workdir: ', '  --pruning_hparams: '):
+    assert any(line.startswith(flag) for line in lines), flag
+  assert 'Config fields, with the values of the defaults:' in lines
+  fields = {line.split()[0]: line.split(None, 1)[1:] for line in lines
+            if line.startswith('  --config.')}
+  assert fields['--config.num_steps=3000'] == [
+      'training steps in all; rerun with a larger value to extend a run']
+  assert fields["--config.optimizer.name='adam'"] == ["'adam', 'adamw' or 'sgd'"]
+  # Every pruning hparam, with the default config's value.
+  assert fields['--config.pruning.target_sparsity=0.9'] == []
+  assert fields["--config.pruning.threshold_method='exact'"] == []
+  assert len([f for f in fields if f.startswith('--config.pruning.')]) == len(
+      jaxprune.get_pruning_hparams())
+  # With --config, that file's values.
+  result = _run([SCRIPT, '--config', 'configs/digits_cnn.py', '-h'])
+  assert result.returncode == 0
+  assert 'Config fields, with the values of configs/digits_cnn.py:' in result.stdout
+  assert "  --config.model.name='cnn' " in result.stdout
+
+
+def _one_line_error(args, cwd=REPO):
+  result = _run([SCRIPT, *args], cwd=cwd)
+  assert result.returncode == 1, (result.stdout, result.stderr)
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1, result.stderr
+  return lines[0]
 
 
 def test_bad_values_are_clear_errors(tmp_path):
-  result = _run([SCRIPT, '--workdir', str(tmp_path / 'bad'),
-                 '--config.pruning.target_sparsity=1.5'])
-  assert result.returncode != 0
-  assert 'target_sparsity=1.5' in result.stderr
-  result = _run([SCRIPT, '--workdir', str(tmp_path / 'bad'),
-                 '--pruning_hparams=target_sparsity=0.9,no_such_field=1'])
-  assert result.returncode != 0
-  assert "unknown hyperparameter 'no_such_field'" in result.stderr
+  workdir = f'--workdir={tmp_path / "bad"}'
+  assert _one_line_error([workdir, '--config.pruning.target_sparsity=1.5']) == (
+      'jaxprune-train: target_sparsity=1.5: must be in [0, 1).')
+  assert _one_line_error([workdir, '--pruning_hparams=target_sparsity=0.9,no_such_field=1']
+                         ).startswith(
+      "jaxprune-train: parse_hparams: unknown hyperparameter 'no_such_field'")
+  assert not os.path.exists(tmp_path / 'bad')
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--config', 'nope.py'],
+     f'--config=nope.py: no such file (relative to {REPO}); give a config file such as '
+     'configs/digits_cnn.py, or leave --config out for the default'),
+    (['--config.num_step=5'],
+     "--config.num_step=5: the config has no field 'num_step'; did you mean 'num_steps'?"),
+    (['--config', 'configs/digits_cnn.py', '--config.pruning.target_sparisty=0.5'],
+     "--config.pruning.target_sparisty=0.5: config.pruning has no field 'target_sparisty'; did "
+     "you mean 'target_sparsity'?"),
+    (['--config.num_steps=abc'],
+     "--config.num_steps=abc: invalid literal for int() with base 10: 'abc'; the field takes an "
+     'integer, e.g. 3000'),
+    (['--workdirr=x'], "Unknown command line flag 'workdirr'. Did you mean: workdir ?"),
+    (['stray'], "unexpected arguments ['stray']; flags take the form --name=value "
+                '(jaxprune-train --help lists them).'),
+    (['--config.max_checkpoints_to_keep=0'],
+     'config.max_checkpoints_to_keep=0: must be an integer >= 1, or no checkpoint is kept to '
+     'resume from (the default is 2).'),
+    (['--config.optimizer.learning_rate=nan'],
+     'config.optimizer.learning_rate=nan: must be a finite number > 0 (the default is 0.001).'),
+    (['--config.num_steps=3000000000'],
+     'config.num_steps=3000000000: must be an integer in [1, 2147483647] (the default is 3000).'),
+    (['--config.batch_size=2000'],
+     'batch_size=2000: must be between 1 and the number of training examples (1348).'),
+    (['--config.mesh_shape=(2,4)'],
+     'mesh_shape=(2, 4) uses 8 devices but 1 are available; make the product of the sizes equal '
+     'the device count, or use () for one device.'),
+    (['--config.data.name=npz', '--config.data.path=README.md'],
+     "data.path='README.md' is not a .npz file (a .npz file is a zip archive); pass the path of a "
+     '.npz file with arrays x_train, y_train, x_test, y_test, e.g. written by numpy.savez.'),
+    (['--config.data.name=npz', '--config.data.path=absent.npz'],
+     "data.path='absent.npz': no such file; pass the path of a .npz file with arrays x_train, "
+     'y_train, x_test, y_test, e.g. written by numpy.savez.'),
+])
+def test_each_user_error_is_one_line_without_a_traceback(tmp_path, args, message):
+  workdir = str(tmp_path / 'run')
+  assert _one_line_error([*args, f'--workdir={workdir}']) == f'jaxprune-train: {message}'
+  assert not os.path.exists(workdir)  # refused before anything was written
+
+
+def test_config_files_that_do_not_load_and_unusable_workdirs(tmp_path):
+  broken = tmp_path / 'broken.py'
+  broken.write_text('def get_config():\n  return {"a": 1\n')
+  assert _one_line_error(['--config', str(broken)]) == (
+      f"jaxprune-train: --config={broken}: loading it failed ('{{' was never closed at line 2); "
+      'a config file defines get_config() returning an ml_collections.ConfigDict')
+  raising = tmp_path / 'raising.py'
+  raising.write_text('def get_config():\n  raise KeyError("no such preset")\n')
+  assert _one_line_error(['--config', str(raising)]) == (
+      f"jaxprune-train: --config={raising}: loading it failed (KeyError: 'no such preset'); "
+      'a config file defines get_config() returning an ml_collections.ConfigDict')
+  (tmp_path / 'file').write_text('')
+  workdir = tmp_path / 'file' / 'run'
+  assert _one_line_error([f'--workdir={workdir}', '--config.num_steps=10']) == (
+      f"jaxprune-train: --workdir='{workdir}' cannot be used (Not a directory: "
+      f"'{workdir}'); pick a directory you can write to.")
+
+
+@pytest.mark.slow
+def test_a_finished_run_rerun_shorter_keeps_its_config(tmp_path):
+  workdir = str(tmp_path / 'run')
+  assert _run([SCRIPT, '--workdir', workdir, *SHORT]).returncode == 0
+  result = _run([SCRIPT, '--workdir', workdir, *SHORT, '--config.num_steps=60'])
+  assert result.returncode == 0, result.stderr
+  assert f'The run in {workdir} is complete (step 120); reporting it.' in result.stdout
+  assert _config_json(workdir)['num_steps'] == 120
+
+
+@pytest.mark.slow
+def test_a_refused_run_writes_no_config(tmp_path):
+  workdir = str(tmp_path / 'run')
+  assert _run([SCRIPT, '--workdir', workdir, *SHORT]).returncode == 0
+  os.remove(os.path.join(workdir, 'config.json'))  # only the checkpoints know the config now
+  message = _one_line_error(['--workdir', workdir, *SHORT, '--config.seed=3'])
+  assert 'config.seed: 0 in the saved run, 3 now' in message
+  assert not os.path.exists(os.path.join(workdir, 'config.json'))
+  # So the original command still resumes the run.
+  result = _run([SCRIPT, '--workdir', workdir, *SHORT, '--config.num_steps=130'])
+  assert result.returncode == 0, result.stderr
+  assert _config_json(workdir)['num_steps'] == 130 and _config_json(workdir)['seed'] == 0
+
+
+@pytest.mark.slow
+def test_a_second_run_in_the_same_workdir_is_refused(tmp_path):
+  workdir = str(tmp_path / 'run')
+  first = subprocess.Popen([SCRIPT, '--workdir', workdir, *SHORT, '--config.num_steps=1000000'],
+                           cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    metrics = os.path.join(workdir, 'metrics.jsonl')
+    for _ in range(600):  # the first run is training once it has written a record
+      if os.path.exists(metrics) and os.path.getsize(metrics):
+        break
+      assert first.poll() is None, first.stderr.read()
+      time.sleep(0.1)
+    message = _one_line_error(['--workdir', workdir, *SHORT])
+    assert message == (f'jaxprune-train: --workdir={workdir!r} is in use by another '
+                       f'jaxprune-train run (pid {first.pid}); wait for it to end, or give this '
+                       'run another --workdir.')
+  finally:
+    first.kill()
+    first.wait()
+  assert _config_json(workdir)['num_steps'] == 1000000  # the second run wrote nothing
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_the_run_resumes(tmp_path):
+  workdir = str(tmp_path / 'run')
+
+  def small_files():
+    # No file may grow past 100 kB: the first checkpoint's array file (params
+    # and Adam's moments, ~0.6 MB) cannot be written, as on a full disk.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+  result = subprocess.run([SCRIPT, '--workdir', workdir, *SHORT], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, preexec_fn=small_files)
+  assert result.returncode == 1
+  assert result.stderr.splitlines() == [
+      f'jaxprune-train: cannot write the checkpoint of step 60 to {workdir}/checkpoints: File '
+      'too large [errno 27]; free some space, then run the same command.']
+  result = _run([SCRIPT, '--workdir', workdir, *SHORT])
+  assert result.returncode == 0, result.stderr
+  assert _report_rows(workdir) == {'Dense_0/kernel': 1920, 'Dense_1/kernel': 3000,
+                                   'Dense_2/kernel': 100}
+
+
+def test_a_diverging_run_stops_with_one_line_and_saves_nothing_non_finite(tmp_path):
+  workdir = str(tmp_path / 'run')
+  message = _one_line_error(['--workdir', workdir, *SHORT, '--config.optimizer.learning_rate=1e30'])
+  assert message.startswith('jaxprune-train: training diverged: at step 20 the training loss is ')
+  assert message.endswith('(all finite at step 0); config.optimizer.learning_rate=1e+30 is likely '
+                          'too high. Nothing non-finite was saved: no checkpoint was written. '
+                          'Train again with a lower learning rate and a new --workdir.')
+  assert os.listdir(os.path.join(workdir, 'checkpoints')) == []
+  assert not os.path.exists(os.path.join(workdir, 'report.txt'))
+
+
+def test_a_short_run_is_warned_about(tmp_path):
+  result = _run([SCRIPT, '--workdir', str(tmp_path / 'run'), *SHORT, '--config.num_steps=60'])
+  assert result.returncode == 0, result.stderr
+  # Updates at 20, 30, 40, 50: s(50) = 0.9 * (1 - (1 - 30 / 80) ** 3) = 0.6803.
+  assert result.stderr.splitlines() == [
+      'jaxprune-train: warning: config.num_steps=60 stops the mask updates at step 50, where the '
+      'schedule is at 68.0% sparsity, short of target_sparsity=0.9 (reached at '
+      'sparsity_function_end_step=100, by the update at step 100); set num_steps above 100, or '
+      'end the schedule earlier.']
 
 
 @pytest.mark.slow
@@ -102,3 +288,30 @@ def test_default_run_with_no_flags_meets_the_goal(tmp_path):
   for name in ('sparsity.png', 'accuracy.png', 'layer_sparsity.png', 'report.txt'):
     assert (workdir / name).exists()
   assert 'Outputs in' in result.stdout and 'runs/digits_mlp' in result.stdout
+
+
+def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
+  import io
+
+  from jaxprune.train import main
+  out = io.StringIO()
+  stderr = main._WithoutClosedLoopTracebacks(out)
+  # As tensorstore's threads print it, piece by piece, once per aborted write.
+  for piece in ('Traceback (most recent call last):\n',
+                '  File "asyncio/base_events.py", line 806, in call_soon_threadsafe\n',
+                '    self._check_closed()\n', 'RuntimeError: Event loop is closed\n'):
+    stderr.write(piece)
+  stderr.write('jaxprune-train: cannot write the checkpoint\n')
+  bug = ('Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+         'KeyError: \'a bug keeps its traceback\'\n')
+  stderr.write(bug)
+  assert out.getvalue() == 'jaxprune-train: cannot write the checkpoint\n' + bug
+
+
+def test_each_warning_is_shown_once_in_one_line(capsys):
+  from jaxprune.train import main
+  for _ in range(3):  # the hparams are checked in several places
+    main._show_warning(UserWarning('end_pruning_step=1500 stops\nmask updates'), UserWarning,
+                       'hparams.py', 1)
+  assert capsys.readouterr().err == (
+      'jaxprune-train: warning: end_pruning_step=1500 stops; mask updates\n')

@@ -25,7 +25,9 @@ def test_notebook_runs(tmp_path):
   NotebookClient(nb, timeout=120, kernel_name='python3',
                  resources={'metadata': {'path': str(tmp_path)}}).execute()
   code = [cell for cell in nb.cells if cell.cell_type == 'code']
-  lines = _text(code[3]).splitlines()
+  # The install cell finds jaxprune installed and does nothing.
+  assert code[0].outputs == []
+  lines = _text(code[4]).splitlines()
   summaries = dict(line.split() for line in lines[1:])
   # threshold_method=exact keeps round(N * (1 - s)) weights: the two hidden
   # kernels end at 90%, the output layer at its own 50% target.
@@ -37,7 +39,15 @@ def test_notebook_runs(tmp_path):
   words = lines[0].replace(',', '').split()
   dense, pruned = float(words[-3]), float(words[-1])
   assert dense > 0.9 and pruned > 0.9
-  zeros = _text(code[4]).splitlines()
+  zeros = _text(code[5]).splitlines()
   assert zeros == ['Dense_0/kernel  zeros: 0.900', 'Dense_1/kernel  zeros: 0.900',
                    'Dense_2/kernel  zeros: 0.500']
-  assert any(out.get('data', {}).get('image/png') for out in code[5].outputs)
+  assert any(out.get('data', {}).get('image/png') for out in code[6].outputs)
+  assert "title='Sparsity of each pruned kernel over training'" in code[6].source
+
+
+def test_notebook_installs_what_it_imports():
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  install = nb.cells[1].source
+  assert nb.cells[1].cell_type == 'code' and "'-e', f'{root}[examples]'" in install
+  assert "find_spec('jaxprune') is None or importlib.util.find_spec('sklearn') is None" in install

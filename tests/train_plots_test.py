@@ -34,3 +34,16 @@ def test_importing_jaxprune_train_leaves_the_matplotlib_backend_alone():
   result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           check=True)
   assert result.stdout.strip() == 'False'
+
+
+def test_each_plot_has_a_title(tmp_path):
+  history = [{'step': 10, 'accuracy': 0.5, 'target_sparsity': 0.1, 'achieved_sparsity': 0.1,
+              'test_accuracy': 0.4}]
+  leaves = [LeafReport('Dense_0/kernel', (4, 5), 2, 0.9, 0.9, 0.1)]
+  titles = [fig.axes[0].get_title() for fig in (
+      plots.plot_sparsity(history, str(tmp_path / 's.png')),
+      plots.plot_accuracy(history, str(tmp_path / 'a.png')),
+      plots.plot_layer_sparsity(leaves, str(tmp_path / 'l.png')))]
+  assert titles == ['Sparsity of the pruned leaves over training', 'Accuracy over training',
+                    'Final sparsity per pruned leaf']
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['a.png', 'l.png', 's.png']

@@ -32,9 +32,19 @@ def test_without_dense_accuracy_or_pruned_leaves():
                                'test accuracy: final (step 300) 93.75%']
 
 
-def test_block_column_appears_when_a_leaf_uses_blocks():
+def test_pattern_column_appears_for_blocks_and_nm():
   report = _report()
-  report = report._replace(leaves=[report.leaves[0]._replace(block=(4, 4)), report.leaves[1]])
+  report = report._replace(leaves=[report.leaves[0]._replace(block=(4, 4)),
+                                   report.leaves[1]._replace(nm=(1, 2), threshold=None)])
   lines = format_report(report).splitlines()
-  assert lines[0].split()[-1] == 'block'
-  assert lines[2].split()[-1] == '4x4' and lines[3].split()[-1] == '1x1'
+  assert lines[0].split()[-1] == 'pattern'
+  assert lines[2].split()[-1] == '4x4'
+  # N:M leaves have no threshold.
+  assert lines[3].split()[-2:] == ['-', '1:2']
+
+
+def test_global_pruning_says_the_target_is_shared():
+  lines = format_report(_report()._replace(global_target=0.9)).splitlines()
+  assert lines[6] == ('global pruning: one threshold across the pruned leaves; the target 0.900 '
+                      'holds for them together, not for each.')
+  assert lines[7].startswith('all params: 37')

@@ -8,11 +8,13 @@ resumed from a checkpoint sees exactly the batches an uninterrupted run sees.
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import NamedTuple
 
 import numpy as np
 
 NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')
+_ZIP_MAGIC = b'PK\x03\x04'  # what numpy.savez writes first
 
 
 class Dataset(NamedTuple):
@@ -57,6 +59,32 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25) -> Dataset:
   return Dataset(images[train], labels[train], images[test], labels[test], 10)
 
 
+def _read_npz(path: str, fix: str) -> dict[str, np.ndarray]:
+  """The arrays `NPZ_KEYS` of `path`; a ValueError naming `data.path` if it is no .npz file."""
+  try:
+    with open(path, 'rb') as f:
+      head = f.read(6)
+  except OSError as err:
+    raise ValueError(f'data.path={path!r} cannot be read ({err.strerror}); {fix}.') from err
+  if not head.startswith(_ZIP_MAGIC):
+    # np.load would fall back to unpickling it and blame "pickled (object) data".
+    kind = 'a single .npy array' if head.startswith(b'\x93NUMPY') else 'not a .npz file'
+    raise ValueError(f'data.path={path!r} is {kind} (a .npz file is a zip archive); {fix}.')
+  try:
+    with np.load(path, allow_pickle=False) as npz:
+      missing = [key for key in NPZ_KEYS if key not in npz.files]
+      if missing:
+        raise KeyError(f'missing arrays {missing}; the file has {sorted(npz.files)} and '
+                       f'needs {list(NPZ_KEYS)}')
+      return {key: npz[key] for key in NPZ_KEYS}
+  except KeyError as err:
+    raise ValueError(f'data.path={path!r}: {err.args[0]}.') from None
+  except (OSError, zipfile.BadZipFile, ValueError) as err:
+    # A damaged archive, or object arrays that would need pickle.
+    raise ValueError(f'data.path={path!r} cannot be read as a .npz file ({err}); {fix} '
+                     'from numeric arrays.') from err
+
+
 def load_npz(path: str) -> Dataset:
   """Loads a user's dataset from a `.npz` file.
 
@@ -70,36 +98,40 @@ def load_npz(path: str) -> Dataset:
 
   Raises:
     FileNotFoundError: if `path` does not exist.
-    ValueError: if a key is missing or the shapes or labels do not fit.
+    ValueError: if it is not a readable .npz file, a key is missing, or the
+      shapes or labels do not fit; the message names `data.path` and the fix.
   """
+  fix = (f'pass the path of a .npz file with arrays {", ".join(NPZ_KEYS)}, '
+         'e.g. written by numpy.savez')
   if not os.path.isfile(path):
-    raise FileNotFoundError(
-        f'data.path={path!r}: no such file. Pass the path of a .npz file with '
-        f'arrays {", ".join(NPZ_KEYS)} (e.g. written by numpy.savez).')
-  with np.load(path, allow_pickle=False) as npz:
-    missing = [key for key in NPZ_KEYS if key not in npz.files]
-    if missing:
-      raise ValueError(
-          f'data.path={path!r}: missing arrays {missing}; the file has '
-          f'{sorted(npz.files)} and needs {list(NPZ_KEYS)}.')
-    arrays = {key: npz[key] for key in NPZ_KEYS}
+    raise FileNotFoundError(f'data.path={path!r}: no such file; {fix}.')
+  arrays = _read_npz(path, fix)
+  for key, array in arrays.items():
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+      raise ValueError(f'data.path={path!r}: {key} has dtype {array.dtype}; inputs and '
+                       'labels must be numeric arrays.')
   for split in ('train', 'test'):
     x, y = arrays[f'x_{split}'], arrays[f'y_{split}']
-    if y.ndim != 1:
+    if y.ndim != 1 or y.size == 0:
       raise ValueError(
-          f'{path}: y_{split} has shape {y.shape}; labels must be a 1-D array '
-          'of integer class ids (not one-hot).')
+          f'data.path={path!r}: y_{split} has shape {y.shape}; labels must be a non-empty '
+          '1-D array of integer class ids (not one-hot).')
     if x.ndim < 2 or x.shape[0] != y.shape[0]:
       raise ValueError(
-          f'{path}: x_{split} has shape {x.shape} but y_{split} has shape '
+          f'data.path={path!r}: x_{split} has shape {x.shape} but y_{split} has shape '
           f'{y.shape}; x_{split} must have shape (n, ...) with n = {y.shape[0]}.')
-    if not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
+    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
       raise ValueError(
-          f'{path}: y_{split} must hold non-negative integer class ids; got '
-          f'dtype {y.dtype}.')
+          f'data.path={path!r}: y_{split} must hold non-negative integer class ids; got '
+          f'dtype {y.dtype} and minimum {y.min()}.')
+    with np.errstate(over='ignore'):
+      bad = int(np.sum(~np.isfinite(x.astype(np.float32))))
+    if bad:
+      raise ValueError(f'data.path={path!r}: x_{split} has {bad} NaN or infinite values '
+                       '(or values beyond float32); clean or rescale the inputs.')
   if arrays['x_train'].shape[1:] != arrays['x_test'].shape[1:]:
     raise ValueError(
-        f'{path}: x_train has input shape {arrays["x_train"].shape[1:]} but '
+        f'data.path={path!r}: x_train has input shape {arrays["x_train"].shape[1:]} but '
         f'x_test has {arrays["x_test"].shape[1:]}; they must match.')
   num_classes = int(max(arrays['y_train'].max(initial=0),
                         arrays['y_test'].max(initial=0))) + 1

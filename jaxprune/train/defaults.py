@@ -55,36 +55,57 @@ def parse_pruning_flag(text: str, base: ml_collections.ConfigDict) -> ml_collect
   return pruning_config(jaxprune.parse_hparams(text, base=ml_collections.ConfigDict(as_lists)))
 
 
+# What each field of the job's config means: shown by `jaxprune-train --help`
+# (with the values of the config given, or the defaults below). The `pruning`
+# block holds jaxprune's pruning hparams, documented in the README.
+FIELD_HELP = {
+    'name': 'name of the run; the default --workdir is runs/<name>',
+    'seed': 'seed of the params init and of the batch order',
+    'data.name': "'digits' (scikit-learn's bundled 8x8 digits) or 'npz' (your file)",
+    'data.path': 'the .npz file for data.name=npz: arrays x_train, y_train, x_test, y_test',
+    'data.test_fraction': 'digits: share of the images held out for testing, in (0, 1)',
+    'data.seed': 'digits: seed of the train/test split',
+    'model.name': "'mlp' or 'cnn'",
+    'model.features': 'hidden widths (mlp) or conv channels (cnn), e.g. "(300, 100)"',
+    'model.dense': 'cnn only: width of the hidden dense layer',
+    'optimizer.name': "'adam', 'adamw' or 'sgd'",
+    'optimizer.learning_rate': 'step size, a finite number > 0',
+    'optimizer.momentum': 'sgd only: momentum in [0, 1); 0 for plain SGD',
+    'optimizer.weight_decay': 'adamw only: decoupled weight decay >= 0',
+    'batch_size': 'training examples per step (a multiple of the mesh data size)',
+    'mesh_shape': '(data, model) device counts, e.g. "(2, 4)"; () runs on one device',
+    'num_steps': 'training steps in all; rerun with a larger value to extend a run',
+    'prune': 'False trains the dense model only',
+    'pruning': "jaxprune's pruning hparams (TF model_pruning names; README, section "
+               '"Gradual magnitude pruning")',
+    'log_every': 'steps between train-metric records (metrics.jsonl, TensorBoard)',
+    'eval_every': 'steps between test-set evaluations',
+    'checkpoint_every': 'steps between checkpoints (one is also written at the end)',
+    'max_checkpoints_to_keep': 'how many of the newest checkpoints to keep, at least 1',
+    'progress_bar': 'show a tqdm progress bar',
+    'tensorboard': 'write TensorBoard events (needs tensorboardX; skipped if missing)',
+    'plots': 'write sparsity.png, accuracy.png and layer_sparsity.png',
+}
+
+
 def get_config() -> ml_collections.ConfigDict:
   """The default run: LeNet-300-100 on digits, pruned gradually to 90% sparsity.
 
   Returns:
-    The config; every field is documented inline.
+    The config; `FIELD_HELP` says what each field means.
   """
   config = ml_collections.ConfigDict()
-  config.name = 'digits_mlp'          # default --workdir is runs/<name>
-  config.seed = 0                     # params init and batch order
-  config.data = ml_collections.ConfigDict({
-      'name': 'digits',               # 'digits' (bundled) or 'npz'
-      'path': '',                     # the .npz file for name='npz'
-      'test_fraction': 0.25,          # digits: share held out for testing
-      'seed': 0,                      # digits: seed of the train/test split
-  })
-  config.model = ml_collections.ConfigDict({
-      'name': 'mlp',                  # 'mlp' or 'cnn'
-      'features': (300, 100),         # hidden widths (cnn: conv channels)
-      'dense': 64,                    # cnn only: width of the hidden dense layer
-  })
-  config.optimizer = ml_collections.ConfigDict({
-      'name': 'adam',                 # 'adam', 'adamw' or 'sgd'
-      'learning_rate': 1e-3,
-      'momentum': 0.9,                # sgd only
-      'weight_decay': 1e-4,           # adamw only
-  })
+  config.name = 'digits_mlp'
+  config.seed = 0
+  config.data = ml_collections.ConfigDict(
+      {'name': 'digits', 'path': '', 'test_fraction': 0.25, 'seed': 0})
+  config.model = ml_collections.ConfigDict({'name': 'mlp', 'features': (300, 100), 'dense': 64})
+  config.optimizer = ml_collections.ConfigDict(
+      {'name': 'adam', 'learning_rate': 1e-3, 'momentum': 0.9, 'weight_decay': 1e-4})
   config.batch_size = 64
-  config.mesh_shape = ()              # (data, model) devices, e.g. (2, 4); () = one device
+  config.mesh_shape = ()
   config.num_steps = 3000
-  config.prune = True                 # False trains the dense model only
+  config.prune = True
   # Dense for 500 steps (the "dense at start" accuracy is measured at step
   # 500), then the Zhu & Gupta cubic schedule to 90% by step 2000, then 1000
   # steps of fine-tuning with the masks frozen in place.
@@ -99,11 +120,11 @@ def get_config() -> ml_collections.ConfigDict:
       # so the run ends at 90.0% rather than one histogram bin short of it.
       threshold_method='exact',
   )
-  config.log_every = 20               # train metrics: metrics.jsonl, TensorBoard
-  config.eval_every = 250             # test-set evaluation
+  config.log_every = 20
+  config.eval_every = 250
   config.checkpoint_every = 500
   config.max_checkpoints_to_keep = 2
   config.progress_bar = True
-  config.tensorboard = True           # needs tensorboardX; skipped if missing
+  config.tensorboard = True
   config.plots = True
   return config

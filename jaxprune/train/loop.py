@@ -1,16 +1,41 @@
-"""The training loop: data, model, jitted step, evaluation, checkpoints, outputs."""
+"""The training loop: data, model, jitted step, evaluation, checkpoints, outputs.
+
+A run has two phases. Setting up (the config's fields, the data, the mesh,
+the workdir's lock and config, the newest good checkpoint) turns every
+problem with the inputs into a one-line `RunError` before anything is
+written. Training then stops with a `RunError` only for what the user can
+act on: a loss or state that is no longer finite (`DivergedError`; such a
+state is never checkpointed) and a write that fails for lack of space
+(`StorageError`; the older checkpoints are intact).
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import tqdm
 
-from jaxprune.train import checkpoints, data, models, plots, report, sharding, stats
-from jaxprune.train.metrics import MetricsWriter
+from jaxprune.train import (
+    checkpoints,
+    data,
+    files,
+    models,
+    plots,
+    report,
+    sharding,
+    stats,
+    validate,
+)
+from jaxprune.train import workdir as workdir_lib
+from jaxprune.train.errors import ConfigError, DivergedError, one_line
+from jaxprune.train.metrics import METRICS_FILE, MetricsWriter
 from jaxprune.train.step import (
     TrainState,
     create_train_state,
@@ -37,10 +62,40 @@ class TrainResult(NamedTuple):
   workdir: str | None
 
 
-def _validate(config: ml_collections.ConfigDict) -> None:
-  for field in ('num_steps', 'batch_size', 'log_every', 'eval_every', 'checkpoint_every'):
-    if config[field] < 1:
-      raise ValueError(f'{field}={config[field]!r}: must be a positive integer.')
+class _Job(NamedTuple):
+  """What a run is built from: everything but the state it trains."""
+  config: ml_collections.ConfigDict
+  dataset: data.Dataset
+  state: TrainState
+  train_step: Callable
+  evaluate: Callable
+
+
+def _build(config: ml_collections.ConfigDict) -> _Job:
+  """Loads the data, builds the model and the jitted step; ConfigError for bad inputs."""
+  try:
+    dataset = data.load_dataset(config.data.name, config.data.path,
+                                config.data.seed, config.data.test_fraction)
+    data.steps_per_epoch(len(dataset.y_train), config.batch_size)
+    mesh = sharding.make_mesh(config.mesh_shape)
+    sharding.check_batch(mesh, config.batch_size)
+  except (ValueError, OSError) as err:
+    raise ConfigError(one_line(str(err))) from err
+  model = models.create_model(config.model, dataset.num_classes)
+  tx = make_optimizer(config)
+  params = models.init_params(model, dataset.x_train.shape[1:], config.seed)
+  # Placed first, so that a checkpoint is restored straight into these shards.
+  state = sharding.place(create_train_state(params, tx), mesh)
+  # The one place the step is jitted: everything it needs is in its arguments.
+  train_step = sharding.jit_train_step(make_train_step(model.apply, tx), mesh, state,
+                                       config.batch_size)
+  return _Job(config, dataset, state, train_step, make_evaluate(model.apply))
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+                            if jnp.issubdtype(x.dtype, jnp.inexact)]))
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
@@ -51,115 +106,185 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     config: a training config (see `jaxprune/train/defaults.py`).
     workdir: directory for checkpoints, `metrics.jsonl`, TensorBoard events,
       the report and plots. If it holds a checkpoint of the same config, the
-      run resumes from its newest checkpoint. None writes nothing.
+      run resumes from its newest good checkpoint. None writes nothing.
     on_step: called as `on_step(step, state)` after each train step.
 
   Returns:
     A `TrainResult`.
 
   Raises:
-    ValueError: if `workdir` holds a run with an incompatible config.
+    ConfigError: a config field, the data, the mesh or the workdir does not
+      fit (`IncompatibleWorkdirError` when the workdir holds another run).
+    WorkdirBusyError: another run is using `workdir`.
+    DamagedCheckpointError: `workdir` has checkpoints but none reads back intact.
+    DivergedError: the loss or the state stopped being finite.
+    StorageError: a file could not be written (disk full, quota, permissions).
   """
-  _validate(config)
-  dataset = data.load_dataset(config.data.name, config.data.path,
-                              config.data.seed, config.data.test_fraction)
-  model = models.create_model(config.model, dataset.num_classes)
-  tx = make_optimizer(config)
-  params = models.init_params(model, dataset.x_train.shape[1:], config.seed)
-  state = create_train_state(params, tx)
-  # The one place the step is jitted: everything it needs is in its arguments.
-  mesh = sharding.make_mesh(config.get('mesh_shape', ()))
-  # Placed first, so that a checkpoint is restored straight into these shards.
-  state = sharding.place(state, mesh)
-  train_step = sharding.jit_train_step(make_train_step(model.apply, tx), mesh, state,
-                                       config.batch_size)
-  evaluate = make_evaluate(model.apply)
-  hparams = config.pruning if config.prune else None
-  dense_at = config.pruning.begin_pruning_step if config.prune else None
+  validate.check_config(config)
+  job = _build(config)
+  if workdir is None:
+    return _Run(job, None).run(on_step)
+  with files.locked(workdir):
+    return _Run(job, workdir).run(on_step)
 
-  meta: dict[str, Any] = {'dense_accuracy': None}
-  checkpointer = None
-  if workdir is not None:
-    checkpoints.check_workdir_config(workdir, config)
-    checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
-    latest = checkpointer.latest_step()
-    if latest is not None:
-      # Compared before the state is read: a changed model would otherwise
-      # fail inside orbax with a shape error instead of naming the field.
-      checkpoints.check_compatible(checkpointer.restore_meta(latest)['config'],
-                                   config, workdir)
-      state, meta = checkpointer.restore(latest, state)
-      if latest >= config.num_steps:
-        print(f'The run in {workdir} is complete (step {latest}); reporting it.')
+
+class _Run:
+  """One run of a job: its state, its checkpoints and its outputs."""
+
+  def __init__(self, job: _Job, workdir: str | None):
+    self.job, self.config, self.workdir = job, job.config, workdir
+    self.state = job.state
+    self.hparams = self.config.pruning if self.config.prune else None
+    self.dense_at = self.config.pruning.begin_pruning_step if self.config.prune else None
+    self.meta: dict[str, Any] = {'dense_accuracy': None}
+    self.checkpointer: checkpoints.Checkpointer | None = None
+    self.saved_step: int | None = None  # the newest checkpoint
+    self.finite_step = int(self.state.step)  # the newest step known to be finite
+
+  def _then(self) -> str:
+    where = (f'the newest checkpoint is step {self.saved_step}' if self.saved_step is not None
+             else 'no checkpoint was written yet')
+    return f'{where}; free some space, then run the same command to resume'
+
+  def _writing(self, what: str, path: str) -> Any:
+    return files.writing(what, path, self._then())
+
+  def _resume(self) -> None:
+    """Checks the workdir's config, restores the newest good checkpoint, records the config."""
+    config, workdir = self.config, self.workdir
+    workdir_lib.check_config(workdir, config)
+    self.checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
+    restored = self.checkpointer.restore_newest(
+        self.state, lambda meta: workdir_lib.check_compatible(meta['config'], config, workdir))
+    if restored is not None:
+      self.saved_step, self.state, self.meta = restored
+      self.finite_step = self.saved_step
+      if self.saved_step >= config.num_steps:
+        print(f'The run in {workdir} is complete (step {self.saved_step}); reporting it.')
       else:
-        print(f'Resuming from the checkpoint of step {latest} in {workdir}.')
-  start = int(state.step)
-  writer = MetricsWriter(workdir, resume_step=start,
-                         tensorboard=config.tensorboard and workdir is not None)
+        print(f'Resuming from the checkpoint of step {self.saved_step} in {workdir}.')
+    # Recorded only now that the run is known to be compatible, and only when
+    # it trains: a finished run's record keeps the config it was trained with.
+    if int(self.state.step) < config.num_steps:
+      path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+      with self._writing('the run config', path):
+        workdir_lib.record_config(workdir, config)
 
-  def save(saved: TrainState) -> None:
-    if checkpointer is not None:
-      meta['config'] = checkpoints.config_to_json(config)
-      checkpointer.save(int(saved.step), saved, meta)
+  def _check_finite(self, step: int, loss: float | None = None) -> None:
+    """Raises DivergedError unless the loss and every float of the state are finite."""
+    if loss is not None and not math.isfinite(loss):
+      what = f'the training loss is {loss}'
+    elif not bool(_all_finite(self.state)):
+      what = 'the params or the optimizer state hold NaN or Inf values'
+    else:
+      self.finite_step = step
+      return
+    saved = (f'the newest checkpoint (step {self.saved_step}) is from before'
+             if self.saved_step is not None else 'no checkpoint was written')
+    raise DivergedError(
+        f'training diverged: at step {step} {what} (all finite at step {self.finite_step}); '
+        f'config.optimizer.learning_rate={self.config.optimizer.learning_rate} is likely too '
+        f'high. Nothing non-finite was saved: {saved}. Train again with a lower learning '
+        'rate and a new --workdir.')
 
-  def measure_dense(step: int) -> None:
-    # The accuracy the pruned model is compared with: the dense model at the
-    # step where pruning may begin. Measured before that step's checkpoint so
-    # that a resumed run has it in `meta`.
-    if step == dense_at and meta['dense_accuracy'] is None:
-      meta['dense_accuracy'] = evaluate(state.params, dataset.x_test,
-                                        dataset.y_test)['accuracy']
-      writer.write(step, {'dense_test_accuracy': meta['dense_accuracy']})
+  def _save(self, state: TrainState) -> None:
+    if self.checkpointer is None:
+      return
+    step = int(state.step)
+    if step != self.finite_step:
+      self._check_finite(step)
+    self.meta['config'] = workdir_lib.config_to_json(self.config)
+    self.checkpointer.save(step, state, self.meta)
+    self.saved_step = step
 
-  measure_dense(start)
-  completed = state  # the newest state whose step was fully logged
-  bar = tqdm.tqdm(total=config.num_steps, initial=start, unit='step',
-                  disable=not config.progress_bar or start >= config.num_steps,
-                  dynamic_ncols=True)
-  try:
-    for step in range(start, config.num_steps):
-      batch = data.get_batch(dataset, config.seed, step, config.batch_size)
-      state, metrics = train_step(state, batch)
-      done = step + 1
-      last = done == config.num_steps
-      if done % config.log_every == 0 or last:
-        scalars = {k: float(v) for k, v in metrics.items()}
-        scalars.update(stats.pruning_scalars(state, hparams))
-        writer.write(done, scalars)
-        bar.set_postfix(loss=f'{scalars["loss"]:.3f}', acc=f'{scalars["accuracy"]:.3f}',
-                        sparsity=f'{scalars.get("achieved_sparsity", 0.0):.3f}')
-      if done % config.eval_every == 0 or last:
-        test = evaluate(state.params, dataset.x_test, dataset.y_test)
-        writer.write(done, {'test_loss': test['loss'], 'test_accuracy': test['accuracy']})
-        if config.progress_bar:
-          bar.write(f'step {done}: test accuracy {test["accuracy"]:.4f}')
-      measure_dense(done)
-      if done % config.checkpoint_every == 0 or last:
-        save(state)
-      completed = state
-      bar.update(1)
-      if on_step is not None:
-        on_step(done, state)
-  except KeyboardInterrupt:
-    # Keep the progress made so far, up to the last step whose metrics were
-    # all written, so that the resumed history has no gap.
-    save(completed)
-    raise
-  finally:
-    bar.close()
-    writer.close()
-    if checkpointer is not None:
-      checkpointer.close()
+  def run(self, on_step: Callable[[int, TrainState], None] | None) -> TrainResult:
+    """Resumes, trains up to `num_steps`, then reports."""
+    config, job = self.config, self.job
+    if self.workdir is not None:
+      self._resume()
+    # Said once the run is known to go ahead.
+    shortfall = validate.schedule_shortfall(config)
+    if shortfall is not None:
+      warnings.warn(shortfall, stacklevel=3)
+    start = int(self.state.step)
+    metrics_path = os.path.join(self.workdir or '', METRICS_FILE)
+    with self._writing('the metrics', metrics_path):
+      writer = MetricsWriter(self.workdir, resume_step=start,
+                             tensorboard=config.tensorboard and self.workdir is not None)
 
-  final = evaluate(state.params, dataset.x_test, dataset.y_test)
-  run_report = report.RunReport(
-      leaves=stats.leaf_reports(state, hparams),
-      **stats.param_counts(state.params),
-      dense_accuracy=meta['dense_accuracy'], dense_step=dense_at,
-      final_accuracy=final['accuracy'], final_step=int(state.step))
-  if workdir is not None:
-    with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
-      f.write(report.format_report(run_report) + '\n')
-    if config.plots:
-      plots.save_plots(workdir, writer.history, run_report.leaves)
-  return TrainResult(state, run_report, writer.history, workdir)
+    def write(step: int, scalars: dict[str, Any]) -> None:
+      with self._writing('the metrics', metrics_path):
+        writer.write(step, scalars)
+
+    def measure_dense(step: int) -> None:
+      # The accuracy the pruned model is compared with: the dense model at the
+      # step where pruning may begin. Measured before that step's checkpoint so
+      # that a resumed run has it in `meta`.
+      if step == self.dense_at and self.meta['dense_accuracy'] is None:
+        self.meta['dense_accuracy'] = job.evaluate(
+            self.state.params, job.dataset.x_test, job.dataset.y_test)['accuracy']
+        write(step, {'dense_test_accuracy': self.meta['dense_accuracy']})
+
+    measure_dense(start)
+    completed = self.state  # the newest state whose step was fully logged
+    bar = tqdm.tqdm(total=config.num_steps, initial=start, unit='step',
+                    disable=not config.progress_bar or start >= config.num_steps,
+                    dynamic_ncols=True)
+    try:
+      for step in range(start, config.num_steps):
+        batch = data.get_batch(job.dataset, config.seed, step, config.batch_size)
+        self.state, metrics = job.train_step(self.state, batch)
+        done = step + 1
+        last = done == config.num_steps
+        if done % config.log_every == 0 or last:
+          scalars = {k: float(v) for k, v in metrics.items()}
+          self._check_finite(done, scalars['loss'])
+          scalars.update(stats.pruning_scalars(self.state, self.hparams))
+          write(done, scalars)
+          bar.set_postfix(loss=f'{scalars["loss"]:.3f}', acc=f'{scalars["accuracy"]:.3f}',
+                          sparsity=f'{scalars.get("achieved_sparsity", 0.0):.3f}')
+        if done % config.eval_every == 0 or last:
+          test = job.evaluate(self.state.params, job.dataset.x_test, job.dataset.y_test)
+          write(done, {'test_loss': test['loss'], 'test_accuracy': test['accuracy']})
+          if config.progress_bar:
+            bar.write(f'step {done}: test accuracy {test["accuracy"]:.4f}')
+        measure_dense(done)
+        if done % config.checkpoint_every == 0 or last:
+          self._save(self.state)
+        completed = self.state
+        bar.update(1)
+        if on_step is not None:
+          on_step(done, self.state)
+    except KeyboardInterrupt:
+      # Keep the progress made so far, up to the last step whose metrics were
+      # all written, so that the resumed history has no gap.
+      self._save(completed)
+      raise
+    finally:
+      bar.close()
+      writer.close()
+      if self.checkpointer is not None:
+        self.checkpointer.close()
+    return self._finish(writer.history)
+
+  def _finish(self, history: list[dict[str, Any]]) -> TrainResult:
+    """Evaluates the final state and writes the report and plots."""
+    job, state = self.job, self.state
+    final = job.evaluate(state.params, job.dataset.x_test, job.dataset.y_test)
+    hparams = self.hparams
+    run_report = report.RunReport(
+        leaves=stats.leaf_reports(state, hparams),
+        **stats.param_counts(state.params),
+        dense_accuracy=self.meta['dense_accuracy'], dense_step=self.dense_at,
+        final_accuracy=final['accuracy'], final_step=int(state.step),
+        global_target=(hparams.target_sparsity
+                       if hparams is not None and hparams.global_pruning else None))
+    if self.workdir is not None:
+      path = os.path.join(self.workdir, REPORT_FILE)
+      with self._writing('the report', path):
+        files.atomic_write(path, report.format_report(run_report) + '\n')
+      if self.config.plots:
+        with self._writing('the plots', self.workdir):
+          plots.save_plots(self.workdir, history, run_report.leaves)
+    return TrainResult(state, run_report, history, self.workdir)
+

@@ -13,54 +13,141 @@ logs, evaluates and checkpoints).
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import sys
+import threading
+import warnings
 from collections.abc import Sequence
+from typing import Any, NamedTuple, NoReturn
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxprune.train import checkpoints, defaults, loop, plots, report
+from jaxprune.train import defaults, errors, loop, plots, report, usage
 from jaxprune.train.metrics import METRICS_FILE
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(__file__), 'defaults.py'),
-    'An ml_collections config file (e.g. configs/digits_cnn.py); the default '
-    'trains a 300-100 MLP on digits and prunes it to 90% sparsity. Fields can '
-    'be overridden: --config.pruning.target_sparsity=0.95.',
-    lock_config=False)
-_WORKDIR = flags.DEFINE_string(
-    'workdir', None,
-    'Output directory (checkpoints, metrics, plots); default runs/<config.name>. '
-    'The workdir of an earlier run resumes that run.')
-_PRUNING_HPARAMS = flags.DEFINE_string(
-    'pruning_hparams', '',
-    'TF model_pruning HParams string applied on top of config.pruning, e.g. '
-    '"target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]".')
+PROGRAM = 'jaxprune-train'
+
+_HELP = {
+    'config': 'An ml_collections config file (e.g. configs/digits_cnn.py); the default '
+              'trains a 300-100 MLP on digits and prunes it to 90% sparsity. Fields can '
+              'be overridden: --config.pruning.target_sparsity=0.95.',
+    'workdir': 'Output directory (checkpoints, metrics, plots); default runs/<config.name>. '
+               'The workdir of an earlier run resumes that run.',
+    'pruning_hparams': 'TF model_pruning HParams string applied on top of config.pruning, '
+                       'e.g. "target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]".',
+}
 
 
-def main(argv: Sequence[str]) -> None:
+class _Flags(NamedTuple):
+  config: flags.FlagHolder
+  workdir: flags.FlagHolder
+  pruning_hparams: flags.FlagHolder
+
+
+def _define_flags() -> _Flags:
+  # Defined when the command runs rather than at import: without --config,
+  # ml_collections loads the default config and applies the --config.*
+  # overrides of sys.argv right here, and its errors must become one line too.
+  return _Flags(
+      config_flags.DEFINE_config_file('config', usage.DEFAULT_CONFIG, _HELP['config'],
+                                      lock_config=False),
+      flags.DEFINE_string('workdir', None, _HELP['workdir']),
+      flags.DEFINE_string('pruning_hparams', '', _HELP['pruning_hparams']))
+
+
+def _fail(message: str) -> NoReturn:
+  """Prints `jaxprune-train: <message>` as one line on stderr and exits with status 1."""
+  sys.exit(f'{PROGRAM}: {errors.one_line(message)}')
+
+
+_SHOWN: set[str] = set()
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+  del category, filename, lineno, file, line
+  text = errors.one_line(str(message))
+  # The hparams are checked in several places, and each would repeat its warning.
+  if text not in _SHOWN:
+    _SHOWN.add(text)
+    print(f'{PROGRAM}: warning: {text}', file=sys.stderr)
+
+
+class _WithoutClosedLoopTracebacks(io.TextIOBase):
+  """`sys.stderr` less the tracebacks of a checkpoint write that failed.
+
+  When a write fails (a full disk), orbax closes its event loop while
+  tensorstore's threads still finish the other writes; each then prints a
+  'RuntimeError: Event loop is closed' traceback, dozens in all, around the
+  one-line error the job prints. Everything else passes through.
+  """
+
+  _NOISE = 'RuntimeError: Event loop is closed'
+
+  def __init__(self, stream: Any):
+    super().__init__()
+    self._stream = stream
+    self._held = threading.local()  # a traceback being written, per thread
+
+  def write(self, text: str) -> int:
+    held = getattr(self._held, 'text', None)
+    if held is None and not text.startswith('Traceback (most recent call last):'):
+      return self._stream.write(text)
+    held = (held or '') + text
+    last = held.rstrip('\n').rsplit('\n', 1)[-1]
+    if held.endswith('\n') and last[:1] not in ('', ' ') and not last.startswith('Traceback'):
+      self._held.text = None  # the exception line closes the traceback
+      if last != self._NOISE:
+        self._stream.write(held)
+    else:
+      self._held.text = held
+    return len(text)
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+
+def _parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
+  """absl's flag parsing, with one-line errors."""
+  try:
+    rest = flags.FLAGS(argv)
+    # A config file that fails to load only raises once the config is used.
+    usage.ensure_loaded(config.value)
+  except Exception as err:  # noqa: BLE001 -- every parse failure is described in one line
+    _fail(usage.describe_flag_error(err, argv))
+  return rest
+
+
+def main(argv: Sequence[str], defined: _Flags) -> None:
   """Runs the job described by the flags."""
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}; use --flag=value.')
+    _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value '
+          f'({PROGRAM} --help lists them).')
   if not flags.FLAGS['verbosity'].present:
-    # Orbax and JAX log every checkpoint step at INFO; --verbosity=0 shows it.
-    logging.set_verbosity(logging.WARNING)
-  config = _CONFIG.value
-  try:
-    config.pruning = (defaults.parse_pruning_flag(_PRUNING_HPARAMS.value, config.pruning)
-                      if _PRUNING_HPARAMS.value else defaults.pruning_config(config.pruning))
-  except ValueError as err:
-    raise app.UsageError(f'Bad pruning config: {err}') from None
-  workdir = _WORKDIR.value or os.path.join('runs', config.name)
-  print(f'jaxprune-train: config {config.name!r}, workdir {workdir}')
+    # Orbax logs every checkpoint step, and its failures at length; the job
+    # reports them itself, in one line. --verbosity=0 shows the logs.
+    logging.set_verbosity(logging.FATAL)
+  warnings.showwarning = _show_warning
+  config, hparams_text = defined.config.value, defined.pruning_hparams.value
+  # A config without a pruning block is reported by train(), with the other fields.
+  if isinstance(config.get('pruning'), ml_collections.ConfigDict):
+    try:
+      config.pruning = (defaults.parse_pruning_flag(hparams_text, config.pruning)
+                        if hparams_text else defaults.pruning_config(config.pruning))
+    except (ValueError, TypeError) as err:
+      _fail(str(err))
+  workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
+  print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
   try:
     result = loop.train(config, workdir)
-  except checkpoints.IncompatibleWorkdirError as err:
-    sys.exit(f'jaxprune-train: {err}')
+  except errors.RunError as err:
+    _fail(str(err))
   except KeyboardInterrupt:
-    print(f'\nInterrupted; progress is checkpointed in {workdir}. Run the same '
-          'command again to resume.', file=sys.stderr)
+    print(f'\nInterrupted; run the same command again to resume from the newest checkpoint '
+          f'in {workdir} (training writes one when interrupted).', file=sys.stderr)
     sys.exit(130)
   print()
   print(report.format_report(result.report))
@@ -76,8 +163,17 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
   """Console-script entry point (`jaxprune-train`)."""
-  # absl's --help lists the flags of the program file (sys.argv[0]); ours are
-  # defined in this module, so register them for it.
-  for name in ('config', 'workdir', 'pruning_hparams'):
-    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
-  app.run(main)
+  argv = sys.argv
+  if any(arg in usage.HELP_FLAGS for arg in argv[1:]) or '--helpfull' in argv[1:]:
+    print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()],
+                          argv))
+    if '--helpfull' in argv[1:]:
+      print('\nAll flags (absl, JAX and the libraries):\n' + flags.FLAGS.get_help())
+    sys.exit(0)
+  try:
+    defined = _define_flags()
+  except Exception as err:  # noqa: BLE001 -- every parse failure is described in one line
+    _fail(usage.describe_flag_error(err, argv))
+  sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
+  app.run(functools.partial(main, defined=defined),
+          flags_parser=functools.partial(_parse_flags, config=defined.config))

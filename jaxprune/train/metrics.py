@@ -1,15 +1,21 @@
 """Metric writers: a `metrics.jsonl` file and, when tensorboardX is installed,
-TensorBoard event files. Both take one flat `{name: number}` dict per step."""
+TensorBoard event files. Both take one flat `{name: number}` dict per step.
+
+`metrics.jsonl` is appended to, one line per record; a record cut short by a
+crash or a full disk is dropped with a warning when the file is read back.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from absl import logging
+
+from jaxprune.train import files
 
 METRICS_FILE = 'metrics.jsonl'
 
@@ -26,12 +32,32 @@ def _to_python(value: Any) -> Any:
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  """Reads every record of `<workdir>/metrics.jsonl` (empty if it is absent)."""
+  """Reads every record of `<workdir>/metrics.jsonl` (empty if it is absent).
+
+  A line that is not a JSON record with an integer `step` (the last line cut
+  short by an interrupted write, or a damaged one) is dropped with a warning
+  naming the file and the line.
+  """
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  with open(path, 'rb') as f:
+    lines = f.read().split(b'\n')
+  records = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict) or type(record.get('step')) is not int:
+        raise ValueError('not a record with an integer "step"')
+    except ValueError as err:  # json's errors and UnicodeDecodeError are ValueErrors
+      # Only the last line can lack its newline: a write cut short.
+      what = 'cut short by an interrupted write' if number == len(lines) else f'damaged ({err})'
+      warnings.warn(f'{path}: line {number} is {what}; dropped it: {line[:80]!r}', stacklevel=2)
+      continue
+    records.append(record)
+  return records
 
 
 class MetricsWriter:
@@ -60,17 +86,14 @@ class MetricsWriter:
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, METRICS_FILE)
     self.history = [r for r in read_metrics(workdir) if r['step'] <= resume_step]
-    tmp = self.path + '.tmp'
-    with open(tmp, 'w') as f:
-      f.writelines(json.dumps(r) + '\n' for r in self.history)
-    os.replace(tmp, self.path)
+    files.atomic_write(self.path, ''.join(json.dumps(r) + '\n' for r in self.history))
     self._file = open(self.path, 'a')  # noqa: SIM115 -- closed in close()
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter
       except ImportError:
-        logging.warning('tensorboardX is not installed; writing only %s. '
-                        'Install it with `pip install tensorboardX`.', self.path)
+        warnings.warn(f'tensorboardX is not installed; writing only {self.path}. '
+                      'Install it with `pip install tensorboardX`.', stacklevel=2)
       else:
         # purge_step hides events an interrupted run wrote after its checkpoint.
         self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),

@@ -13,18 +13,27 @@ class LeafReport(NamedTuple):
     name: the leaf's name, e.g. 'Dense_0/kernel'.
     shape: its shape.
     nonzero: number of nonzero entries.
-    target: the leaf's final target sparsity.
+    target: the leaf's final target sparsity (1 - n/m for an N:M leaf).
     achieved: fraction of its entries that are exactly zero.
-    threshold: the magnitude threshold of its last mask update.
-    block: the (height, width) of the blocks it is pruned in.
+    threshold: the magnitude threshold of its last mask update (None for N:M).
+    block: the (height, width) of the blocks it is pruned in, -1 resolved.
+    nm: (n, m) when it keeps n of every m weights, else None.
   """
   name: str
   shape: tuple[int, ...]
   nonzero: int
   target: float
   achieved: float
-  threshold: float
+  threshold: float | None
   block: tuple[int, int] = (1, 1)
+  nm: tuple[int, int] | None = None
+
+  @property
+  def pattern(self) -> str:
+    """'2:4' for N:M, else the block shape, e.g. '4x4' ('1x1' for single weights)."""
+    if self.nm is not None:
+      return '{}:{}'.format(*self.nm)
+    return 'x'.join(map(str, self.block))
 
   @property
   def size(self) -> int:
@@ -46,6 +55,8 @@ class RunReport(NamedTuple):
     dense_step: the step of `dense_accuracy`.
     final_accuracy: test accuracy at the end.
     final_step: the last step.
+    global_target: with `global_pruning`, the target all pruned leaves share
+      (one threshold across them), else None.
   """
   leaves: Sequence[LeafReport]
   total_params: int
@@ -54,6 +65,7 @@ class RunReport(NamedTuple):
   dense_step: int | None
   final_accuracy: float
   final_step: int
+  global_target: float | None = None
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -80,19 +92,23 @@ def format_report(report: RunReport) -> str:
   if report.leaves:
     rows = [[leaf.name, 'x'.join(map(str, leaf.shape)), f'{leaf.size:,}',
              f'{leaf.nonzero:,}', f'{leaf.target:.3f}', f'{leaf.achieved:.3f}',
-             f'{leaf.threshold:.4g}'] for leaf in report.leaves]
+             '-' if leaf.threshold is None else f'{leaf.threshold:.4g}']
+            for leaf in report.leaves]
     size = sum(leaf.size for leaf in report.leaves)
     nonzero = sum(leaf.nonzero for leaf in report.leaves)
     target = sum(leaf.target * leaf.size for leaf in report.leaves) / size
     rows.append(['all pruned leaves', '', f'{size:,}', f'{nonzero:,}',
                  f'{target:.3f}', f'{1 - nonzero / size:.3f}', ''])
     header = ['leaf', 'shape', 'params', 'nonzero', 'target', 'achieved', 'threshold']
-    if any(leaf.block != (1, 1) for leaf in report.leaves):
-      header.append('block')
+    if any(leaf.pattern != '1x1' for leaf in report.leaves):
+      header.append('pattern')
       for row, leaf in zip(rows[:-1], report.leaves, strict=True):
-        row.append('x'.join(map(str, leaf.block)))
+        row.append(leaf.pattern)
       rows[-1].append('')
     lines += _table(header, rows)
+    if report.global_target is not None:
+      lines.append(f'global pruning: one threshold across the pruned leaves; the target '
+                   f'{report.global_target:.3f} holds for them together, not for each.')
   else:
     lines.append('no pruned leaves')
   sparse = 1 - report.total_nonzero / report.total_params

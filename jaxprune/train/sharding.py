@@ -66,6 +66,16 @@ def train_state_shardings(mesh: Mesh, state: TrainState) -> TrainState:
                     opt_state=jaxprune.state_shardings(state.opt_state, params))
 
 
+def check_batch(mesh: Mesh | None, batch_size: int) -> None:
+  """Raises ValueError unless batches of `batch_size` split evenly over the mesh's `data` axis."""
+  if mesh is None:
+    return
+  data_size = mesh.shape['data']
+  if batch_size % data_size:
+    raise ValueError(f'batch_size={batch_size} cannot be split over the {data_size} devices '
+                     f'of the mesh axis "data"; use a multiple of {data_size}.')
+
+
 def jit_train_step(train_step: Callable, mesh: Mesh | None, state: TrainState,
                    batch_size: int) -> Callable:
   """`jax.jit(train_step)`, with the state's and the batch's shardings when on a mesh.
@@ -84,10 +94,7 @@ def jit_train_step(train_step: Callable, mesh: Mesh | None, state: TrainState,
   """
   if mesh is None:
     return jax.jit(train_step)
-  data_size = mesh.shape['data']
-  if batch_size % data_size:
-    raise ValueError(f'batch_size={batch_size} cannot be split over the {data_size} devices '
-                     f'of the mesh axis "data"; use a multiple of {data_size}.')
+  check_batch(mesh, batch_size)
   shardings = train_state_shardings(mesh, state)
   batch = NamedSharding(mesh, P('data'))
   return jax.jit(train_step, in_shardings=(shardings, (batch, batch)),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import jax
@@ -10,7 +9,7 @@ import ml_collections
 import numpy as np
 
 import jaxprune
-from jaxprune import hparams as hparams_lib
+from jaxprune import specs as specs_lib
 from jaxprune.train.report import LeafReport
 from jaxprune.train.step import TrainState
 
@@ -52,36 +51,33 @@ def pruning_scalars(state: TrainState, hparams: ml_collections.ConfigDict | None
   return scalars
 
 
-def final_target(hparams: ml_collections.ConfigDict, name: str) -> float:
-  """The sparsity the schedule ends at for leaf `name` (its map entry, if any)."""
-  for regex, sparsity in hparams_lib.sparsity_map(hparams):
-    if re.search(regex, name):
-      return sparsity
-  return hparams.target_sparsity
-
-
-def block_dims(hparams: ml_collections.ConfigDict, name: str) -> tuple[int, int]:
-  """The block shape of leaf `name` as configured (-1 means the whole dimension)."""
-  for regex, dims in hparams_lib.block_dims_map(hparams):
-    if re.search(regex, name):
-      return dims
-  return (hparams.block_height, hparams.block_width)
-
-
 def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None
                  ) -> list[LeafReport]:
-  """One `LeafReport` per pruned leaf (none when `hparams` is None)."""
+  """One `LeafReport` per pruned leaf (none when `hparams` is None).
+
+  Each leaf's target, block shape (with -1 resolved) and N:M pattern are the
+  ones the transform prunes it with (`jaxprune.specs.leaf_specs`).
+  """
   if hparams is None:
     return []
+  # Map entries that match no leaf were reported when the transform was built.
+  specs = {spec.name: spec for spec in specs_lib.spec_leaves(
+      specs_lib.leaf_specs(state.params, hparams, warn=False)) if spec is not None}
   thresholds = {k: float(v) for k, v in
                 jax.device_get(jaxprune.get_thresholds(state.opt_state)).items()}
   reports = []
   for name, leaf in pruned_params(state).items():
+    spec = specs[name]
     nonzero = int(np.count_nonzero(leaf))
+    if spec.nm is not None:
+      # N:M keeps n of every m: no schedule, no threshold.
+      target, threshold = 1 - spec.nm[0] / spec.nm[1], None
+    else:
+      target, threshold = spec.target, thresholds[name]
     reports.append(LeafReport(
-        name=name, shape=tuple(leaf.shape), nonzero=nonzero,
-        target=final_target(hparams, name), achieved=1 - nonzero / leaf.size,
-        threshold=thresholds[name], block=block_dims(hparams, name)))
+        name=name, shape=tuple(leaf.shape), nonzero=nonzero, target=target,
+        achieved=1 - nonzero / leaf.size, threshold=threshold, block=spec.block_dims,
+        nm=spec.nm))
   return reports
 
 
