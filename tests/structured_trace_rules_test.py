@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxprune.structured as structured
-from jaxprune.structured import rules
+from jaxprune.structured import primitives
 
 
 def ones(*shape):
@@ -178,7 +178,7 @@ def test_register_rule_validates_its_arguments():
 
 
 def test_a_rule_joining_unequal_lengths_is_an_error(monkeypatch):
-  monkeypatch.setattr(rules, 'RULES', dict(rules.RULES))
+  monkeypatch.setattr(primitives, 'TABLE', dict(primitives.TABLE))
 
   def bad_rule(ctx, eqn):
     ctx.join(ctx.ids(eqn.invars[0], 1), ctx.ids(eqn.invars[0], 1)[:2])

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from jaxprune.structured import flops
+from jaxprune.structured import cost
 from jaxprune.structured.groups import AxisPart, ChannelGroup, DependencyGraph, Member
 
 _MAX_ROUNDS = 16
@@ -202,7 +202,7 @@ def build_graph(walker, *, closed, leaf_names, leaf_shapes, in_tree, out_tree,
   leaf_of = {id(v): n for v, n in zip(closed.jaxpr.invars, leaf_names, strict=False)}
   var_axes, leaf_axes, members = _axis_parts(own_o, node, pos, class_group, class_rank, sizes,
                                              walker.node_keys, leaf_of)
-  group_flops, total_flops = flops.count(walker.flop_eqns, var_axes, len(sizes))
+  group_flops, total_flops = cost.count(closed, var_axes, len(sizes))
   groups = []
   for gid, size in enumerate(sizes):
     code = class_code[first_class[gid]]

@@ -1,8 +1,8 @@
 """Walk a jaxpr and record which (variable, axis, position) entries are one channel.
 
 Every axis of size > 1 of every jaxpr variable gets a range of integer ids
-(one per position). Rules (`rules.py`, `offsets.py`, `control.py`) add edges between ids
-that must go together, mark ids that may not go (blocked) and record merged
+(one per position). The trace rules of the primitives table (`primitives.py`)
+add edges between ids that must go together, mark ids that may not go (blocked) and record merged
 positions (derived from several factor ids). `solve.py` turns this into groups.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from jaxprune import names
-from jaxprune.structured import control, offsets, rules, solve
+from jaxprune.structured import primitives, rules, solve
 from jaxprune.structured.groups import DependencyGraph
 
 _Scope = tuple[int, ...]
@@ -38,11 +38,9 @@ class _Walker:
     self.derived: list[tuple[np.ndarray, np.ndarray]] = []
     self.blocked_primitives: collections.Counter[str] = collections.Counter()
     self.unknown: collections.Counter[str] = collections.Counter()
-    self.flop_eqns: list[tuple[_Scope, Any, float]] = []
     self.scope: _Scope = ()
     self.eqn_index = -1
     self.eqn: Any = None
-    self.multiplier = 1.0
 
   # -- allocation ---------------------------------------------------------
 
@@ -113,20 +111,20 @@ class _Walker:
       return
     self.derived.append((np.asarray(ids), np.stack(factors, axis=1)))
 
-  def walk(self, jaxpr: Any, sub_index: int, multiplier: float = 1.0) -> _Scope:
+  def walk(self, jaxpr: Any, sub_index: int) -> _Scope:
     scope = self.scope + (self.eqn_index, sub_index)
-    saved = (self.scope, self.eqn_index, self.eqn, self.multiplier)
-    self.walk_jaxpr(jaxpr, scope, saved[3] * multiplier)
-    self.scope, self.eqn_index, self.eqn, self.multiplier = saved
+    saved = (self.scope, self.eqn_index, self.eqn)
+    self.walk_jaxpr(jaxpr, scope)
+    self.scope, self.eqn_index, self.eqn = saved
     return scope
 
   # -- the walk -----------------------------------------------------------
 
-  def walk_jaxpr(self, jaxpr: Any, scope: _Scope, multiplier: float) -> None:
+  def walk_jaxpr(self, jaxpr: Any, scope: _Scope) -> None:
     """Allocates ids for `jaxpr` (open or closed) in `scope` and applies rules."""
     if isinstance(jaxpr, jcore.ClosedJaxpr):
       jaxpr = jaxpr.jaxpr
-    self.scope, self.multiplier = scope, multiplier
+    self.scope = scope
     for var in (*jaxpr.constvars, *jaxpr.invars):
       self.allocate(scope, var)
     for var in jaxpr.constvars:
@@ -136,17 +134,15 @@ class _Walker:
       for var in eqn.outvars:
         self.allocate(scope, var)
       self.scope, self.eqn_index, self.eqn = scope, index, eqn
-      name = eqn.primitive.name
-      if name in ('dot_general', 'conv_general_dilated'):
-        self.flop_eqns.append((scope, eqn, multiplier))
-      rule = rules.RULES.get(name)
-      if rule is None:
+      entry = primitives.lookup(eqn.primitive.name)
+      if entry is None:
         if any(self.ids(v, a) is not None for v in (*eqn.invars, *eqn.outvars)
                for a in range(len(getattr(v.aval, 'shape', ())))):
-          self.unknown[name] += 1
-        rule = rules.block_all
-      rule(self, eqn)
-      self.scope, self.multiplier = scope, multiplier
+          self.unknown[eqn.primitive.name] += 1
+        rules.block_all(self, eqn)
+      else:
+        entry.trace(self, eqn)
+      self.scope = scope
 
 
 def _output_state_leaf(out_name: str, shape: tuple[int, ...],
@@ -188,7 +184,7 @@ def trace(fn: Callable[..., Any], variables: Any, *example_args: Any,
   leaf_names = [name for name, _ in var_leaves]
   leaf_shapes = {name: tuple(np.shape(leaf)) for name, leaf in var_leaves}
   walker = _Walker()
-  walker.walk_jaxpr(closed, (), 1.0)
+  walker.walk_jaxpr(closed, ())
   invars = closed.jaxpr.invars
   walker.eqn = None
   arg_paths = jax.tree_util.tree_flatten_with_path(tuple(example_args))[0]
@@ -220,6 +216,3 @@ def trace(fn: Callable[..., Any], variables: Any, *example_args: Any,
       out_tree=jax.tree_util.tree_structure(out_shapes),
       blocked_primitives=dict(walker.blocked_primitives), warnings=graph_warnings)
 
-
-control.register()
-offsets.register()
