@@ -6,8 +6,9 @@ would refuse them), so the traced jaxpr is replayed equation by equation with
 `var_axes` and the plan; each primitive runs through its `shrink` rule in the
 primitives table (shape parameters rewritten, sub-jaxprs inlined or
 re-traced). An equation none of whose inputs changed runs as traced and its
-outputs are cut to the kept positions (constants, `iota`, broadcasts of
-scalars).
+outputs are cut to the kept positions (broadcasts of scalars). Constants keep
+their full size; each equation that reads one takes the positions its own use
+keeps (`DependencyGraph.proxied`).
 
 Every result is checked against the shape the graph predicts, so a primitive
 the table does not cover fails loudly instead of computing something else.
@@ -107,6 +108,11 @@ def eval_jaxpr(shrinker: Shrinker, jaxpr: Any, consts: Sequence[Any], args: Sequ
     env[v] = x
   for index, eqn in enumerate(jaxpr.eqns):
     invals = [read(v) for v in eqn.invars]
+    proxied = shrinker.graph.proxied.get((scope, index))
+    if proxied is not None:
+      invals = [x if var is proxy else shrinker.cut(scope, proxy, x)
+                for var, proxy, x in zip(eqn.invars, proxied.invars, invals, strict=True)]
+      eqn = proxied
     if not any(shrinker.changed(scope, v) for v in eqn.invars):
       outs = [shrinker.cut(scope, v, x)
               for v, x in zip(eqn.outvars, shrink_rules.bind(eqn, invals), strict=True)]

@@ -119,6 +119,11 @@ def _mixed_radix(sizes: list[int]) -> list[np.ndarray]:
 def _merge(ctx, merged: np.ndarray | None, factors: list[np.ndarray | None],
            sizes: list[int]) -> None:
   """`merged` (row-major flatten of `factors`) is derived from them."""
+  if merged is None:
+    # Merged into an untracked (symbolic) axis: the factors cannot be followed.
+    for ids in factors:
+      ctx.block_ids(ids, 'reshaped with a symbolic dimension')
+    return
   digits = _mixed_radix(sizes)
   factor_ids = []
   for ids, digit, size in zip(factors, digits, sizes, strict=True):
