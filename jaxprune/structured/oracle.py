@@ -98,7 +98,7 @@ def compare(reference: PyTree, outputs: PyTree, rtol: float | None = None,
     raise ValueError(f'verify: output structures differ: {ref_tree} vs {out_tree}.')
   ok, rel, diff, scale = True, 0.0, 0.0, 0.0
   for ref, out in zip(ref_leaves, out_leaves, strict=True):
-    tol = default_rtol(jnp.result_type(ref)) if rtol is None else rtol
+    tol = default_rtol(np.asarray(ref).dtype) if rtol is None else rtol
     ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
     leaf_scale = float(np.abs(np.nan_to_num(ref, nan=0.0)).max(initial=0.0))
     if ref.shape != out.shape:
