@@ -16,10 +16,34 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from thirdparty_zoo import ZOO
+import thirdparty_zoo as zoo
+import thirdparty_zoo_hf as hf
 
 import jaxprune.structured as jps
 from jaxprune.names import named_leaves
+
+# name -> builder. The full-size models (`_full`) are shapes only: traced and counted.
+ZOO = {
+    'haiku_resnet18': zoo.haiku_resnet18,
+    'haiku_resnet18_train': functools.partial(zoo.haiku_resnet18, train=True),
+    'haiku_resnet50_full': zoo.haiku_resnet50_full,
+    'haiku_mobilenet_v1': zoo.haiku_mobilenet_v1,
+    'equinox_mlp': zoo.equinox_mlp,
+    'equinox_cnn': zoo.equinox_cnn,
+    'equinox_cnn_train': functools.partial(zoo.equinox_cnn, train=True),
+    'hf_resnet': hf.hf_resnet,
+    'hf_regnet': hf.hf_regnet,
+    'hf_vit': hf.hf_vit,
+    'hf_beit': hf.hf_beit,
+    'hf_dinov2': hf.hf_dinov2,
+    'hf_clip': hf.hf_clip,
+    'hf_bert': hf.hf_bert,
+    'hf_gpt2': hf.hf_gpt2,
+    'hf_llama': hf.hf_llama,
+    'keras_mobilenet_v2': zoo.keras_mobilenet_v2,
+    'keras_densenet121_full': zoo.keras_densenet121_full,
+    'keras_resnet50_full': zoo.keras_resnet50_full,
+}
 
 TRACED_BATCH = 2
 RATIO = 0.3
@@ -44,18 +68,27 @@ def _case(name):
 
 
 @functools.cache
+def _jitted(name):
+  """The model's own function, jitted (one compile per batch size, not one per op)."""
+  return jax.jit(_case(name)[0].fn)
+
+
+@functools.cache
 def _pruned(name):
-  """The global plan, applied."""
+  """The global plan, applied, and the dense variables with its channels zeroed."""
   case, graph = _case(name)
   plan = jps.select(graph, case.variables, ratio=RATIO, scope='global', constraint=EXACT)
   new_variables, pruned_fn = jps.apply_plan(graph, case.variables, plan)
-  return plan, new_variables, pruned_fn
+  return plan, new_variables, pruned_fn, jps.zero_removed(graph, case.variables, plan)
 
 
-def _reference(case, graph, plan, *args):
-  """The model's own function on the dense variables with the removed channels
-  zeroed, at any batch; state it returns (train mode) cut to the kept channels."""
-  out = case.fn(jps.zero_removed(graph, case.variables, plan), *args)
+def _reference(name, *args):
+  """The model's own function on the dense variables with the global plan's
+  channels zeroed, at any batch; state it returns (train mode) cut to the kept
+  channels. The pruned model must equal it."""
+  graph = _case(name)[1]
+  plan, _, _, zeroed = _pruned(name)
+  out = _jitted(name)(zeroed, *args)
   if isinstance(out, tuple):  # (outputs, {'state': new state}) in train mode
     out = (out[0], jps.shrink_variables(graph, out[1], plan))
   return out
@@ -88,7 +121,7 @@ def test_uniform_and_global_plans_verify_and_remove_flops(name):
   uniform = jps.select(graph, case.variables, ratio=RATIO, constraint=EXACT)
   # 30% of every group of 4 or more channels goes (rounded; groups of 2 or 3 may keep all).
   assert {g.id for g in graph.prunable_groups if g.size >= 4} <= set(uniform.removed)
-  global_plan, _, _ = _pruned(name)
+  global_plan = _pruned(name)[0]
   total = sum(g.size for g in graph.prunable_groups)
   assert global_plan.num_removed == round(RATIO * total)
   for plan in (uniform, global_plan):
@@ -99,16 +132,16 @@ def test_uniform_and_global_plans_verify_and_remove_flops(name):
 
 @pytest.mark.parametrize('name', PRUNED)
 def test_pruned_model_runs_at_other_batch_sizes(name):
-  case, graph = _case(name)
-  plan, new_variables, pruned_fn = _pruned(name)
+  case = _case(name)[0]
+  _, new_variables, pruned_fn, _ = _pruned(name)
   size = lambda tree: sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(tree))
   assert size(new_variables) < size(case.variables)
   for batch in (1, 3):
     args = case.inputs(batch)
     out = pruned_fn(new_variables, *args)
-    _assert_close(out, _reference(case, graph, plan, *args))
+    _assert_close(out, _reference(name, *args))
     # the check can fail: the dense model's outputs differ.
-    dense = jax.tree.leaves(case.fn(case.variables, *args))[0]
+    dense = jax.tree.leaves(_jitted(name)(case.variables, *args))[0]
     assert not np.allclose(jax.tree.leaves(out)[0], dense, rtol=1e-3, atol=1e-3)
 
 
@@ -128,8 +161,8 @@ assert not any(m.startswith(('jaxprune', 'haiku', 'equinox', 'transformers', 'ke
 
 @pytest.mark.parametrize('name', PRUNED)
 def test_export_with_symbolic_batch_reloads_in_a_fresh_process(name, tmp_path):
-  case, graph = _case(name)
-  plan, new_variables, pruned_fn = _pruned(name)
+  case = _case(name)[0]
+  _, new_variables, pruned_fn, _ = _pruned(name)
   variables, fn = new_variables, pruned_fn
   if case.library == 'equinox':
     # equinox modules are pytree nodes jax.export cannot serialise: export over the leaves.
@@ -151,4 +184,4 @@ def test_export_with_symbolic_batch_reloads_in_a_fresh_process(name, tmp_path):
                  check=True, env=env, cwd=tmp_path, timeout=120)
   out = np.load(tmp_path / 'out.npz')
   reloaded = [out[f'arr_{i}'] for i in range(len(out.files))]
-  _assert_close(reloaded, jax.tree.leaves(_reference(case, graph, plan, *args)))
+  _assert_close(reloaded, jax.tree.leaves(_reference(name, *args)))
