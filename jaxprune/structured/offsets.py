@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxprune.structured import rules
-
-_shape = rules.var_shape
+from jaxprune.structured.shapes import var_shape as _shape
 
 
-def _concatenate(ctx, eqn) -> None:
+def concatenate(ctx, eqn) -> None:
   out = eqn.outvars[0]
   dim = eqn.params['dimension']
   out_ids = ctx.ids(out, dim)
@@ -33,7 +31,7 @@ def _concatenate(ctx, eqn) -> None:
     offset += shape[dim]
 
 
-def _split(ctx, eqn) -> None:
+def split(ctx, eqn) -> None:
   operand = eqn.invars[0]
   axis = eqn.params['axis']
   in_ids = ctx.ids(operand, axis)
@@ -52,7 +50,7 @@ def _split(ctx, eqn) -> None:
     offset += shape[axis]
 
 
-def _slice(ctx, eqn) -> None:
+def slice_(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   strides = eqn.params['strides'] or (1,) * len(_shape(operand))
   for axis, (start, limit, stride) in enumerate(
@@ -71,7 +69,7 @@ def _slice(ctx, eqn) -> None:
       ctx.join(picked, ctx.ids(out, axis))
 
 
-def _pad(ctx, eqn) -> None:
+def pad(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis, (low, _, interior) in enumerate(eqn.params['padding_config']):
     ids, out_ids = ctx.ids(operand, axis), ctx.ids(out, axis)
@@ -88,7 +86,7 @@ def _pad(ctx, eqn) -> None:
       ctx.block_ids(ids[~inside], "position cut by negative 'pad'")
 
 
-def _rev(ctx, eqn) -> None:
+def rev(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis in range(len(_shape(operand))):
     ids = ctx.ids(operand, axis)
@@ -98,7 +96,7 @@ def _rev(ctx, eqn) -> None:
       ctx.join_axes(operand, axis, out, axis)
 
 
-def _gather(ctx, eqn) -> None:
+def gather(ctx, eqn) -> None:
   """Table lookups (embeddings): whole-slice axes pass through; indexed ones block."""
   operand, indices = eqn.invars[:2]
   out = eqn.outvars[0]
@@ -129,7 +127,7 @@ def _gather(ctx, eqn) -> None:
   ctx.block(indices, index_rank - 1)
 
 
-def _dynamic_slice(ctx, eqn) -> None:
+def dynamic_slice(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis, size in enumerate(eqn.params['slice_sizes']):
     if size == _shape(operand)[axis]:
@@ -139,7 +137,7 @@ def _dynamic_slice(ctx, eqn) -> None:
       ctx.block(out, axis)
 
 
-def _dynamic_update_slice(ctx, eqn) -> None:
+def dynamic_update_slice(ctx, eqn) -> None:
   operand, update = eqn.invars[:2]
   out = eqn.outvars[0]
   for axis, size in enumerate(_shape(update)):
@@ -151,7 +149,7 @@ def _dynamic_update_slice(ctx, eqn) -> None:
       ctx.block(update, axis)
 
 
-def _tile(ctx, eqn) -> None:
+def tile(ctx, eqn) -> None:
   """Every copy of a position is that position's channel."""
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis, reps in enumerate(eqn.params['reps']):
@@ -162,7 +160,7 @@ def _tile(ctx, eqn) -> None:
       ctx.join(ids, out_ids[rep * len(ids):(rep + 1) * len(ids)])
 
 
-def _stack(ctx, eqn) -> None:
+def stack(ctx, eqn) -> None:
   """The new axis numbers the operands: it cannot lose a position; others join."""
   out, new_axis = eqn.outvars[0], eqn.params['axis']
   rank = len(_shape(out))
@@ -172,19 +170,9 @@ def _stack(ctx, eqn) -> None:
   ctx.block_ids(ctx.ids(out, new_axis), "axis made by 'stack'")
 
 
-def _unstack(ctx, eqn) -> None:
+def unstack(ctx, eqn) -> None:
   operand, old_axis = eqn.invars[0], eqn.params['axis']
   for out in eqn.outvars:
     for axis in range(len(_shape(out))):
       ctx.join_axes(operand, axis + (axis >= old_axis), out, axis)
   ctx.block_ids(ctx.ids(operand, old_axis), "axis split by 'unstack'")
-
-
-def register() -> None:
-  """Adds the rules of this module to `rules.RULES`."""
-  rules.RULES.update({
-      'concatenate': _concatenate, 'split': _split, 'slice': _slice, 'pad': _pad,
-      'rev': _rev, 'gather': _gather, 'dynamic_slice': _dynamic_slice,
-      'dynamic_update_slice': _dynamic_update_slice, 'tile': _tile, 'stack': _stack,
-      'unstack': _unstack,
-  })

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from jaxprune.structured import flops
+from jaxprune.structured import cost
 from jaxprune.structured.groups import AxisPart, ChannelGroup, DependencyGraph, Member
 
 _MAX_ROUNDS = 16
@@ -186,8 +186,11 @@ def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, lea
   return var_axes, leaf_axes, members
 
 
-def build_graph(walker, *, closed, leaf_names, leaf_shapes, in_tree, out_tree,
-                blocked_primitives, warnings) -> DependencyGraph:
+_UNREAD = 'never read by the traced function'
+
+
+def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_tree,
+                variables_avals, blocked_primitives, warnings) -> DependencyGraph:
   """Groups the walker's channels; see the module docstring."""
   labels, tables, extra_blocks = _settle_merges(walker)
   own_e, own_o = _ownership(labels, tables)
@@ -199,21 +202,25 @@ def build_graph(walker, *, closed, leaf_names, leaf_shapes, in_tree, out_tree,
   pos = own_e - bases[node]
   class_group, class_rank, sizes, first_class = _group_channels(
       own_o, node, pos, class_code, walker.node_keys, n_classes, walker.count)
-  leaf_of = {id(v): n for v, n in zip(closed.jaxpr.invars, leaf_names, strict=False)}
+  first = entries[0].closed_jaxpr.jaxpr
+  leaf_of = {id(v): n for v, n in zip(first.invars, leaf_names, strict=False)}
   var_axes, leaf_axes, members = _axis_parts(own_o, node, pos, class_group, class_rank, sizes,
                                              walker.node_keys, leaf_of)
-  group_flops, total_flops = flops.count(walker.flop_eqns, var_axes, len(sizes))
+  group_flops, total_flops = cost.count(first, var_axes, len(sizes), entries[0].scope)
+  unread_set = set(unread)
   groups = []
   for gid, size in enumerate(sizes):
     code = class_code[first_class[gid]]
     reason = reasons[code] if code >= 0 else None
     if reason is None and not members[gid]:
       reason = 'no parameters'
+    if reason is None and all(m.leaf in unread_set for m in members[gid]):
+      reason = _UNREAD
     groups.append(ChannelGroup(id=gid, size=int(size), members=members[gid],
                                prunable=reason is None, reason=reason,
                                flops_per_channel=float(group_flops[gid])))
   return DependencyGraph(
       groups=groups, leaf_names=leaf_names, leaf_shapes=leaf_shapes,
-      blocked_primitives=blocked_primitives, total_flops=total_flops, closed_jaxpr=closed,
-      in_tree=in_tree, out_tree=out_tree, var_axes=var_axes, leaf_axes=leaf_axes,
-      warnings=warnings)
+      blocked_primitives=blocked_primitives, total_flops=total_flops, entries=entries,
+      var_axes=var_axes, leaf_axes=leaf_axes, unread=list(unread), proxied=walker.proxied,
+      variables_tree=variables_tree, variables_avals=variables_avals, warnings=warnings)
