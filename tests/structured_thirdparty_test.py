@@ -2,9 +2,9 @@
 
 For every model of `thirdparty_zoo`: the prunable groups equal the hand count;
 a uniform and a global plan verify against the oracle and remove real FLOPs;
-the pruned callable runs at batch 1 and batch 3 after a trace at batch 2; it
-exports with a symbolic batch and runs, reloaded, in a fresh process that
-imports neither jaxprune nor the model's library.
+after a trace at batch 2, the pruned callable runs at batch 1, and exported
+with a symbolic batch and reloaded in a fresh process that imports neither
+jaxprune nor the model's library, at batch 5.
 """
 
 import functools
@@ -132,19 +132,18 @@ def test_uniform_and_global_plans_verify_and_remove_flops(name):
 
 
 @pytest.mark.parametrize('name', PRUNED)
-def test_pruned_model_runs_at_other_batch_sizes(name):
+def test_pruned_model_runs_at_batch_1(name):
   case = _case(name)[0]
   _, new_variables, pruned_fn, _ = _pruned(name)
   size = lambda tree: sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(tree))
   assert size(new_variables) < size(case.variables)
-  for batch in (1, 3):
-    args = case.inputs(batch)
-    out = pruned_fn(new_variables, *args)
-    _assert_close(out, _reference(name, *args))
-    # the check can fail: the dense model's outputs differ by far more than rounding.
-    dense = jax.tree.leaves(_jitted(name)(case.variables, *args))[0]
-    pruned = jax.tree.leaves(out)[0]
-    assert np.abs(pruned - dense).max() > 1e-3 * np.abs(dense).max()
+  args = case.inputs(1)
+  out = pruned_fn(new_variables, *args)
+  _assert_close(out, _reference(name, *args))
+  # the check can fail: the dense model's outputs differ by far more than rounding.
+  dense = jax.tree.leaves(_jitted(name)(case.variables, *args))[0]
+  pruned = jax.tree.leaves(out)[0]
+  assert np.abs(pruned - dense).max() > 1e-3 * np.abs(dense).max()
 
 
 _RELOAD = """

@@ -24,6 +24,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxprune.names import leaf_name, named_leaves  # noqa: E402
+
 PyTree = Any
 
 
@@ -72,7 +74,6 @@ def random_like(tree: PyTree, out_first: bool = False, seed: int = 0) -> PyTree:
   Returns:
     The same pytree of `jax.Array`s.
   """
-  from jaxprune.names import leaf_name
   rng = np.random.default_rng(seed)
 
   def value(path, leaf):
@@ -123,7 +124,6 @@ def _haiku(net: Callable[[], Any], image: int, train: bool, values: bool = True)
 
 def _haiku_unread(variables: PyTree) -> tuple[str, ...]:
   """haiku's BatchNorm EMA `hidden` and `counter`: eval mode reads only `average`."""
-  from jaxprune.names import named_leaves
   return tuple(name for name, _ in named_leaves(variables)
                if name.endswith(('/hidden', '/counter')))
 
