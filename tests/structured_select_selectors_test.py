@@ -175,3 +175,33 @@ def test_density_removes_channels_already_dead_after_magnitude_pruning():
   plan = selectors.select(graph, dead, ratio=0.25, importance='density')
   np.testing.assert_array_equal(plan.removed[h1], [2, 6])
   assert 'group' in plan.summary() and plan.summary().endswith('removed 4 of 60 channels')
+
+
+def test_make_plan_reads_a_boolean_mask_of_the_group_size_as_a_mask():
+  graph = _graph(16, 4)
+  plan = make_plan(graph, {0: [True] * 3 + [False] * 13})
+  np.testing.assert_array_equal(plan.removed[0], [0, 1, 2])
+  plan = make_plan(graph, {1: np.array([False, True, False, True])})
+  np.testing.assert_array_equal(plan.removed[1], [1, 3])
+  with pytest.raises(ValueError, match=r'group 0: a boolean mask needs one entry per channel '
+                                       r'\(shape \(16,\)\), got shape \(3,\)'):
+    make_plan(graph, {0: [True, False, True]})
+  with pytest.raises(TypeError, match='group 1: give channel indices'):
+    make_plan(graph, {1: [0.5, 1.0]})
+
+
+def test_importance_for_a_group_that_does_not_exist_is_an_error():
+  graph, params, h1, h2 = _mlp()
+  with pytest.raises(ValueError, match=rf'group id\(s\) \[99\] do not exist.*prunable groups are '
+                                       rf'\[{min(h1, h2)}, {max(h1, h2)}\]'):
+    selectors.select(graph, params, ratio=0.5, importance={99: np.ones(8)})
+
+
+@pytest.mark.parametrize('locked, error, match', [
+    (('(',), ValueError, r"locked\[0\]='\(' is not a valid regex"),
+    ('head', TypeError, "locked='head': give a sequence of regexes"),
+    ((3,), TypeError, r'locked\[0\]=3: each entry must be a regex string'),
+])
+def test_constraint_names_a_bad_locked_entry(locked, error, match):
+  with pytest.raises(error, match=match):
+    Constraint(locked=locked)

@@ -21,7 +21,7 @@ from jaxprune.structured.importance import (
     taylor_importance,
 )
 from jaxprune.structured.oracle import VerifyReport, dense_reference, verify
-from jaxprune.structured.plan import Constraint, Plan, make_plan
+from jaxprune.structured.plan import Constraint, Plan, make_plan, plan_for
 from jaxprune.structured.primitives import (
     register_primitive,
     register_rule,
@@ -30,4 +30,4 @@ from jaxprune.structured.primitives import (
 from jaxprune.structured.rules import elementwise
 from jaxprune.structured.selectors import by_cost, global_, select, uniform
 from jaxprune.structured.shrink import apply_plan, pruned_callable, shrink_variables, zero_removed
-from jaxprune.structured.trace import trace
+from jaxprune.structured.trace import retrace, trace

@@ -11,6 +11,7 @@ primitives table is the only place that says which primitive uses which.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -33,8 +34,9 @@ def _tie(ctx, outer: list[Any], inner_vars: list[Any], scope: tuple[int, ...],
       ctx.join_axes(out_var, axis + shift, in_var, axis, outer_scope, scope)
 
 
+@functools.cache
 def call(param: str) -> Callable[[Any, Any], None]:
-  """The rule of a call primitive whose body is `eqn.params[param]`."""
+  """The rule of a call primitive whose body is `eqn.params[param]` (one per param)."""
   def rule(ctx, eqn) -> None:
     body = inner(eqn.params[param])
     if len(body.invars) != len(eqn.invars) or len(body.outvars) != len(eqn.outvars):

@@ -14,7 +14,9 @@ Each entry says, for one primitive (`eqn.primitive.name`):
 
 `sub_jaxprs(eqn)` is the only place the rest of the package learns which
 primitives carry sub-jaxprs. A primitive with no entry blocks every tracked
-axis it touches (never guess) and runs as traced. Adding a primitive is one
+axis it touches (never guess) and runs as traced. Equations computed from
+constants alone (`iota`, `jnp.ones`, captured arrays) are never walked: see
+`usage.constants`. Adding a primitive is one
 `register_primitive` call, or one entry below.
 """
 
@@ -71,7 +73,6 @@ TABLE: dict[str, Primitive] = {
     **_same(rules.identity_pairs, 'optimization_barrier sharding_constraint layout_constraint '
             'with_memory_space_constraint reshard device_put'),
     **_same(rules.no_values, 'debug_print debug_callback'),
-    'iota': Primitive(rules.iota),
     'bitcast_convert_type': Primitive(rules.bitcast),
     'broadcast_in_dim': Primitive(rules.broadcast_in_dim, shrink_rules.with_new_shape('shape')),
     'transpose': Primitive(rules.transpose),
@@ -93,15 +94,12 @@ TABLE: dict[str, Primitive] = {
     'stack': Primitive(offsets.stack),
     'unstack': Primitive(offsets.unstack),
     'jit': _call('jaxpr'),
-    'pjit': _call('jaxpr'),
+    'pjit': _call('jaxpr'),  # the name of `jit` before jax 0.7
     'closed_call': _call('call_jaxpr'),
-    'core_call': _call('call_jaxpr'),
+    'call': _call('call_jaxpr'),
     'remat2': _call('jaxpr'),
-    'checkpoint': _call('jaxpr'),
     'custom_jvp_call': _call('call_jaxpr'),
     'custom_vjp_call': _call('call_jaxpr'),
-    'custom_vjp_call_jaxpr': _call('fun_jaxpr'),
-    'custom_jvp_call_jaxpr': _call('fun_jaxpr'),
     'composite': _call('jaxpr'),
     'scan': Primitive(control.scan, shrink_rules.scan, subjaxprs=control.scan_subjaxprs),
     'while': Primitive(control.while_loop, shrink_rules.while_loop,

@@ -67,12 +67,6 @@ def no_values(ctx, eqn) -> None:
   del ctx, eqn
 
 
-def iota(ctx, eqn) -> None:
-  # iota's values are positions along `dimension`: they change meaning if that
-  # axis shrinks; the other axes are plain broadcasts.
-  ctx.block(eqn.outvars[0], eqn.params['dimension'])
-
-
 def broadcast_in_dim(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis, out_axis in enumerate(eqn.params['broadcast_dimensions']):

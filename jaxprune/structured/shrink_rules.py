@@ -11,6 +11,7 @@ Rules for primitives with sub-jaxprs evaluate them through
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,6 +103,7 @@ def slice_sizes(operand_index: int) -> ShrinkRule:
   return rule
 
 
+@functools.cache
 def inline(param: str) -> ShrinkRule:
   """Call primitives: evaluate the body in place at the pruned shapes."""
   def rule(shrinker, eqn, scope, index, invals):
