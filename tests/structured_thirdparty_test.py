@@ -2,9 +2,9 @@
 
 For every model of `thirdparty_zoo`: the prunable groups equal the hand count;
 a uniform and a global plan verify against the oracle and remove real FLOPs;
-the pruned callable runs at batch 1 and batch 3 after a trace at batch 2; it
-exports with a symbolic batch and runs, reloaded, in a fresh process that
-imports neither jaxprune nor the model's library.
+after a trace at batch 2, the pruned callable runs at batch 1, and exported
+with a symbolic batch and reloaded in a fresh process that imports neither
+jaxprune nor the model's library, at batch 5.
 """
 
 import functools
@@ -106,9 +106,10 @@ def _assert_close(actual, expected):
 def test_prunable_groups_equal_the_hand_count(name):
   case, graph = _case(name)
   assert len(graph.prunable_groups) == case.prunable, graph.summary()
-  # every unread variable exists and belongs to no prunable group.
+  # every unread variable exists, is reported, and belongs to no prunable group.
   leaves = {leaf for leaf, _ in named_leaves(case.variables)}
   assert set(case.unread) <= leaves
+  assert set(case.unread) <= set(graph.unread)
   prunable_leaves = {m.leaf for g in graph.prunable_groups for m in g.members}
   assert not prunable_leaves & set(case.unread)
 
@@ -131,18 +132,18 @@ def test_uniform_and_global_plans_verify_and_remove_flops(name):
 
 
 @pytest.mark.parametrize('name', PRUNED)
-def test_pruned_model_runs_at_other_batch_sizes(name):
+def test_pruned_model_runs_at_batch_1(name):
   case = _case(name)[0]
   _, new_variables, pruned_fn, _ = _pruned(name)
   size = lambda tree: sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(tree))
   assert size(new_variables) < size(case.variables)
-  for batch in (1, 3):
-    args = case.inputs(batch)
-    out = pruned_fn(new_variables, *args)
-    _assert_close(out, _reference(name, *args))
-    # the check can fail: the dense model's outputs differ.
-    dense = jax.tree.leaves(_jitted(name)(case.variables, *args))[0]
-    assert not np.allclose(jax.tree.leaves(out)[0], dense, rtol=1e-3, atol=1e-3)
+  args = case.inputs(1)
+  out = pruned_fn(new_variables, *args)
+  _assert_close(out, _reference(name, *args))
+  # the check can fail: the dense model's outputs differ by far more than rounding.
+  dense = jax.tree.leaves(_jitted(name)(case.variables, *args))[0]
+  pruned = jax.tree.leaves(out)[0]
+  assert np.abs(pruned - dense).max() > 1e-3 * np.abs(dense).max()
 
 
 _RELOAD = """
@@ -159,21 +160,28 @@ assert not any(m.startswith(('jaxprune', 'haiku', 'equinox', 'transformers', 'ke
 """
 
 
-@pytest.mark.parametrize('name', PRUNED)
-def test_export_with_symbolic_batch_reloads_in_a_fresh_process(name, tmp_path):
-  case = _case(name)[0]
-  _, new_variables, pruned_fn, _ = _pruned(name)
-  variables, fn = new_variables, pruned_fn
-  if case.library == 'equinox':
-    # equinox modules are pytree nodes jax.export cannot serialise: export over the leaves.
-    leaves, treedef = jax.tree.flatten(new_variables)
-    variables, fn = leaves, lambda leaves, *args: pruned_fn(jax.tree.unflatten(treedef, leaves),
-                                                            *args)
+def _symbolic_batch_specs(case, variables):
   b, = jax.export.symbolic_shape('b')
   arg_specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct((b, *x.shape[1:]), x.dtype),
                            case.inputs(TRACED_BATCH))
-  var_specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), variables)
-  exported = jax.export.export(jax.jit(fn))(var_specs, *arg_specs)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), variables), *arg_specs
+
+
+def _exportable(variables, fn):
+  """equinox modules are pytree nodes jax.export cannot serialise: export over the leaves."""
+  leaves, treedef = jax.tree.flatten(variables)
+  return leaves, lambda leaves, *args: fn(jax.tree.unflatten(treedef, leaves), *args)
+
+
+@pytest.mark.parametrize('name', [n for n in PRUNED if n != 'equinox_cnn_train'])
+def test_export_with_symbolic_batch_reloads_in_a_fresh_process(name, tmp_path):
+  case = _case(name)[0]
+  assert case.symbolic_batch
+  _, new_variables, pruned_fn, _ = _pruned(name)
+  variables, fn = new_variables, pruned_fn
+  if case.library == 'equinox':
+    variables, fn = _exportable(new_variables, pruned_fn)
+  exported = jax.export.export(jax.jit(fn))(*_symbolic_batch_specs(case, variables))
   (tmp_path / 'model.bin').write_bytes(exported.serialize())
   args = case.inputs(5)
   flat = jax.tree.leaves((variables, *args))
@@ -185,3 +193,13 @@ def test_export_with_symbolic_batch_reloads_in_a_fresh_process(name, tmp_path):
   out = np.load(tmp_path / 'out.npz')
   reloaded = [out[f'arr_{i}'] for i in range(len(out.files))]
   _assert_close(reloaded, jax.tree.leaves(_reference(name, *args)))
+
+
+def test_equinox_train_mode_does_not_trace_at_a_symbolic_batch_pruned_or_not():
+  # lax.pmean over a vmapped axis needs its size: the export test above leaves
+  # this model out, and this test says so if equinox or JAX ever lift it.
+  case = _case('equinox_cnn_train')[0]
+  assert not case.symbolic_batch
+  variables, fn = _exportable(case.variables, case.fn)
+  with pytest.raises(jax.errors.InconclusiveDimensionOperation):
+    jax.export.export(jax.jit(fn))(*_symbolic_batch_specs(case, variables))

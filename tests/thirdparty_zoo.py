@@ -24,6 +24,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxprune.names import leaf_name, named_leaves  # noqa: E402
+
 PyTree = Any
 
 
@@ -38,6 +40,7 @@ class Case:
     inputs: `inputs(batch)` returns the example args at that batch size.
     prunable: the number of prunable channel groups, worked out by hand.
     unread: variables leaves the function never reads (they must not be pruned).
+    symbolic_batch: the function itself traces at a symbolic batch size.
   """
   library: str
   fn: Callable[..., Any]
@@ -45,6 +48,7 @@ class Case:
   inputs: Callable[[int], tuple]
   prunable: int
   unread: tuple[str, ...] = ()
+  symbolic_batch: bool = True
 
 
 def normal(*shape: int, seed: int = 1) -> jax.Array:
@@ -70,7 +74,6 @@ def random_like(tree: PyTree, out_first: bool = False, seed: int = 0) -> PyTree:
   Returns:
     The same pytree of `jax.Array`s.
   """
-  from jaxprune.names import leaf_name
   rng = np.random.default_rng(seed)
 
   def value(path, leaf):
@@ -121,14 +124,14 @@ def _haiku(net: Callable[[], Any], image: int, train: bool, values: bool = True)
 
 def _haiku_unread(variables: PyTree) -> tuple[str, ...]:
   """haiku's BatchNorm EMA `hidden` and `counter`: eval mode reads only `average`."""
-  from jaxprune.names import named_leaves
   return tuple(name for name, _ in named_leaves(variables)
                if name.endswith(('/hidden', '/counter')))
 
 
-def haiku_resnet18(train: bool = False) -> Case:
+def haiku_resnet18(train: bool = False, width: int = 16, image: int | None = None) -> Case:
   """`hk.nets.ResNet` with ResNet-18's config (2-2-2-2 basic blocks, no projection
-  in stage 1) at 1/4 width, 32x32 images.
+  in stage 1) at stage widths `width` x (1, 2, 4, 8) (ResNet-18: 64), on 32x32
+  images (64x64 in train mode).
 
   Prunable groups: inside each of the 8 blocks, its first conv's output (8);
   the residual stream of stage 1, tied to the stem through the identity
@@ -138,12 +141,13 @@ def haiku_resnet18(train: bool = False) -> Case:
   """
   import haiku as hk
 
-  config = dict(hk.nets.ResNet.CONFIGS[18], channels_per_group=(16, 32, 64, 128))
+  config = dict(hk.nets.ResNet.CONFIGS[18],
+                channels_per_group=tuple(width * m for m in (1, 2, 4, 8)))
   net = lambda: hk.nets.ResNet(**config, num_classes=10,
-                               initial_conv_config={'output_channels': 16})
+                               initial_conv_config={'output_channels': width})
   # Train mode normalises with batch statistics: 64x64 images leave stage 4 with
   # 2x2 positions per image, not 1x1 (statistics of two numbers amplify rounding).
-  image = 64 if train else 32
+  image = image or (64 if train else 32)
   fn, variables = _haiku(net, image, train)
   return Case('dm-haiku', fn, variables, lambda b: (normal(b, image, image, 3),), 12,
               () if train else _haiku_unread(variables))
@@ -164,21 +168,21 @@ def haiku_resnet50_full() -> Case:
               _haiku_unread(variables))
 
 
-def haiku_mobilenet_v1() -> Case:
+def haiku_mobilenet_v1(channels: tuple[int, ...] = (16, 32, 32, 64),
+                       strides: tuple[int, ...] = (1, 2, 1, 2), image: int = 32) -> Case:
   """`hk.nets.MobileNetV1` with four blocks (16-32-32-64 channels), 32x32 images.
 
   A depthwise conv ties its input and output channels, so each pointwise
   conv's output is one group with the next block's depthwise conv (the last
-  one with the logits' input): 4 groups, plus the stem's 32 channels with the
-  first depthwise conv: 5.
+  one with the logits' input): one per block, plus the stem's 32 channels
+  with the first depthwise conv. 5 for four blocks.
   """
   import haiku as hk
 
-  net = lambda: hk.nets.MobileNetV1(strides=(1, 2, 1, 2), channels=(16, 32, 32, 64),
-                                    num_classes=10)
-  fn, variables = _haiku(net, 32, False)
-  return Case('dm-haiku', fn, variables, lambda b: (normal(b, 32, 32, 3),), 5,
-              _haiku_unread(variables))
+  net = lambda: hk.nets.MobileNetV1(strides=strides, channels=channels, num_classes=10)
+  fn, variables = _haiku(net, image, False)
+  return Case('dm-haiku', fn, variables, lambda b: (normal(b, image, image, 3),),
+              len(channels) + 1, _haiku_unread(variables))
 
 
 # -- equinox ------------------------------------------------------------------
@@ -198,13 +202,14 @@ def equinox_mlp() -> Case:
               lambda b: (normal(b, 16),), 3)
 
 
-def equinox_cnn(train: bool = False) -> Case:
+def equinox_cnn(train: bool = False, widths: tuple[int, ...] = (16, 32), image: int = 16) -> Case:
   """A CNN of `eqx.nn.Conv2d` + `eqx.nn.BatchNorm` (3 -> 16 -> 32 channels, 16x16
   images, NCHW as equinox has it), mean-pooled into an `eqx.nn.Linear`.
 
   Each conv's output is one group with its BatchNorm and the next layer's
-  input: 2. The BatchNorm runs in eval mode (running statistics) or train
-  mode (batch statistics; `fn` then also returns the new state).
+  input: one per conv, 2. The BatchNorm runs in eval mode (running statistics) or train
+  mode (batch statistics; `fn` then also returns the new state). In train mode
+  `lax.pmean` over the vmapped batch does not trace at a symbolic batch size.
   """
   import equinox as eqx
 
@@ -214,12 +219,13 @@ def equinox_cnn(train: bool = False) -> Case:
     head: eqx.nn.Linear
 
     def __init__(self, key):
-      keys = jax.random.split(key, 3)
-      self.convs = (eqx.nn.Conv2d(3, 16, 3, padding=1, key=keys[0]),
-                    eqx.nn.Conv2d(16, 32, 3, padding=1, key=keys[1]))
+      keys = jax.random.split(key, len(widths) + 1)
+      sizes = (3, *widths)
+      self.convs = tuple(eqx.nn.Conv2d(n, m, 3, padding=1, key=k)
+                         for n, m, k in zip(sizes, widths, keys, strict=False))
       self.norms = tuple(eqx.nn.BatchNorm(c, 'batch', mode='batch', inference=not train)
-                         for c in (16, 32))
-      self.head = eqx.nn.Linear(32, 10, key=keys[2])
+                         for c in widths)
+      self.head = eqx.nn.Linear(widths[-1], 10, key=keys[-1])
 
     def __call__(self, x, state):
       for conv, norm in zip(self.convs, self.norms, strict=True):
@@ -237,18 +243,17 @@ def equinox_cnn(train: bool = False) -> Case:
                               axis_name='batch')(x, variables['state'])
     return (out, {'state': new_state}) if train else out
 
-  return Case('equinox', fn, variables, lambda b: (normal(b, 3, 16, 16),), 2)
+  return Case('equinox', fn, variables, lambda b: (normal(b, 3, image, image),), len(widths),
+              symbolic_batch=not train)
 
 
 # -- keras 3 on JAX -----------------------------------------------------------
 
 
 def _keras(build: Callable[[], Any], image: int, prunable: int, values: bool = True) -> Case:
-  """A keras model as `fn({'trainable': ..., 'non_trainable': ...}, x)`.
-
-  Leaves are keyed by each variable's path (`conv1/kernel`), so the groups
-  name the keras layers. `fn` calls `model.stateless_call` in inference mode
-  and returns the predictions.
+  """A keras model as `fn(variables, x)`, `variables` keyed by each variable's path
+  (`block_1_expand/kernel`), so the groups name the keras layers. `fn` calls
+  `model.stateless_call` in inference mode and returns the predictions.
   """
   import keras
 
@@ -256,16 +261,14 @@ def _keras(build: Callable[[], Any], image: int, prunable: int, values: bool = T
     raise RuntimeError(f'keras runs on {keras.backend.backend()!r}; set KERAS_BACKEND=jax '
                        'before keras is first imported.')
   model = build()
-  trainable = {v.path: v.value for v in model.trainable_variables}
-  non_trainable = {v.path: v.value for v in model.non_trainable_variables}
-  variables = {'trainable': trainable, 'non_trainable': non_trainable}
-  variables = random_like(variables) if values else jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), variables)
+  variables = {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.variables}
+  if values:
+    variables = random_like(variables)
 
   def fn(variables, x):
-    trainable = [variables['trainable'][v.path] for v in model.trainable_variables]
-    non_trainable = [variables['non_trainable'][v.path] for v in model.non_trainable_variables]
-    out, _ = model.stateless_call(trainable, non_trainable, x, training=False)
+    values = lambda vs: [variables[v.path] for v in vs]
+    out, _ = model.stateless_call(values(model.trainable_variables),
+                                  values(model.non_trainable_variables), x, training=False)
     return out
 
   inputs = ((lambda b: (normal(b, image, image, 3),)) if values else
@@ -273,7 +276,7 @@ def _keras(build: Callable[[], Any], image: int, prunable: int, values: bool = T
   return Case('keras', fn, variables, inputs, prunable)
 
 
-def keras_mobilenet_v2() -> Case:
+def keras_mobilenet_v2(alpha: float = 0.35, image: int = 32) -> Case:
   """`keras.applications.MobileNetV2(alpha=0.35)` on 32x32 images, 10 classes.
 
   25 prunable groups, as Torch-Pruning counts torchvision's MobileNetV2 (the
@@ -285,9 +288,9 @@ def keras_mobilenet_v2() -> Case:
   """
   import keras
 
-  build = lambda: keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35,
+  build = lambda: keras.applications.MobileNetV2(input_shape=(image, image, 3), alpha=alpha,
                                                  weights=None, classes=10)
-  return _keras(build, 32, 25)
+  return _keras(build, image, 25)
 
 
 def keras_densenet121_full() -> Case:

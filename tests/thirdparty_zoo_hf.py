@@ -32,7 +32,8 @@ def _hf_image(model_class: Any, config: Any, prunable: int) -> Case:
   return Case('transformers', fn, params, lambda b: (normal(b, 3, size, size),), prunable)
 
 
-def hf_resnet() -> Case:
+def hf_resnet(embedding: int = 16, hidden_sizes: tuple[int, ...] = (32, 64, 128, 256),
+              depths: tuple[int, ...] = (1, 1, 2, 1), image: int = 32) -> Case:
   """`FlaxResNetForImageClassification`, bottleneck layers, 16-stem, 32-64-128-256
   stage widths with 1-1-2-1 layers, 32x32 images.
 
@@ -42,12 +43,14 @@ def hf_resnet() -> Case:
   """
   from transformers import FlaxResNetForImageClassification, ResNetConfig
 
-  config = ResNetConfig(embedding_size=16, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 2, 1],
-                        layer_type='bottleneck', num_labels=10, image_size=32)
-  return _hf_image(FlaxResNetForImageClassification, config, 15)
+  config = ResNetConfig(embedding_size=embedding, hidden_sizes=list(hidden_sizes),
+                        depths=list(depths), layer_type='bottleneck', num_labels=10,
+                        image_size=image)
+  return _hf_image(FlaxResNetForImageClassification, config, 1 + 2 * sum(depths) + len(depths))
 
 
-def hf_regnet() -> Case:
+def hf_regnet(embedding: int = 16, hidden_sizes: tuple[int, ...] = (16, 32),
+              depths: tuple[int, ...] = (1, 2), groups_width: int = 8, image: int = 32) -> Case:
   """`FlaxRegNetForImageClassification`, RegNetY layers (1x1 conv, grouped 3x3 conv,
   squeeze-excitation, 1x1 conv), 16-stem, 16-32 stage widths with 1-2 layers,
   conv groups 8 wide, 32x32 images.
@@ -57,14 +60,21 @@ def hf_regnet() -> Case:
   groups x 8) gives three groups: whole conv groups (input and output), input
   channel j of every conv group, output channel j of every conv group; and
   the squeeze-excitation's reduced channels are a fourth: 12. 15 in all.
+  (Every layer of a wider config has more than one conv group of more than
+  one channel: 1 + 4 per layer + 1 per stage.)
   """
   from transformers import FlaxRegNetForImageClassification, RegNetConfig
 
-  config = RegNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 2],
-                        groups_width=8, layer_type='y', num_labels=10)
-  config.image_size = 32
-  return _hf_image(FlaxRegNetForImageClassification, config, 15)
+  config = RegNetConfig(embedding_size=embedding, hidden_sizes=list(hidden_sizes),
+                        depths=list(depths), groups_width=groups_width, layer_type='y',
+                        num_labels=10)
+  config.image_size = image
+  prunable = 1 + 4 * sum(depths) + len(depths)
+  return _hf_image(FlaxRegNetForImageClassification, config, prunable)
 
+
+# Every text model's vocabulary (token ids are drawn below it).
+VOCAB = 100
 
 # A transformer layer has four prunable groups: the attention heads (query,
 # key, value and output together), the query/key head_dim, the value/output
@@ -73,14 +83,16 @@ def hf_regnet() -> Case:
 _PER_LAYER = 4
 
 
-def hf_vit() -> Case:
-  """`FlaxViTForImageClassification`: 2 layers, hidden 32, 4 heads, MLP 64, 8x8
-  patches of 32x32 images. 2 layers x 4 = 8 groups."""
+def hf_vit(hidden: int = 32, layers: int = 2, heads: int = 4, image: int = 32,
+           patch: int = 8) -> Case:
+  """`FlaxViTForImageClassification`: 2 layers, hidden 32, 4 heads, MLP 2 x hidden,
+  8x8 patches of 32x32 images. 2 layers x 4 = 8 groups."""
   from transformers import FlaxViTForImageClassification, ViTConfig
 
-  config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=4, intermediate_size=64, num_labels=10)
-  return _hf_image(FlaxViTForImageClassification, config, 2 * _PER_LAYER)
+  config = ViTConfig(image_size=image, patch_size=patch, hidden_size=hidden,
+                     num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=2 * hidden, num_labels=10)
+  return _hf_image(FlaxViTForImageClassification, config, layers * _PER_LAYER)
 
 
 def hf_beit() -> Case:
@@ -117,28 +129,28 @@ def hf_clip() -> Case:
   """
   from transformers import CLIPConfig, FlaxCLIPModel
 
-  text = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+  text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
               num_attention_heads=4, max_position_embeddings=16)
   vision = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64,
                 num_hidden_layers=2, num_attention_heads=4)
   config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
   model, params = _hf(FlaxCLIPModel, config)
   fn = lambda params, ids, pixels: model(ids, pixels, params=params, train=False).logits_per_image
-  inputs = lambda b: (token_ids(b, 8, 100), normal(b, 3, 32, 32))
+  inputs = lambda b: (token_ids(b, 8, VOCAB), normal(b, 3, 32, 32))
   return Case('transformers', fn, params, inputs, 4 * _PER_LAYER)
 
 
-def _hf_text(model_class: Any, config: Any, prunable: int) -> Case:
+def _hf_text(model_class: Any, config: Any, prunable: int, length: int = 8) -> Case:
   """An HF Flax text model as `fn(params, input_ids)` through `model.__call__`,
   which makes the attention mask, positions (and BERT's head mask) itself."""
   model, params = _hf(model_class, config)
   fn = lambda params, ids: model(ids, params=params, train=False).logits
-  return Case('transformers', fn, params, lambda b: (token_ids(b, 8, config.vocab_size),),
+  return Case('transformers', fn, params, lambda b: (token_ids(b, length, config.vocab_size),),
               prunable)
 
 
-def hf_bert() -> Case:
-  """`FlaxBertForSequenceClassification`: 2 layers, hidden 32, 4 heads, MLP 64.
+def hf_bert(hidden: int = 32, layers: int = 2, heads: int = 4, length: int = 8) -> Case:
+  """`FlaxBertForSequenceClassification`: 2 layers, hidden 32, 4 heads, MLP 2 x hidden.
 
   2 x 4 groups, plus the pooler's units (a tanh Dense between the [CLS]
   token and the classifier): 9. `model.__call__` passes a head mask
@@ -147,9 +159,10 @@ def hf_bert() -> Case:
   """
   from transformers import BertConfig, FlaxBertForSequenceClassification
 
-  config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=64, max_position_embeddings=16, num_labels=3)
-  return _hf_text(FlaxBertForSequenceClassification, config, 2 * _PER_LAYER + 1)
+  config = BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, intermediate_size=2 * hidden,
+                      max_position_embeddings=max(16, length), num_labels=3)
+  return _hf_text(FlaxBertForSequenceClassification, config, layers * _PER_LAYER + 1, length)
 
 
 def hf_gpt2() -> Case:
@@ -158,7 +171,7 @@ def hf_gpt2() -> Case:
   to the token embedding: 2 x 4 = 8 groups."""
   from transformers import FlaxGPT2LMHeadModel, GPT2Config
 
-  config = GPT2Config(vocab_size=100, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+  config = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4)
   return _hf_text(FlaxGPT2LMHeadModel, config, 2 * _PER_LAYER)
 
 
@@ -169,11 +182,13 @@ def hf_llama() -> Case:
   Per layer: the key/value heads (each with its 2 query heads, output rows
   too), "query head r of every key/value head" (GQA repeats each key/value
   head twice), the value/output head_dim, the MLP units (gate, up and down
-  together): 4. The query/key head_dim is not prunable: rotary embeddings
-  multiply it by a per-position sin/cos table made by the model. 2 x 4 = 8.
+  together), and the query/key head_dim in pairs: rotary embeddings rotate
+  dimensions j and j + 4 of each head together (by a sin/cos table the model
+  computes from the positions, which a shrink cuts like any constant), so
+  the 8 dims make 4 channels. 2 x 5 = 10.
   """
   from transformers import FlaxLlamaForCausalLM, LlamaConfig
 
-  config = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+  config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
-  return _hf_text(FlaxLlamaForCausalLM, config, 2 * _PER_LAYER)
+  return _hf_text(FlaxLlamaForCausalLM, config, 2 * (_PER_LAYER + 1))
