@@ -162,14 +162,17 @@ def _group_channels(own_o, node, pos, class_code, node_keys, n_classes, count):
   return class_group, class_rank, sizes, classes[order[group_start]]
 
 
-def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, leaf_of):
-  """Returns (var_axes, leaf_axes, members per group) from the ownership table."""
+def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, leaf_of,
+                leaf_vars):
+  """Returns (var_axes, leaf_axes, members per group, ids of the groups some
+  value computed by an equation carries) from the ownership table."""
   entries = np.lexsort((pos, class_rank[own_o], class_group[own_o], node))
   e_node, e_group, e_pos = node[entries], class_group[own_o][entries], pos[entries]
   cut = np.flatnonzero(np.r_[True, (e_node[1:] != e_node[:-1]) | (e_group[1:] != e_group[:-1])])
   var_axes: dict[Any, dict[int, list[AxisPart]]] = {}
   leaf_axes: dict[str, dict[int, list[AxisPart]]] = {}
   members: list[list[Member]] = [[] for _ in sizes]
+  carried = set()
   for start, stop in zip(cut, np.r_[cut[1:], len(entries)], strict=True):
     key = node_keys[e_node[start]]
     if key is None:
@@ -177,13 +180,15 @@ def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, lea
     gid = int(e_group[start])
     indices = e_pos[start:stop].reshape(int(sizes[gid]), -1)
     (scope, var), axis = key
+    if (scope, id(var)) not in leaf_vars:
+      carried.add(gid)
     part = AxisPart(gid, indices)
     var_axes.setdefault((scope, var), {}).setdefault(axis, []).append(part)
     if scope == () and id(var) in leaf_of:
       name = leaf_of[id(var)]
       leaf_axes.setdefault(name, {}).setdefault(axis, []).append(part)
       members[gid].append(Member(name, axis, indices))
-  return var_axes, leaf_axes, members
+  return var_axes, leaf_axes, members, carried
 
 
 _UNREAD = 'never read by the traced function'
@@ -204,8 +209,10 @@ def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_t
       own_o, node, pos, class_code, walker.node_keys, n_classes, walker.count)
   first = entries[0].closed_jaxpr.jaxpr
   leaf_of = {id(v): n for v, n in zip(first.invars, leaf_names, strict=False)}
-  var_axes, leaf_axes, members = _axis_parts(own_o, node, pos, class_group, class_rank, sizes,
-                                             walker.node_keys, leaf_of)
+  leaf_vars = {(e.scope, id(v)) for e in entries
+               for v in e.closed_jaxpr.jaxpr.invars[:len(leaf_names)]}
+  var_axes, leaf_axes, members, carried = _axis_parts(
+      own_o, node, pos, class_group, class_rank, sizes, walker.node_keys, leaf_of, leaf_vars)
   group_flops, total_flops = cost.count(first, var_axes, len(sizes), entries[0].scope)
   unread_set = set(unread)
   groups = []
@@ -214,7 +221,11 @@ def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_t
     reason = reasons[code] if code >= 0 else None
     if reason is None and not members[gid]:
       reason = 'no parameters'
-    if reason is None and all(m.leaf in unread_set for m in members[gid]):
+    # Unread leaves, and positions of read leaves that no equation takes (rows
+    # of a position table beyond the traced length): removing them saves
+    # nothing, so a selector must not spend its budget on them.
+    if reason is None and (gid not in carried or all(m.leaf in unread_set
+                                                     for m in members[gid])):
       reason = _UNREAD
     groups.append(ChannelGroup(id=gid, size=int(size), members=members[gid],
                                prunable=reason is None, reason=reason,
