@@ -122,11 +122,11 @@ def test_uniform_and_global_plans_verify_and_remove_flops(name):
   uniform = jps.select(graph, case.variables, ratio=RATIO, constraint=EXACT)
   # 30% of every group of 4 or more channels goes (rounded; groups of 2 or 3 may keep all).
   assert {g.id for g in graph.prunable_groups if g.size >= 4} <= set(uniform.removed)
-  global_plan = _pruned(name)[0]
+  global_plan, _, pruned_fn, _ = _pruned(name)
   total = sum(g.size for g in graph.prunable_groups)
   assert global_plan.num_removed == round(RATIO * total)
-  for plan in (uniform, global_plan):
-    report = jps.verify(graph, case.variables, plan, *args)
+  for plan, fn in ((uniform, None), (global_plan, pruned_fn)):
+    report = jps.verify(graph, case.variables, plan, *args, pruned_fn=fn)
     assert report.ok, (name, report)
     assert jps.plan_flops(graph, plan) < 0.95 * dense_flops
 
