@@ -195,3 +195,21 @@ def test_a_group_another_trace_ties_differently_is_an_error_not_a_swap():
   bare = jps.Plan({first: np.array([0])}, {first: 5})
   with pytest.raises(ValueError, match='channels in the plan'):
     jps.apply_plan(graph, params, bare)
+
+
+def test_export_at_a_symbolic_batch_keeps_slices_jnp_turns_into_gathers():
+  k = jax.random.split(jax.random.key(3), 3)
+  params = {'w1': jax.random.normal(k[0], (5, 8)), 'w2': jax.random.normal(k[1], (4, 3))}
+  fn = lambda p, x: jnp.tanh(x @ p['w1'])[..., 2:6] @ p['w2']
+  graph = jps.trace(fn, params, jnp.ones((2, 5)))
+  middle = graph.leaf_axes['w2'][0][0].group_id  # columns 2..5 of w1 (0, 1, 6, 7 are unused)
+  plan = jps.make_plan(graph, {middle: [0, 3]})  # columns 2 and 5 of w1
+  new, pruned_fn = jps.apply_plan(graph, params, plan)
+  b, = jax.export.symbolic_shape('b')
+  exported = jax.export.export(pruned_fn)(
+      jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), new),
+      jax.ShapeDtypeStruct((b, 5), jnp.float32))
+  x = np.asarray(jax.random.normal(k[2], (3, 5)))
+  w1, w2 = np.asarray(params['w1']), np.asarray(params['w2'])
+  np.testing.assert_allclose(exported.call(new, x), np.tanh(x @ w1[:, [3, 4]]) @ w2[[1, 2]],
+                             rtol=1e-5, atol=1e-5)

@@ -130,6 +130,20 @@ def test_unstack_of_rows_keeps_channels_of_channels_blocks():
   assert len(found) == 4
 
 
+def test_psum_over_a_vmap_axis_reduces_the_batch_and_passes_channels():
+  graph, found = groups('psum')
+  _expect(found, {('w1', 1), ('w2', 0)}, 8, None)
+  _expect(found, {('w1', 0)}, 5, INPUT)
+  _expect(found, {('w2', 1)}, 3, OUTPUT)
+  assert len(found) == 3
+  fn, params, (x,), _ = CASES['psum']()
+  plan = make_plan(graph, {graph.leaf_axes['w1'][1][0].group_id: [3]})
+  new, pruned_fn = shrink.apply_plan(graph, params, plan)
+  h = np.asarray(x) @ np.delete(params['w1'], 3, axis=1)
+  expected = (h - h.mean(0)) @ np.delete(params['w2'], 3, axis=0)
+  np.testing.assert_allclose(pruned_fn(new, x), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_every_case_shrinks_and_passes_the_oracle(name):
   fn, params, args, _ = CASES[name]()

@@ -244,3 +244,26 @@ def test_tile_copies_stack_and_composite():
   assert parts(graph, 'w3', 0) == {channels: [[c] for c in range(8)]}
   assert graph.groups[channels].prunable
   assert "axis made by 'stack': 1" in graph.summary()
+
+
+def test_a_gather_with_a_constant_start_is_a_slice():
+  # what jnp turns x[:, 2:6] into when a shape is symbolic (jax.export).
+  k = jax.random.split(jax.random.key(5), 3)
+  params = {'w1': jax.random.normal(k[0], (5, 8)), 'w2': jax.random.normal(k[1], (4, 3))}
+  dnums = jax.lax.GatherDimensionNumbers(offset_dims=(0, 1), collapsed_slice_dims=(),
+                                         start_index_map=(1,))
+
+  def fn(p, x):
+    h = jnp.tanh(x @ p['w1'])
+    return jax.lax.gather(h, jnp.array([2]), dnums, (2, 4), mode='promise_in_bounds') @ p['w2']
+  x = jax.random.normal(k[2], (2, 5))
+  graph = trace(fn, params, x)
+  by_rows = {tuple(map(tuple, v)): g for g, v in parts(graph, 'w1', 1).items()}
+  middle = graph.groups[by_rows[((2,), (3,), (4,), (5,))]]
+  assert {(m.leaf, m.axis) for m in middle.members} == {('w1', 1), ('w2', 0)}
+  assert middle.prunable
+  plan = make_plan(graph, {middle.id: [1]})  # column 3 of w1, row 1 of w2
+  new, pruned_fn = shrink.apply_plan(graph, params, plan)
+  w1, w2 = np.asarray(params['w1']), np.asarray(params['w2'])
+  expected = np.tanh(np.asarray(x) @ w1[:, [2, 4, 5]]) @ w2[[0, 2, 3]]
+  np.testing.assert_allclose(pruned_fn(new, x), expected, rtol=1e-5, atol=1e-5)

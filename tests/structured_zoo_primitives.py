@@ -98,5 +98,15 @@ def unstack():
   return fn, params, (_x(2, 5),), 'unstack of the batch axis and of the channel axis'
 
 
+def psum():
+  """A batch mean through `vmap(..., axis_name)` (equinox's BatchNorm): channels pass."""
+  def fn(p, x):
+    def one(row):
+      h = row @ p['w1']
+      return (h - jax.lax.pmean(h, 'batch')) @ p['w2']
+    return jax.vmap(one, axis_name='batch')(x)
+  return fn, _params(w1=(5, 8), w2=(8, 3)), (_x(2, 5),), 'psum over a vmap axis (batch mean)'
+
+
 CASES = {f.__name__: f for f in (rev, iota, dynamic_update_slice, reduce_window, bitcast,
-                                  top_k, argmax, unstack)}
+                                  top_k, argmax, unstack, psum)}

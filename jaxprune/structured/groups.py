@@ -146,6 +146,8 @@ class DependencyGraph:
       variable of its own, whose `var_axes` say which positions of the
       constant this use keeps. A constant ties nothing together by itself, so
       slices of one constant (a per-layer head mask) stay per layer.
+    notes: `(scope, eqn_index) -> fact` a trace rule kept for its shrink rule
+      (e.g. the starts of a gather that is a static slice).
     variables_tree: treedef of the variables.
     variables_avals: `jax.ShapeDtypeStruct` of each variables leaf.
     warnings: human-readable notes produced while tracing (unknown primitives).
@@ -160,6 +162,7 @@ class DependencyGraph:
   leaf_axes: dict[str, dict[int, list[AxisPart]]]
   unread: list[str]
   proxied: dict[tuple[tuple[int, ...], int], Any]
+  notes: dict[tuple[tuple[int, ...], int], Any]
   variables_tree: Any
   variables_avals: tuple[Any, ...]
   warnings: list[str] = dataclasses.field(default_factory=list)

@@ -96,10 +96,54 @@ def rev(ctx, eqn) -> None:
       ctx.join_axes(operand, axis, out, axis)
 
 
+def static_gather(eqn, indices: np.ndarray | None) -> list[tuple[int, int, bool]] | None:
+  """`(start, size, collapsed)` per operand axis when a gather is one static slice.
+
+  `jnp` indexing turns `x[..., :4]` into a gather when a shape is symbolic
+  (`jax.export`); with a constant index it is the same slice.
+  """
+  if indices is None:
+    return None
+  dnums, sizes = eqn.params['dimension_numbers'], eqn.params['slice_sizes']
+  shape = _shape(eqn.invars[0])
+  index_map = list(dnums.start_index_map)
+  if (np.shape(indices) != (len(index_map),) or dnums.operand_batching_dims
+      or not set(dnums.collapsed_slice_dims) <= set(index_map)
+      or list(dnums.offset_dims) != list(range(len(shape) - len(dnums.collapsed_slice_dims)))):
+    return None
+  slices = []
+  for axis, (dim, size) in enumerate(zip(shape, sizes, strict=True)):
+    start = int(indices[index_map.index(axis)]) if axis in index_map else 0
+    if axis in index_map and str(eqn.params['mode']).endswith('FILL_OR_DROP') and not (
+        0 <= start <= dim - size):
+      return None
+    if axis in index_map:
+      start = min(max(start, 0), dim - size)  # CLIP and PROMISE_IN_BOUNDS clamp
+    slices.append((start, size, axis in dnums.collapsed_slice_dims))
+  return slices
+
+
 def gather(ctx, eqn) -> None:
-  """Table lookups (embeddings): whole-slice axes pass through; indexed ones block."""
+  """Table lookups (embeddings): whole-slice axes pass through; indexed ones block.
+
+  A gather that is one static slice (a constant index) maps positions like
+  `slice`; `ctx.note` keeps its starts for the pruned callable.
+  """
   operand, indices = eqn.invars[:2]
   out = eqn.outvars[0]
+  slices = static_gather(eqn, ctx.value(indices))
+  if slices is not None:
+    ctx.note(slices)
+    out_axis = 0
+    for axis, (start, size, collapsed) in enumerate(slices):
+      ids = ctx.ids(operand, axis)
+      if collapsed or (ids is not None and size == 1):
+        ctx.block_ids(None if ids is None else ids[start:start + size],
+                      "position picked by 'gather'")
+      else:
+        ctx.join(None if ids is None else ids[start:start + size], ctx.ids(out, out_axis))
+      out_axis += not collapsed
+    return
   dnums = eqn.params['dimension_numbers']
   slice_sizes = eqn.params['slice_sizes']
   out_rank = len(_shape(out))

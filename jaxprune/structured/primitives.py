@@ -65,6 +65,7 @@ TABLE: dict[str, Primitive] = {
         'xor zeta')),
     **_same(rules.reduce, 'reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or '
             'reduce_xor argmax argmin'),
+    **_same(rules.collective, 'psum pmax pmin'),
     **_same(rules.fresh_outputs, 'random_bits random_seed random_wrap random_unwrap '
             'random_split random_fold_in rng_bit_generator'),
     **_same(rules.along_axis('axis'), 'cumsum cumprod cummax cummin cumlogsumexp top_k'),
@@ -87,7 +88,7 @@ TABLE: dict[str, Primitive] = {
     'slice': Primitive(offsets.slice_, shrink_rules.slice_),
     'pad': Primitive(offsets.pad),
     'rev': Primitive(offsets.rev),
-    'gather': Primitive(offsets.gather, shrink_rules.slice_sizes(0)),
+    'gather': Primitive(offsets.gather, shrink_rules.gather),
     'dynamic_slice': Primitive(offsets.dynamic_slice, shrink_rules.slice_sizes(0)),
     'dynamic_update_slice': Primitive(offsets.dynamic_update_slice),
     'tile': Primitive(offsets.tile),

@@ -16,6 +16,8 @@ A rule is `rule(ctx, eqn) -> None`. It reads `eqn.invars`, `eqn.outvars` and
                            only if factors[0][p], factors[1][p], ... survive
   ctx.walk(jaxpr, sub_index) -> scope; then
   ctx.ids(var, axis, scope) reaches the variables of that sub-jaxpr
+  ctx.value(var)           the value of a constant operand, or None
+  ctx.note(fact)           keep a fact for the shrink rule (`graph.notes`)
 
 Which primitive uses which rule is listed in `primitives.py`, the one table.
 A primitive with no rule blocks every tracked axis it touches: never guess.
@@ -98,6 +100,19 @@ def reduce(ctx, eqn) -> None:
   # no consumer weight absorbs that, so the channels are not prunable.
   for axis in axes:
     ctx.block_ids(ctx.ids(operand, axis), f"reduced over by '{eqn.primitive.name}'")
+
+
+def collective(ctx, eqn) -> None:
+  """`psum` / `pmax` / `pmin`: integer axes (what `vmap` with an `axis_name`
+  leaves) reduce like `reduce_sum`; device (named) axes keep every local axis,
+  channel c of each device meeting channel c of the others."""
+  positional = {a for a in eqn.params['axes'] if isinstance(a, (int, np.integer))}
+  for var, out in zip(eqn.invars, eqn.outvars, strict=True):
+    kept = [a for a in range(len(var_shape(var))) if a not in positional]
+    for out_axis, axis in enumerate(kept):
+      ctx.join_axes(var, axis, out, out_axis)
+    for axis in positional:
+      ctx.block_ids(ctx.ids(var, axis), f"reduced over by '{eqn.primitive.name}'")
 
 
 def _mixed_radix(sizes: list[int]) -> list[np.ndarray]:

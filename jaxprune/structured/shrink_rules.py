@@ -103,6 +103,25 @@ def slice_sizes(operand_index: int) -> ShrinkRule:
   return rule
 
 
+def gather(shrinker, eqn, scope, index, invals):
+  """A gather that is one static slice (see `offsets.static_gather`) takes kept
+  positions like `slice`; other gathers follow `slice_sizes`."""
+  slices = shrinker.graph.notes.get((scope, index))
+  if slices is None:
+    return slice_sizes(0)(shrinker, eqn, scope, index, invals)
+  x, src, out = invals[0], eqn.invars[0], eqn.outvars[0]
+  out_axis = 0
+  for axis, (start, size, collapsed) in enumerate(slices):
+    kept_in = shrinker.kept(scope, src, axis)
+    kept_out = None if collapsed else shrinker.kept(scope, out, out_axis)
+    if kept_in is not None or kept_out is not None or size != src.aval.shape[axis]:
+      wanted = start + (np.arange(size) if kept_out is None else kept_out)
+      x = jnp.take(x, wanted if kept_in is None else np.searchsorted(kept_in, wanted), axis=axis)
+    out_axis += not collapsed
+  collapsed_axes = tuple(a for a, (_, _, c) in enumerate(slices) if c)
+  return [jnp.squeeze(x, collapsed_axes) if collapsed_axes else x]
+
+
 @functools.cache
 def inline(param: str) -> ShrinkRule:
   """Call primitives: evaluate the body in place at the pruned shapes."""

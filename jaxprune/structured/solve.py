@@ -223,4 +223,5 @@ def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_t
       groups=groups, leaf_names=leaf_names, leaf_shapes=leaf_shapes,
       blocked_primitives=blocked_primitives, total_flops=total_flops, entries=entries,
       var_axes=var_axes, leaf_axes=leaf_axes, unread=list(unread), proxied=walker.proxied,
-      variables_tree=variables_tree, variables_avals=variables_avals, warnings=warnings)
+      notes=walker.notes, variables_tree=variables_tree, variables_avals=variables_avals,
+      warnings=warnings)

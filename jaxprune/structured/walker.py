@@ -16,10 +16,11 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from jaxprune.structured import primitives, rules, usage
+from jaxprune.structured import primitives, rules, shrink_rules, usage
 from jaxprune.structured.shapes import is_static
 
 Scope = tuple[int, ...]
@@ -35,6 +36,10 @@ class Walker:
     self.var_nodes: dict[tuple[Scope, Any], list[int | None]] = {}
     self.constants: set[tuple[Scope, Any]] = set()
     self.proxied: dict[tuple[Scope, int], Any] = {}
+    self.notes: dict[tuple[Scope, int], Any] = {}
+    self._proxy_of: dict[tuple[Scope, Any], Any] = {}
+    self._const_eqns: dict[tuple[Scope, Any], Any] = {}
+    self._const_values: dict[tuple[Scope, Any], Any] = {}
     self.count = 0
     self.edges: list[tuple[np.ndarray, np.ndarray]] = []
     self.blocks: list[tuple[np.ndarray, str]] = []
@@ -115,6 +120,34 @@ class Walker:
       return
     self.derived.append((np.asarray(ids), np.stack(factors, axis=1)))
 
+  def value(self, var: Any) -> np.ndarray | None:
+    """The value of a constant operand (evaluated once), or None when it is not
+    a constant or has a symbolic shape."""
+    if isinstance(var, jcore.Literal):
+      return np.asarray(var.val)
+    key = self._proxy_of.get((self.scope, var), (self.scope, var))
+    if key in self._const_values:
+      return self._const_values[key]
+    eqn = self._const_eqns.get(key)
+    if eqn is None or not all(is_static(d) for v in (*eqn.invars, *eqn.outvars)
+                              for d in getattr(v.aval, 'shape', ())):
+      return None
+    saved = self.scope
+    self.scope = key[0]
+    operands = [self.value(v) for v in eqn.invars]
+    self.scope = saved
+    if any(x is None for x in operands):
+      return None
+    with jax.ensure_compile_time_eval():  # also when re-traced inside jit or export
+      outs = shrink_rules.bind(eqn, operands)
+    for out, x in zip(eqn.outvars, outs, strict=True):
+      self._const_values[(key[0], out)] = np.asarray(x)
+    return self._const_values[key]
+
+  def note(self, fact: Any) -> None:
+    """Keeps a fact about the current equation for its shrink rule (`graph.notes`)."""
+    self.notes[(self.scope, self.eqn_index)] = fact
+
   def walk(self, jaxpr: Any, sub_index: int) -> Scope:
     scope = self.scope + (self.eqn_index, sub_index)
     saved = (self.scope, self.eqn_index, self.eqn)
@@ -127,6 +160,8 @@ class Walker:
   def walk_jaxpr(self, jaxpr: Any, scope: Scope) -> None:
     """Allocates ids for `jaxpr` (open or closed) in `scope` and applies rules."""
     if isinstance(jaxpr, jcore.ClosedJaxpr):
+      for var, value in zip(jaxpr.jaxpr.constvars, jaxpr.consts, strict=True):
+        self._const_values[(scope, var)] = value
       jaxpr = jaxpr.jaxpr
     self.scope = scope
     constant = usage.constants(jaxpr)
@@ -135,6 +170,7 @@ class Walker:
       self.allocate(scope, var)
     for index, eqn in enumerate(jaxpr.eqns):
       if all(v in constant for v in eqn.outvars if isinstance(v, jcore.Var)) and eqn.outvars:
+        self._const_eqns.update(((scope, v), eqn) for v in eqn.outvars)
         continue  # computed from constants alone: nothing to tie
       for var in eqn.outvars:
         self.allocate(scope, var)
@@ -162,7 +198,9 @@ class Walker:
     invars = []
     for var in eqn.invars:
       if isinstance(var, jcore.Var) and var in constant:
-        var = jcore.Var(var.aval)
+        proxy = jcore.Var(var.aval)
+        self._proxy_of[(scope, proxy)] = (scope, var)
+        var = proxy
         self.allocate(scope, var)
       invars.append(var)
     eqn = eqn.replace(invars=invars)
