@@ -7,6 +7,7 @@ import re
 
 import jax
 import numpy as np
+import pytest
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
 
@@ -18,6 +19,7 @@ def _blocks():
   return re.findall(r'```python\n(.*?)```', section, flags=re.DOTALL)
 
 
+@pytest.mark.slow  # four libraries' models built and pruned: ~15-40 s
 def test_readme_thirdparty_recipes_run():
   haiku_block, equinox_block, hf_block, keras_block = _blocks()
   namespace = {}
