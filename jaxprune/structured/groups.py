@@ -151,6 +151,8 @@ class DependencyGraph:
     variables_tree: treedef of the variables.
     variables_avals: `jax.ShapeDtypeStruct` of each variables leaf.
     warnings: human-readable notes produced while tracing (unknown primitives).
+    retraced: this graph traced again at other argument shapes (by entry
+      point, argument structure and static shapes), filled by `retrace`.
   """
   groups: list[ChannelGroup]
   leaf_names: list[str]

@@ -57,16 +57,19 @@ def default_rtol(dtype: Any) -> float:
   return _RTOL.get(dtype, 1e-4)
 
 
-def dense_reference(graph: Any, variables: PyTree, plan: Plan | Mapping, *args: Any) -> PyTree:
+def dense_reference(graph: Any, variables: PyTree, plan: Plan | Mapping, *args: Any,
+                    jit: bool = True) -> PyTree:
   """Outputs of the traced jaxpr, run as traced, on the zeroed dense variables.
 
   Outputs tied to variables (e.g. Linen's updated `batch_stats`) are cut to
-  the kept positions, the shapes the pruned model returns.
+  the kept positions, the shapes the pruned model returns. `jit=False` runs
+  it op by op (for primitives with only an eager implementation).
   """
   plan = as_plan(graph, plan)
   flat = jax.tree_util.tree_leaves((zero_removed(graph, variables, plan), *args))
   jaxpr = graph.closed_jaxpr.jaxpr
-  outs = jax.core.eval_jaxpr(jaxpr, graph.closed_jaxpr.consts, *flat)
+  run = jcore.jaxpr_as_fun(graph.closed_jaxpr)
+  outs = (jax.jit(run) if jit else run)(*flat)
   shrinker = Shrinker(graph, plan.removed)
   outs = [x if isinstance(v, jcore.Literal) else shrinker.cut((), v, x)
           for v, x in zip(jaxpr.outvars, outs, strict=True)]
@@ -130,8 +133,8 @@ def verify(graph: Any, variables: PyTree, plan: Plan | Mapping, *example_args: A
     rtol: tolerance relative to each output's scale (its largest |value|);
       default by dtype, see `compare`.
     atol: absolute tolerance on top.
-    jit: jit the default pruned callable (turn off for primitives that only
-      have an eager implementation).
+    jit: jit the default pruned callable and the reference (turn off for
+      primitives that only have an eager implementation).
 
   Returns:
     A `VerifyReport`; truthy when the pruned outputs match.
@@ -139,7 +142,8 @@ def verify(graph: Any, variables: PyTree, plan: Plan | Mapping, *example_args: A
   plan = as_plan(graph, plan)
   fn = pruned_fn or pruned_callable(graph, plan, jit=jit)
   outputs = fn(shrink_variables(graph, variables, plan), *example_args)
-  report = compare(dense_reference(graph, variables, plan, *example_args), outputs, rtol, atol)
+  report = compare(dense_reference(graph, variables, plan, *example_args, jit=jit), outputs,
+                   rtol, atol)
   if not per_group:
     return report
   errors, ok = {}, report.ok

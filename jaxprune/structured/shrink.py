@@ -54,10 +54,15 @@ def shrink_variables(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyT
   plan = as_plan(graph, plan)
 
   def cut(path, leaf):
-    name = names.leaf_name(path)
-    for axis, kept in _leaf_kept(graph, name, jnp.shape(leaf), plan.removed).items():
-      leaf = jnp.take(leaf, kept, axis=axis)
-    return leaf
+    kept = _leaf_kept(graph, names.leaf_name(path), jnp.shape(leaf), plan.removed)
+    if not kept:
+      return leaf
+    # On the host: one XLA compile per leaf shape would dominate for big models.
+    xp = jnp if isinstance(leaf, jax.core.Tracer) else np
+    leaf = xp.asarray(leaf)
+    for axis, positions in kept.items():
+      leaf = xp.take(leaf, positions, axis=axis)
+    return jnp.asarray(leaf)
 
   return jax.tree_util.tree_map_with_path(cut, variables)
 
@@ -79,7 +84,11 @@ def zero_removed(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyTree:
       axis_keep = np.zeros(shape[axis], bool)
       axis_keep[kept] = True
       keep &= axis_keep.reshape([-1 if a == axis else 1 for a in range(len(shape))])
-    return leaf if keep.all() else jnp.where(keep, leaf, jnp.zeros((), jnp.result_type(leaf)))
+    if keep.all():
+      return leaf
+    xp = jnp if isinstance(leaf, jax.core.Tracer) else np
+    leaf = xp.asarray(leaf)
+    return jnp.asarray(xp.where(keep, leaf, xp.zeros((), leaf.dtype)))
 
   return jax.tree_util.tree_map_with_path(zero, variables)
 
