@@ -49,5 +49,6 @@ def test_readme_thirdparty_recipes_run():
   assert run(hf_block) == ['9']
   assert namespace['logits'].shape == (1, 3)
 
-  # keras CNN: each conv's output; 16 - round(0.3 * 16) = 11 filters stay.
-  assert run(keras_block) == ['2', '(3,', '3,', '3,', '11)']
+  # keras CNN: each conv's output; 16 - round(0.3 * 16) = 11 filters, and the
+  # multiple of 8 (the default round_to) nearest to 11 is 8.
+  assert run(keras_block) == ['2', '(3,', '3,', '3,', '8)']
