@@ -77,17 +77,16 @@ def test_a_plan_applies_to_a_trace_at_another_batch(builder):
 
 @pytest.mark.parametrize('builder', [hf.hf_bert, hf.hf_gpt2, hf.hf_llama],
                          ids=['hf_bert', 'hf_gpt2', 'hf_llama'])
-def test_text_models_run_at_other_sequence_lengths(builder):
+def test_text_models_run_at_another_sequence_length(builder):
   case = builder()
   graph = _trace(case.fn, case.variables, *case.inputs(2))
   plan = jps.select(graph, case.variables, ratio=0.3, scope='global', constraint=EXACT)
   new_params, pruned_fn = jps.apply_plan(graph, case.variables, plan)
-  zeroed = jps.zero_removed(graph, case.variables, plan)
-  for length in (3, 13):
-    ids = zoo.token_ids(2, length, hf.VOCAB, seed=length)
-    out, ref = pruned_fn(new_params, ids), case.fn(zeroed, ids)
-    assert out.shape == ref.shape
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+  ids = zoo.token_ids(2, 13, hf.VOCAB, seed=3)  # traced with 8 tokens
+  out = pruned_fn(new_params, ids)
+  ref = jax.jit(case.fn)(jps.zero_removed(graph, case.variables, plan), ids)
+  assert out.shape == ref.shape
+  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import re
 
 import jax
 import numpy as np
+import pytest
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
 
@@ -18,6 +19,7 @@ def _blocks():
   return re.findall(r'```python\n(.*?)```', section, flags=re.DOTALL)
 
 
+@pytest.mark.slow  # four libraries' models built and pruned: ~15-40 s
 def test_readme_thirdparty_recipes_run():
   haiku_block, equinox_block, hf_block, keras_block = _blocks()
   namespace = {}
@@ -47,6 +49,6 @@ def test_readme_thirdparty_recipes_run():
   assert run(hf_block) == ['9']
   assert namespace['logits'].shape == (1, 3)
 
-  # keras CNN: each conv's output; of 16 filters 16 - round(0.3 * 16) = 11 would stay, and
-  # the nearest multiple of 8 (the default round_to) is 8.
+  # keras CNN: each conv's output; 16 - round(0.3 * 16) = 11 filters, and the
+  # multiple of 8 (the default round_to) nearest to 11 is 8.
   assert run(keras_block) == ['2', '(3,', '3,', '3,', '8)']
