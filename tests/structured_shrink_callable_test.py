@@ -51,9 +51,12 @@ def test_pruned_fn_is_differentiable_and_checks_its_inputs():
   # the function is shape-generic, so autodiff of the original on the new params is a reference.
   expected = jax.grad(lambda v: fn(v, x).sum())(new)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), grads, expected)
-  with pytest.raises(ValueError, match=r'shape \(4,\), expected \(3,\)'):
+  with pytest.raises(ValueError, match=r"leaf 'b1' has shape \(4,\), expected \(3,\)"):
     pruned_fn(params, x)
   with pytest.raises(ValueError, match='structure'):
+    pruned_fn({'w1': new['w1']}, x)
+  with pytest.raises(ValueError, match=r'does not run on arguments \(float32\[5, 3\], '
+                     r'float32\[5, 3\]\) \(tracing it again raised TypeError'):
     pruned_fn(new, x, x)
 
 

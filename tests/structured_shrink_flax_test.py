@@ -10,8 +10,11 @@ from flax import nnx
 from structured_zoo import CNN, ZOO, TransformerBlock, _x
 
 from jaxprune.structured import api, calibrate, flax_rebuild, oracle, selectors, shrink
-from jaxprune.structured.plan import make_plan
+from jaxprune.structured.plan import Constraint, make_plan
 from jaxprune.structured.trace import trace
+
+# Exact counts: no rounding of the kept channels (the default rounds to 8).
+EXACT = Constraint(round_to=1)
 
 
 class WidthCNN(nn.Module):
@@ -38,7 +41,7 @@ def test_linen_rebuild_with_new_features_and_eval_shape_check():
   model = WidthCNN()
   variables = _perturbed(model.init(jax.random.key(0), x))
   graph = trace(model.apply, variables, x)
-  plan = selectors.select(graph, variables, ratio=0.5, importance='bn_scale')
+  plan = selectors.select(graph, variables, ratio=0.5, importance='bn_scale', constraint=EXACT)
   new, _ = shrink.apply_plan(graph, variables, plan)
   sizes = flax_rebuild.linen_feature_sizes(new)
   assert sizes == {'conv1': 4, 'conv2': 8, 'head': 5}
@@ -55,7 +58,7 @@ def test_linen_resized_runs_the_unchanged_module():
   model = CNN()
   variables = _perturbed(model.init(jax.random.key(0), x))
   graph = trace(model.apply, variables, x)
-  plan = selectors.select(graph, variables, ratio=0.5)
+  plan = selectors.select(graph, variables, ratio=0.5, constraint=EXACT)
   new, pruned_fn = shrink.apply_plan(graph, variables, plan)
   with pytest.raises(Exception, match='conv1'):
     model.apply(new, x)
@@ -98,7 +101,7 @@ def test_nnx_update_in_place_sets_attributes():
   x = _x(2, 5, 5, 3)
   graphdef, state = nnx.split(model)
   graph = trace(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
-  plan = selectors.select(graph, state, ratio=0.25)
+  plan = selectors.select(graph, state, ratio=0.25, constraint=EXACT)
   new, _ = shrink.apply_plan(graph, state, plan)
   reference = oracle.dense_reference(graph, state, plan, x)
   flax_rebuild.update_nnx(model, new)
@@ -138,9 +141,10 @@ def test_prune_one_line_linen_with_taylor_and_bn_recalibration():
   variables = model.init(jax.random.key(0), x)
   batches = [(_x(4, 8, 8, 3) * (i + 1), jnp.arange(4) % 5) for i in range(2)]
   loss = lambda out, batch: optax.softmax_cross_entropy_with_integer_labels(out, batch[1]).mean()
-  result = api.prune(model, x, variables=variables, ratio=0.5, importance='taylor',
-                     loss_fn=loss, calibration_batches=batches, recalibrate_bn=True,
-                     train_model=CNN(train=True), train_kwargs={}, progress=False)
+  result = api.prune(model, x, variables=variables, ratio=0.5, constraint=EXACT,
+                     importance='taylor', loss_fn=loss, calibration_batches=batches,
+                     recalibrate_bn=True, train_model=CNN(train=True), train_kwargs={},
+                     progress=False)
   assert result.check.ok
   # conv1 8 -> 4 and conv2 16 -> 8 channels: 2*36*(4*27) + 2*16*(9*4*8) + 2*8*5 FLOPs (4 images).
   dense = 4 * (2 * 64 * 27 * 8 + 2 * 16 * 72 * 16 + 2 * 16 * 5)
@@ -158,10 +162,82 @@ def test_prune_one_line_nnx_to_a_flops_target():
   from structured_zoo import NNXNet
   model = NNXNet(nnx.Rngs(0))
   model.eval()
-  result = api.prune(model, x, flops_target=0.6, progress=False)
+  result = api.prune(model, x, flops_target=0.6, constraint=EXACT, progress=False)
   # fc1 5 -> h, fc2 h -> 3 on 2 rows: 2*2*(5h + 3h) <= 0.6 * 2*2*(5*7 + 3*7) needs h <= 4.
   assert model.fc1.out_features == 4 and model.bn.num_features == 4
   assert result.flops_after == 2 * 2 * 8 * 4
   assert model(x).shape == (2, 3)
   with pytest.raises(ValueError, match='variables=...'):
     api.prune(model, x, variables={}, ratio=0.5)
+
+
+def test_prune_keeps_the_attention_scale_when_head_dim_is_pruned():
+  fn, variables, (x,), _ = ZOO['transformer_block']()
+  result = api.prune(TransformerBlock(), x, variables=variables, ratio=0.5, constraint=EXACT,
+                     progress=False)
+  # query/key head_dim 4 -> 2 and value head_dim 4 -> 2, heads 2 -> 1.
+  assert result.variables['params']['attn']['query']['kernel'].shape == (6, 1, 2)
+  reference = oracle.dense_reference(result.graph, variables, result.plan, x)
+  scale = float(np.abs(reference).max())
+  # Flax recomputes 1/sqrt(head_dim); result.apply keeps the dense model's scale.
+  np.testing.assert_allclose(result.apply(result.variables, x), reference, atol=1e-5 * scale)
+  assert result.model_check.ok and result.model_check.max_rel_diff < 1e-5
+
+
+class _Attention(nnx.Module):
+  def __init__(self, rngs, attention_fn=nnx.dot_product_attention):
+    self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=6, qkv_features=8, decode=False,
+                                       attention_fn=attention_fn, rngs=rngs)
+    self.fc = nnx.Linear(6, 3, rngs=rngs)
+
+  def __call__(self, x):
+    return self.fc(self.attn(x))
+
+
+def test_prune_nnx_attention_keeps_its_scale_and_a_custom_one_is_refused_unchanged():
+  x = _x(2, 5, 6)
+  model = _Attention(nnx.Rngs(0))
+  graphdef, state = nnx.split(nnx.clone(model))  # prune changes the model's own arrays
+  graph = trace(lambda s, x: nnx.merge(graphdef, s)(x), state, x)
+  result = api.prune(model, x, ratio=0.5, constraint=EXACT, progress=False)
+  assert model.attn.head_dim == 2
+  reference = oracle.dense_reference(graph, state, result.plan, x)
+  np.testing.assert_allclose(model(x), reference, atol=1e-5 * float(np.abs(reference).max()))
+  custom = _Attention(nnx.Rngs(0), attention_fn=lambda q, k, v, **kw: nnx.dot_product_attention(
+      q, k, v, **kw))
+  before = jax.tree.map(np.asarray, nnx.state(custom))
+  with pytest.raises(ValueError, match='head_dim was pruned from 4 to 2'):
+    api.prune(custom, x, ratio=0.5, constraint=EXACT, progress=False)
+  assert custom.attn.head_dim == 4
+  jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray,
+                                                                    nnx.state(custom)))
+
+
+@pytest.mark.parametrize('kwargs, error, match', [
+    (dict(ratio=0.5, recalibrate_bn=True), ValueError, 'needs calibration_batches'),
+    (dict(ratio=0.5, importance='taylor'), ValueError, 'pass loss_fn'),
+    (dict(ratio=0.5, importance='l3'), ValueError, "importance='l3'"),
+    (dict(ratio=1.5), ValueError, 'ratio=1.5'),
+    (dict(ratio=0.5, scope='layer'), ValueError, "scope='layer'"),
+    (dict(ratio=0.5, flops_target=0.5), ValueError, 'exactly one of'),
+    (dict(ratio=0.5, constraint={'round_to': 8}), TypeError, 'give a jaxprune.structured'),
+    (dict(ratio=0.5, inputs='x'), TypeError, 'inputs must map a batch'),
+    (dict(ratio=0.5, recalibrate_bn=True, calibration_batches=[]), ValueError, 'needs '
+     'calibration_batches'),
+])
+def test_prune_checks_every_argument_before_changing_the_model(kwargs, error, match):
+  from structured_zoo import NNXNet
+  model = NNXNet(nnx.Rngs(0))
+  model.eval()
+  before = jax.tree.map(np.asarray, nnx.state(model))
+  with pytest.raises(error, match=match):
+    api.prune(model, _x(2, 5), progress=False, **kwargs)
+  assert (model.fc1.out_features, model.bn.num_features) == (7, 7)
+  jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, nnx.state(model)))
+
+
+def test_prune_rejects_what_it_cannot_prune():
+  with pytest.raises(TypeError, match='must be a Flax Linen or NNX module'):
+    api.prune(lambda v, x: x, _x(2, 5), variables={}, ratio=0.5)
+  with pytest.raises(ValueError, match='give example inputs'):
+    api.prune(CNN(), variables={'params': {}}, ratio=0.5)

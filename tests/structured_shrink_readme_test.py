@@ -5,6 +5,8 @@ import io
 import os
 import re
 
+import numpy as np
+
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
 
 
@@ -14,14 +16,21 @@ def test_readme_removing_channels_examples_run():
   section = text.split('## Structured pruning: removing channels', 1)[1]
   section = section.split('<!-- section:', 1)[0]
   blocks = re.findall(r'```python\n(.*?)```', section, flags=re.DOTALL)
-  assert len(blocks) == 4, 'Linen one-liner and steps, Linen rebuild, linen_resized, NNX'
+  assert len(blocks) == 5, 'Linen one-liner and steps, deploy, Linen rebuild, linen_resized, NNX'
   namespace = {}
   with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     for block in blocks:
       exec(compile(block, 'README.md', 'exec'), namespace)  # noqa: S102
   # what the README's comments claim.
   summary = namespace['result'].summary()
-  assert 'group 0: 32 -> 19' in summary and 'group 1: 64 -> 30' in summary
-  assert '3.42x fewer' in summary
+  # kept counts are multiples of 8 (the default round_to): 16 x 24 of 32 x 64 channels.
+  assert 'group 0: 32 -> 16' in summary and 'group 1: 64 -> 24' in summary
+  assert '4.96x fewer' in summary
   assert namespace['sizes'] == {'Conv_0': 16, 'Conv_1': 32, 'Dense_0': 10}
   assert namespace['net'].conv.out_features == 16
+  # the deployed model: batch 3, from a serialised export with a symbolic batch.
+  assert str(namespace['restored'].in_avals[-1].shape) == '(b, 32, 32, 3)'
+  ones = np.ones((3, 32, 32, 3), np.float32)
+  np.testing.assert_allclose(namespace['served'],
+                             namespace['pruned_fn'](namespace['new_variables'], ones), rtol=1e-5,
+                             atol=1e-5)

@@ -8,6 +8,7 @@ import pytest
 from structured_zoo import ZOO
 
 from jaxprune.structured import oracle, selectors, shrink
+from jaxprune.structured.plan import Constraint
 from jaxprune.structured.trace import trace
 
 # Primitives with only an eager implementation cannot be jitted, pruned or not.
@@ -25,7 +26,8 @@ def _traced(name):
 @pytest.mark.parametrize('name', sorted(ZOO))
 def test_every_zoo_model_prunes_and_verifies(name):
   _, variables, args, graph = _traced(name)
-  plan = selectors.select(graph, variables, ratio=0.5, importance='random', seed=1)
+  plan = selectors.select(graph, variables, ratio=0.5, importance='random', seed=1,
+                          constraint=Constraint(round_to=1))
   if graph.prunable_groups:
     assert plan.num_removed > 0
   report = oracle.verify(graph, variables, plan, *args, per_group=True,

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import jaxprune.structured as structured
-from jaxprune.structured import rules
+from jaxprune.structured import oracle, primitives, shrink
+from jaxprune.structured.plan import make_plan
 
 
 def ones(*shape):
@@ -133,12 +134,35 @@ def test_full_dynamic_slice_passes_channels_through():
   assert group.prunable
 
 
-def test_captured_constant_blocks():
-  offset = jnp.arange(8.0)
-  params = {'w1': ones(5, 8), 'w2': ones(8, 3)}
-  graph = trace(lambda p, x: (x @ p['w1'] + offset) @ p['w2'], params, ones(2, 5))
-  group = graph.groups[graph.leaf_axes['w1'][1][0].group_id]
-  assert group.reason == 'captured constant of shape (8,)'
+def test_constants_tie_nothing_and_are_cut_per_use():
+  offset = np.arange(8.0, dtype=np.float32)  # captured: one constvar used by two layers
+  k = jax.random.split(jax.random.key(0), 5)
+  params = {'a1': jax.random.normal(k[0], (5, 8)), 'a2': jax.random.normal(k[1], (8, 3)),
+            'b1': jax.random.normal(k[2], (5, 8)), 'b2': jax.random.normal(k[3], (8, 3))}
+
+  def fn(p, x):
+    # computed from no variable and no input: a (layers, channels) constant,
+    # each layer using its own row (as Hugging Face's per-layer head masks).
+    mask = jnp.ones((2, 8)) * jnp.arange(1.0, 3.0)[:, None]
+    h1 = (x @ p['a1'] + offset) * mask[0]
+    h2 = (x @ p['b1'] + offset) * mask[1]
+    return h1 @ p['a2'] + h2 @ p['b2']
+  x = jax.random.normal(k[4], (2, 5))
+  graph = trace(fn, params, x)
+  first = graph.groups[graph.leaf_axes['a1'][1][0].group_id]
+  second = graph.groups[graph.leaf_axes['b1'][1][0].group_id]
+  assert {(m.leaf, m.axis) for m in first.members} == {('a1', 1), ('a2', 0)}
+  assert {(m.leaf, m.axis) for m in second.members} == {('b1', 1), ('b2', 0)}
+  assert first.prunable and second.prunable
+  plan = make_plan(graph, {first.id: [1, 6], second.id: [0]})
+  new, pruned_fn = shrink.apply_plan(graph, params, plan)
+  a, b = [0, 2, 3, 4, 5, 7], list(range(1, 8))
+  p = {name: np.asarray(v) for name, v in params.items()}
+  xs = np.asarray(x)
+  expected = ((xs @ p['a1'][:, a] + offset[a]) * 1.0) @ p['a2'][a] + (
+      (xs @ p['b1'][:, b] + offset[b]) * 2.0) @ p['b2'][b]
+  np.testing.assert_allclose(pruned_fn(new, x), expected, rtol=1e-5, atol=1e-5)
+  assert oracle.verify(graph, params, plan, x)
 
 
 class _GroupNormThenTranspose(nn.Module):
@@ -178,7 +202,7 @@ def test_register_rule_validates_its_arguments():
 
 
 def test_a_rule_joining_unequal_lengths_is_an_error(monkeypatch):
-  monkeypatch.setattr(rules, 'RULES', dict(rules.RULES))
+  monkeypatch.setattr(primitives, 'TABLE', dict(primitives.TABLE))
 
   def bad_rule(ctx, eqn):
     ctx.join(ctx.ids(eqn.invars[0], 1), ctx.ids(eqn.invars[0], 1)[:2])
@@ -220,3 +244,26 @@ def test_tile_copies_stack_and_composite():
   assert parts(graph, 'w3', 0) == {channels: [[c] for c in range(8)]}
   assert graph.groups[channels].prunable
   assert "axis made by 'stack': 1" in graph.summary()
+
+
+def test_a_gather_with_a_constant_start_is_a_slice():
+  # what jnp turns x[:, 2:6] into when a shape is symbolic (jax.export).
+  k = jax.random.split(jax.random.key(5), 3)
+  params = {'w1': jax.random.normal(k[0], (5, 8)), 'w2': jax.random.normal(k[1], (4, 3))}
+  dnums = jax.lax.GatherDimensionNumbers(offset_dims=(0, 1), collapsed_slice_dims=(),
+                                         start_index_map=(1,))
+
+  def fn(p, x):
+    h = jnp.tanh(x @ p['w1'])
+    return jax.lax.gather(h, jnp.array([2]), dnums, (2, 4), mode='promise_in_bounds') @ p['w2']
+  x = jax.random.normal(k[2], (2, 5))
+  graph = trace(fn, params, x)
+  by_rows = {tuple(map(tuple, v)): g for g, v in parts(graph, 'w1', 1).items()}
+  middle = graph.groups[by_rows[((2,), (3,), (4,), (5,))]]
+  assert {(m.leaf, m.axis) for m in middle.members} == {('w1', 1), ('w2', 0)}
+  assert middle.prunable
+  plan = make_plan(graph, {middle.id: [1]})  # column 3 of w1, row 1 of w2
+  new, pruned_fn = shrink.apply_plan(graph, params, plan)
+  w1, w2 = np.asarray(params['w1']), np.asarray(params['w2'])
+  expected = np.tanh(np.asarray(x) @ w1[:, [2, 4, 5]]) @ w2[[0, 2, 3]]
+  np.testing.assert_allclose(pruned_fn(new, x), expected, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ import pytest
 import structured_zoo as zoo
 
 import jaxprune.structured as structured
-from jaxprune.structured import rules
+from jaxprune.structured import primitives
 
 
 def col(n):
@@ -264,7 +264,7 @@ def test_custom_primitive_blocks_and_warns_until_a_rule_is_registered(monkeypatc
   # x @ w1 (2, 8) in and out of the primitive: 4 axes.
   assert graph.blocked_primitives == {'zoo_soft_shrink': 4}
   assert 'zoo_soft_shrink (4 axes)' in graph.summary()
-  monkeypatch.setattr(rules, 'RULES', dict(rules.RULES))
+  monkeypatch.setattr(primitives, 'TABLE', dict(primitives.TABLE))
   structured.register_rule('zoo_soft_shrink', structured.elementwise)
   with warnings.catch_warnings():
     warnings.simplefilter('error')

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from structured_zoo_primitives import CASES as PRIMITIVE_CASES
 
 from jaxprune.names import leaf_name
 
@@ -313,4 +314,4 @@ def control_flow():
 ZOO = {f.__name__: f for f in (
     mlp, cnn_bn_eval, cnn_bn_train, resnet_projection, resnet_identity, depthwise_separable,
     grouped_conv, concat, glu_split, transformer_block, scanned_layers, embedding, nnx_model,
-    nnx_model_train, custom_primitive, control_flow)}
+    nnx_model_train, custom_primitive, control_flow)} | PRIMITIVE_CASES

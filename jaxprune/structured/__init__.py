@@ -20,10 +20,14 @@ from jaxprune.structured.importance import (
     score_channels,
     taylor_importance,
 )
-from jaxprune.structured.interpret import register_shrink_rule
 from jaxprune.structured.oracle import VerifyReport, dense_reference, verify
-from jaxprune.structured.plan import Constraint, Plan, make_plan
-from jaxprune.structured.rules import elementwise, register_rule
+from jaxprune.structured.plan import Constraint, Plan, make_plan, plan_for
+from jaxprune.structured.primitives import (
+    register_primitive,
+    register_rule,
+    register_shrink_rule,
+)
+from jaxprune.structured.rules import elementwise
 from jaxprune.structured.selectors import by_cost, global_, select, uniform
 from jaxprune.structured.shrink import apply_plan, pruned_callable, shrink_variables, zero_removed
-from jaxprune.structured.trace import trace
+from jaxprune.structured.trace import retrace, trace

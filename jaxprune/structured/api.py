@@ -16,11 +16,12 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import flax.linen as nn
 from flax import nnx
 
 from jaxprune.structured import calibrate, cost, flax_rebuild, selectors
 from jaxprune.structured import importance as importance_lib
-from jaxprune.structured.oracle import VerifyReport, verify
+from jaxprune.structured.oracle import VerifyReport, compare, dense_reference
 from jaxprune.structured.plan import Constraint, Plan, make_plan
 from jaxprune.structured.shrink import apply_plan
 from jaxprune.structured.trace import trace
@@ -39,10 +40,13 @@ class PruneResult:
     plan: the channels removed.
     graph: the DependencyGraph of the dense model.
     pruned_fn: `pruned_fn(variables, *args)`, the traced function at the new
-      shapes (exportable with `jax.export`).
+      shapes; runs at any input shape and exports with `jax.export`.
     flops_before: dot_general + conv FLOPs per call of the dense model.
     flops_after: the same for the pruned model.
-    check: the `verify` report on the example inputs (None when skipped).
+    check: the `verify` report of `pruned_fn` on the example inputs (None
+      when skipped).
+    model_check: the same check of what users run: `result.apply` (Linen,
+      under `linen_resized`) or the pruned NNX model itself.
   """
   model: Any
   variables: PyTree
@@ -52,6 +56,7 @@ class PruneResult:
   flops_before: float
   flops_after: float
   check: VerifyReport | None
+  model_check: VerifyReport | None = None
 
   def apply(self, variables: PyTree, *args: Any, **kwargs: Any) -> Any:
     """Runs a pruned Linen module (`model.apply` at the sizes of `variables`)."""
@@ -68,22 +73,58 @@ def _default_inputs(batch: Any) -> tuple:
   return tuple(batch[:1]) if isinstance(batch, (tuple, list)) else (batch,)
 
 
-def _finish(model, graph, variables, plan, new_variables, pruned_fn, example_args, check):
-  report = verify(graph, variables, plan, *example_args, pruned_fn=pruned_fn) if check else None
-  if report is not None and not report.ok:
-    raise RuntimeError(f'prune: the pruned model differs from the dense model with the removed '
-                       f'channels zeroed by {report.max_abs_diff:.3g}; please report this model.')
-  return PruneResult(model, new_variables, plan, graph, pruned_fn,
-                     cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan),
-                     report)
+def _check_arguments(model, example_args, variables, ratio, flops_target, importance, scope,
+                     search, constraint, loss_fn, batches, inputs, recalibrate_bn,
+                     apply_kwargs) -> None:
+  """Every check `prune` can make before it traces or changes anything."""
+  is_nnx = isinstance(model, nnx.Module)
+  if not is_nnx and not isinstance(model, nn.Module):
+    raise TypeError(f'prune: model must be a Flax Linen or NNX module, got '
+                    f'{type(model).__name__}; for other functions use trace, select and '
+                    'apply_plan.')
+  if is_nnx == (variables is not None):
+    raise ValueError('prune: pass variables=... for a Linen module and not for an NNX module '
+                     f'(got a {type(model).__name__} and variables={type(variables).__name__}).')
+  if not example_args:
+    raise ValueError('prune: give example inputs, prune(model, x, ...): the model is traced '
+                     'at them.')
+  selectors.check_target(ratio=ratio, flops_target=flops_target, scope=scope, search=search,
+                         constraint=constraint)
+  importance_lib.check_method(importance, extra=('taylor',))
+  if importance == 'taylor' and (loss_fn is None or batches is None):
+    raise ValueError("importance='taylor': pass loss_fn(outputs, batch) and "
+                     'calibration_batches.')
+  if loss_fn is not None and not callable(loss_fn):
+    raise TypeError(f'loss_fn must be callable(outputs, batch) -> scalar, got {loss_fn!r}.')
+  if recalibrate_bn and not batches:
+    raise ValueError('recalibrate_bn=True needs calibration_batches (a list of batches).')
+  if (importance == 'taylor' or recalibrate_bn) and not batches:
+    raise ValueError('calibration_batches is empty; give at least one batch.')
+  if not callable(inputs):
+    raise TypeError(f'inputs must map a batch to the model inputs (a callable), got {inputs!r}.')
+  if apply_kwargs is not None and not isinstance(apply_kwargs, Mapping):
+    raise TypeError(f'apply_kwargs must be a dict of keyword arguments, got '
+                    f'{type(apply_kwargs).__name__}.')
+
+
+def _verified(graph, variables, plan, example_args, runs):
+  """Verifies each `(what, fn)` in `runs` against the oracle; raises on a mismatch."""
+  reference = dense_reference(graph, variables, plan, *example_args)
+  reports = []
+  for what, fn in runs:
+    report = compare(reference, fn(*example_args))
+    if not report.ok:
+      raise RuntimeError(
+          f'prune: {what} differs from the dense model with the removed channels zeroed '
+          f'(largest difference {report.max_rel_diff:.3g} of the output scale); nothing was '
+          'changed. Please report this model.')
+    reports.append(report)
+  return reports
 
 
 def _scores(graph, variables, method, fn, loss_fn, batches, inputs, progress, masks, seed):
   if method != 'taylor':
     return importance_lib.score_channels(graph, variables, method, masks=masks, seed=seed)
-  if loss_fn is None or batches is None:
-    raise ValueError("importance='taylor': pass loss_fn(outputs, batch) and "
-                     'calibration_batches.')
   loss = lambda v, batch: loss_fn(fn(v, *inputs(batch)), batch)
   return importance_lib.taylor_importance(graph, variables, loss, batches, progress)
 
@@ -100,6 +141,10 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
           masks: PyTree | None = None,
           seed: int = 0, check: bool = True, progress: bool = True) -> PruneResult:
   """Prunes a Flax Linen or NNX model to a ratio or a FLOPs target.
+
+  Every argument is checked before anything is traced, and an NNX model is
+  changed only once the pruned model has passed the check (and, if asked,
+  been re-calibrated): a failure leaves it as it was.
 
   Args:
     model: a Linen module (give `variables`) or an NNX module (pruned in
@@ -128,49 +173,67 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
       attribute (e.g. `CNN(train=True)`); default `model`.
     masks: masks for `importance='density'`.
     seed: seed for `importance='random'`.
-    check: verify the result against the zeroed dense model on the example
-      inputs (raises if they differ).
+    check: verify the pruned callable and the pruned model itself
+      (`result.apply`, or the NNX model) against the zeroed dense model on the
+      example inputs; raises, changing nothing, if they differ.
     progress: tqdm progress bars for the calibration passes.
 
   Returns:
     A `PruneResult`.
   """
-  is_nnx = isinstance(model, nnx.Module)
-  if is_nnx == (variables is not None):
-    raise ValueError('prune: pass variables=... for a Linen module and not for an NNX module '
-                     f'(got a {type(model).__name__} and variables={type(variables).__name__}).')
-  if (importance == 'taylor' or recalibrate_bn) and calibration_batches is not None:
+  if calibration_batches is not None:
     calibration_batches = list(calibration_batches)
+  _check_arguments(model, example_args, variables, ratio, flops_target, importance, scope,
+                   search, constraint, loss_fn, calibration_batches, inputs, recalibrate_bn,
+                   apply_kwargs)
+  is_nnx = isinstance(model, nnx.Module)
+  apply_kwargs = dict(apply_kwargs or {})
   if is_nnx:
     graphdef, variables = nnx.split(model)
     fn = lambda state, *args: nnx.merge(graphdef, state)(*args)
   else:
-    fn = functools.partial(model.apply, **dict(apply_kwargs or {}))
+    fn = functools.partial(model.apply, **apply_kwargs)
   graph = trace(fn, variables, *example_args)
   scores = _scores(graph, variables, importance, fn, loss_fn, calibration_batches, inputs,
                    progress, masks, seed)
   plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
                           importance=scores, scope=scope, search=search, constraint=constraint)
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
-  result = _finish(model, graph, variables, plan, new_variables, pruned_fn, example_args, check)
   if is_nnx:
-    flax_rebuild.update_nnx(model, new_variables)
+    pruned_model = flax_rebuild.update_nnx_attributes(nnx.merge(graphdef, new_variables))
+    run_model = lambda *args: pruned_model(*args)
+  else:
+    def run_model(*args):
+      with flax_rebuild.linen_resized(new_variables):
+        return model.apply(new_variables, *args, **apply_kwargs)
+  check_fn, model_check = None, None
+  if check:
+    check_fn, model_check = _verified(
+        graph, variables, plan, example_args,
+        [('the pruned callable', lambda *a: pruned_fn(new_variables, *a)),
+         ('result.apply' if not is_nnx else 'the pruned NNX model', run_model)])
+  flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
   if recalibrate_bn:
-    if not calibration_batches:
-      raise ValueError('recalibrate_bn=True needs calibration_batches.')
     if is_nnx:
-      calibrate.recalibrate_nnx(model, calibration_batches, inputs, progress)
-      result.variables = nnx.state(model)
+      calibrate.recalibrate_nnx(pruned_model, calibration_batches, inputs, progress)
     elif 'batch_stats' in new_variables:
-      kwargs = {'train': True} if train_kwargs is None else dict(train_kwargs)
-      update = calibrate.linen_update_fn(train_model or model, new_variables, inputs=inputs,
-                                         **kwargs)
+      new_variables = _recalibrated_linen(model, train_model, train_kwargs, new_variables,
+                                          calibration_batches, inputs, progress)
+  if is_nnx:  # only now, with every check passed, is the user's model changed
+    flax_rebuild.update_nnx(model, nnx.state(pruned_model))
+    new_variables = nnx.state(model)
+  return PruneResult(model, new_variables, plan, graph, pruned_fn, *flops, check_fn, model_check)
 
-      def resized_update(stats, batch):
-        with flax_rebuild.linen_resized(new_variables):
-          return update(stats, batch)
 
-      stats = calibrate.recalibrate(resized_update, new_variables['batch_stats'],
-                                    calibration_batches, progress)
-      result.variables = {**new_variables, 'batch_stats': stats}
-  return result
+def _recalibrated_linen(model, train_model, train_kwargs, new_variables, batches, inputs,
+                        progress):
+  kwargs = {'train': True} if train_kwargs is None else dict(train_kwargs)
+  update = calibrate.linen_update_fn(train_model or model, new_variables, inputs=inputs,
+                                     **kwargs)
+
+  def resized_update(stats, batch):
+    with flax_rebuild.linen_resized(new_variables):
+      return update(stats, batch)
+
+  stats = calibrate.recalibrate(resized_update, new_variables['batch_stats'], batches, progress)
+  return {**new_variables, 'batch_stats': stats}

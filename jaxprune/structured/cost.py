@@ -1,61 +1,68 @@
-"""FLOPs of the model a plan gives, counted exactly on the traced jaxpr.
+"""FLOPs of a traced function: in total, per group channel, and after a plan.
 
-Counts dot_general and conv equations (a multiply-add is 2 FLOPs) at the
-shapes they have after removing the plan's channels. A first-order estimate
-(`flops_per_channel` times channels removed) is far off when both sides of a
-conv shrink (halving input and output channels removes 3/4 of its FLOPs, not
-all of it), so the FLOPs selectors use this count.
+One walk (`costed_eqns`) finds every equation with a `flops` rule in the
+primitives table, inside sub-jaxprs too, with how often it runs per call
+(a scan's length; a cond branch's 1 / number of branches; one iteration of a
+while loop). The same rules count the dense model, the first-order saving
+per channel (used to rank channels) and the exact FLOPs after a plan (used
+by the FLOPs selectors: removing half the input and half the output channels
+of a conv removes 3/4 of its FLOPs, not all of them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from jax.extend import core as jcore
 
+from jaxprune.structured import control, primitives
 from jaxprune.structured.interpret import Shrinker
+from jaxprune.structured.shapes import is_static, var_shape
+
+Scope = tuple[int, ...]
 
 
-def sub_jaxprs(eqn: Any) -> list[tuple[int, Any, float]]:
-  """`(sub_index, open jaxpr, times run)` for the sub-jaxprs of an equation."""
-  p = eqn.params
-  name = eqn.primitive.name
-  if name == 'while':
-    return [(0, p['cond_jaxpr'].jaxpr, 1.0), (1, p['body_jaxpr'].jaxpr, 1.0)]
-  if name == 'cond':
-    return [(i, b.jaxpr, 1.0 / len(p['branches'])) for i, b in enumerate(p['branches'])]
-  if name == 'scan':
-    return [(0, p['jaxpr'].jaxpr, float(p['length']))]
-  for key in ('jaxpr', 'call_jaxpr', 'fun_jaxpr'):
-    if key in p:
-      sub = p[key]
-      return [(0, sub.jaxpr if hasattr(sub, 'consts') else sub, 1.0)]
-  return []
+def costed_eqns(jaxpr: Any, scope: Scope = (), times: float = 1.0
+                ) -> Iterator[tuple[Scope, Any, float, Any]]:
+  """`(scope, eqn, times run per call, flops rule)` of every costed equation."""
+  for index, eqn in enumerate(control.inner(jaxpr).eqns):
+    entry = primitives.lookup(eqn.primitive.name)
+    if entry is None:
+      continue
+    if entry.flops is not None:
+      yield scope, eqn, times, entry.flops
+    for sub_index, sub, sub_times in entry.sub_jaxprs(eqn):
+      yield from costed_eqns(sub, scope + (index, sub_index), times * sub_times)
 
 
-def _eqn_flops(shrinker: Shrinker, eqn: Any, scope: tuple[int, ...]) -> float:
-  name = eqn.primitive.name
-  if name == 'dot_general':
-    (lhs_contract, _), _ = eqn.params['dimension_numbers']
-    lhs = shrinker.shape(scope, eqn.invars[0])
-    out = shrinker.shape(scope, eqn.outvars[0])
-    return 2.0 * float(np.prod(out)) * float(np.prod([lhs[a] for a in lhs_contract]))
-  if name == 'conv_general_dilated':
-    _, rhs_spec, _ = eqn.params['dimension_numbers']
-    rhs = shrinker.shape(scope, eqn.invars[1])
-    out = shrinker.shape(scope, eqn.outvars[0])
-    return 2.0 * float(np.prod(out)) * float(np.prod(rhs)) / rhs[rhs_spec[0]]
-  return 0.0
+def count(jaxpr: Any, var_axes: dict, n_groups: int,
+          scope: Scope = ()) -> tuple[np.ndarray, float]:
+  """FLOPs saved per channel of each group (first order) and the total, as traced.
 
+  Args:
+    jaxpr: the traced (closed) jaxpr.
+    var_axes: `DependencyGraph.var_axes`.
+    n_groups: number of groups.
+    scope: the jaxpr's scope.
 
-def jaxpr_flops(shrinker: Shrinker, jaxpr: Any, scope: tuple[int, ...] = ()) -> float:
-  """FLOPs of one jaxpr (recursing into sub-jaxprs) at the shrinker's shapes."""
+  Returns:
+    `(per_channel, total)`: removing one channel that owns k of an iteration
+    axis's n positions saves `flops * k / n`, summed over the axes it occupies.
+  """
+  per_channel = np.zeros(n_groups)
   total = 0.0
-  for index, eqn in enumerate(jaxpr.eqns):
-    total += _eqn_flops(shrinker, eqn, scope)
-    for sub_index, sub, times in sub_jaxprs(eqn):
-      total += times * jaxpr_flops(shrinker, sub, scope + (index, sub_index))
-  return total
+  for eqn_scope, eqn, times, rule in costed_eqns(jaxpr, scope):
+    eqn_flops, axes = rule(var_shape, eqn)
+    eqn_flops *= times
+    total += eqn_flops
+    for var, axis in axes:
+      if isinstance(var, jcore.Literal) or not is_static(var_shape(var)[axis]):
+        continue
+      for part in var_axes.get((eqn_scope, var), {}).get(axis, ()):
+        per_channel[part.group_id] += eqn_flops * part.indices.shape[1] / var_shape(var)[axis]
+  return per_channel, total
 
 
 def plan_flops(graph: Any, plan: Any) -> float:
@@ -66,6 +73,11 @@ def plan_flops(graph: Any, plan: Any) -> float:
     plan: a `Plan` (an empty plan gives the dense model's FLOPs).
 
   Returns:
-    dot_general + conv FLOPs (multiply-add = 2).
+    The FLOPs of every costed primitive (dot_general and conv; a multiply-add
+    counts 2), at the pruned shapes.
   """
-  return jaxpr_flops(Shrinker(graph, plan.removed), graph.closed_jaxpr.jaxpr)
+  shrinker = Shrinker(graph, plan.removed)
+  total = 0.0
+  for scope, eqn, times, rule in costed_eqns(graph.closed_jaxpr):
+    total += times * rule(lambda var, scope=scope: shrinker.shape(scope, var), eqn)[0]
+  return total

@@ -18,11 +18,13 @@ NNX modules take new arrays, but keep attributes (`in_features`,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 PyTree = Any
@@ -37,6 +39,34 @@ def _grouped(groups: int, old_out: int, new_out: int) -> int:
     raise ValueError(f'grouped conv: {new_out} output features is not a multiple of the '
                      f'{per_group} features per group; prune whole groups.')
   return new_out // per_group
+
+
+def _keep_scale(attention_fn: Callable[..., Any], head_dim: int) -> Callable[..., Any]:
+  """`attention_fn` with queries scaled by 1/sqrt(head_dim) of the unpruned model.
+
+  Flax's attention divides queries by sqrt(query.shape[-1]), which pruning
+  head_dim changes; the dense model with those channels zeroed (what the
+  pruned model must equal) keeps the original scale.
+  """
+  @functools.wraps(attention_fn)
+  def attention(query, key, value, *args, **kwargs):
+    query = query * jnp.sqrt(query.shape[-1] / head_dim).astype(query.dtype)
+    return attention_fn(query, key, value, *args, **kwargs)
+  attention.keeps_head_dim = head_dim
+  return attention
+
+
+def _scaled_attention(module: Any, old_head_dim: int, new_head_dim: int) -> None:
+  """Keeps the unpruned attention scale of a module whose head_dim shrank."""
+  fn = module.attention_fn
+  if new_head_dim == old_head_dim or hasattr(fn, 'keeps_head_dim'):
+    return  # a wrapped function already scales by the shape it is given
+  if fn not in (nn.dot_product_attention, nnx.dot_product_attention):
+    raise ValueError(f'{type(module).__name__}: head_dim was pruned from {old_head_dim} to '
+                     f'{new_head_dim} and its attention_fn {fn!r} is not Flax\'s '
+                     'dot_product_attention, so its scale cannot be kept; leave the head_dim '
+                     "groups out (Constraint(locked=('query',)))")
+  _set(module, attention_fn=_keep_scale(fn, old_head_dim))
 
 
 def _set(module: Any, **attrs: Any) -> None:
@@ -85,6 +115,7 @@ def update_nnx_attributes(model: nnx.Module) -> nnx.Module:
       _set(module, num_embeddings=num, features=features)
     elif isinstance(module, nnx.MultiHeadAttention):
       query, out = _shape(module.query.kernel), _shape(module.out.kernel)
+      _scaled_attention(module, module.head_dim, query[2])
       _set(module, in_features=query[0], num_heads=query[1], head_dim=query[2],
            qkv_features=query[1] * query[2], out_features=out[-1],
            in_kv_features=_shape(module.key.kernel)[0])
@@ -116,7 +147,7 @@ def _params_at(params: PyTree, path: tuple[str, ...]) -> PyTree | None:
   return node
 
 
-def _resize_linen(module: nn.Module, sub: PyTree) -> None:
+def _resize_linen(module: nn.Module, sub: PyTree, args: tuple) -> None:
   """Gives one Linen module the sizes of its parameters `sub`."""
   if isinstance(module, (nn.Conv, nn.ConvTranspose)) and 'kernel' in sub:
     kernel = _shape(sub['kernel'])
@@ -135,6 +166,9 @@ def _resize_linen(module: nn.Module, sub: PyTree) -> None:
     _set(module, num_embeddings=num, features=features)
   elif isinstance(module, nn.MultiHeadDotProductAttention) and 'query' in sub:
     query, out = _shape(sub['query']['kernel']), _shape(sub['out']['kernel'])
+    qkv_features = module.qkv_features or (args[0].shape[-1] if args else None)
+    if qkv_features is not None:
+      _scaled_attention(module, qkv_features // module.num_heads, query[-1])
     _set(module, num_heads=query[-2], qkv_features=query[-2] * query[-1],
          out_features=out[-1])
 
@@ -159,7 +193,7 @@ def linen_resized(variables: PyTree) -> Iterator[None]:
     if context.method_name == '__call__':
       sub = _params_at(params, tuple(module.path))
       if isinstance(sub, dict):
-        _resize_linen(module, sub)
+        _resize_linen(module, sub, args)
     return next_fun(*args, **kwargs)
 
   with nn.intercept_methods(interceptor):

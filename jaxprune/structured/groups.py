@@ -10,7 +10,7 @@ selector picks channels from and what a shrink removes them from.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,8 @@ from jax.extend import core as jcore
 from jaxprune.structured import report
 
 # A jaxpr variable in context: `(scope, var)`. `scope` is () for the top-level
-# jaxpr and `parent_scope + (eqn_index, sub_index)` for a sub-jaxpr, where
+# jaxpr of the first entry point, `(-k,)` for that of entry point k (`trace`'s
+# `also`), and `parent_scope + (eqn_index, sub_index)` for a sub-jaxpr, where
 # `eqn_index` is the equation's index in its jaxpr and `sub_index` numbers that
 # equation's sub-jaxprs: 0 for `jit`, `closed_call`, `remat2`,
 # `custom_jvp_call`, `custom_vjp_call` and `scan`; for `while` 0 is
@@ -91,6 +92,28 @@ class ChannelGroup:
 
 
 @dataclasses.dataclass
+class EntryPoint:
+  """One traced function of a model (`trace`'s `fn`, or one of its `also`).
+
+  Attributes:
+    fn: `fn(variables, *args, **kwargs)`.
+    kwargs: the static keyword arguments it was traced with.
+    closed_jaxpr: the traced jaxpr of `lambda variables, *args: fn(...)`.
+    in_tree: treedef of `(variables, *args)`.
+    out_tree: treedef of the function's output.
+    scope: the scope of its top-level jaxpr in `var_axes` (see `VarKey`).
+    arg_avals: `jax.ShapeDtypeStruct` of each flattened example argument.
+  """
+  fn: Callable[..., Any]
+  kwargs: dict[str, Any]
+  closed_jaxpr: jcore.ClosedJaxpr
+  in_tree: Any
+  out_tree: Any
+  scope: tuple[int, ...]
+  arg_avals: tuple[Any, ...]
+
+
+@dataclasses.dataclass
 class DependencyGraph:
   """The channel groups of a traced function, and how they map onto tensors.
 
@@ -101,10 +124,10 @@ class DependencyGraph:
       rest are the leaves of `example_args` in flattening order.
     leaf_shapes: name -> shape of every variables leaf.
     blocked_primitives: primitive name -> how many axes it blocked.
-    total_flops: FLOPs of all dot_general and conv equations (per call).
-    closed_jaxpr: the traced jaxpr of `lambda variables, *args: fn(...)`.
-    in_tree: treedef of `(variables, *example_args)`.
-    out_tree: treedef of the function's output.
+    total_flops: FLOPs of all dot_general and conv equations per call of the
+      first entry point.
+    entries: the traced functions; `entries[0]` is `trace`'s `fn` (its
+      `closed_jaxpr`, `in_tree` and `out_tree` are also the graph's).
     var_axes: `(scope, var) -> {axis: [AxisPart, ...]}` for every tracked axis
       of every jaxpr variable, top-level and inside sub-jaxprs (see `VarKey`
       for scopes). Axes of size 1 are never tracked and never change size.
@@ -114,19 +137,50 @@ class DependencyGraph:
       has one part per factor, and a position survives a removal only if every
       part owning it keeps its channel. Use `kept_positions` to apply a plan.
     leaf_axes: the same mapping for the variables leaves, by leaf name.
+    unread: names of the variables leaves no entry point reads (running
+      averages used only in training, unused tokens); their channels are
+      never prunable.
+    proxied: `(scope, eqn_index) -> equation` for equations that read a
+      constant (a captured array, or a value computed from no variable and no
+      input): the equation with each constant operand replaced by a proxy
+      variable of its own, whose `var_axes` say which positions of the
+      constant this use keeps. A constant ties nothing together by itself, so
+      slices of one constant (a per-layer head mask) stay per layer.
+    notes: `(scope, eqn_index) -> fact` a trace rule kept for its shrink rule
+      (e.g. the starts of a gather that is a static slice).
+    variables_tree: treedef of the variables.
+    variables_avals: `jax.ShapeDtypeStruct` of each variables leaf.
     warnings: human-readable notes produced while tracing (unknown primitives).
+    retraced: this graph traced again at other argument shapes (by entry
+      point, argument structure and static shapes), filled by `retrace`.
   """
   groups: list[ChannelGroup]
   leaf_names: list[str]
   leaf_shapes: dict[str, tuple[int, ...]]
   blocked_primitives: dict[str, int]
   total_flops: float
-  closed_jaxpr: jcore.ClosedJaxpr
-  in_tree: Any
-  out_tree: Any
+  entries: list[EntryPoint]
   var_axes: dict[VarKey, dict[int, list[AxisPart]]]
   leaf_axes: dict[str, dict[int, list[AxisPart]]]
+  unread: list[str]
+  proxied: dict[tuple[tuple[int, ...], int], Any]
+  notes: dict[tuple[tuple[int, ...], int], Any]
+  variables_tree: Any
+  variables_avals: tuple[Any, ...]
   warnings: list[str] = dataclasses.field(default_factory=list)
+  retraced: dict[Any, DependencyGraph] = dataclasses.field(default_factory=dict, repr=False)
+
+  @property
+  def closed_jaxpr(self) -> jcore.ClosedJaxpr:
+    return self.entries[0].closed_jaxpr
+
+  @property
+  def in_tree(self) -> Any:
+    return self.entries[0].in_tree
+
+  @property
+  def out_tree(self) -> Any:
+    return self.entries[0].out_tree
 
   @property
   def prunable_groups(self) -> list[ChannelGroup]:

@@ -219,16 +219,8 @@ def score_channels(graph: Any, variables: PyTree, method: str | Mapping[int, Any
     `{group id: float64 array of shape (group.size,)}`.
   """
   if isinstance(method, Mapping):
-    out = {}
-    for group in graph.groups:
-      if group.id not in method:
-        continue
-      score = np.asarray(method[group.id], np.float64)
-      if score.shape != (group.size,):
-        raise ValueError(f'importance[{group.id}]: shape {score.shape}, expected '
-                         f'({group.size},) (one score per channel of the group).')
-      out[group.id] = score
-    return out
+    return _given_scores(graph, method)
+  check_method(method)
   methods = {
       'l1': lambda: magnitude_importance(graph, variables, p=1),
       'l2': lambda: magnitude_importance(graph, variables, p=2),
@@ -236,7 +228,33 @@ def score_channels(graph: Any, variables: PyTree, method: str | Mapping[int, Any
       'density': lambda: density_importance(graph, variables, masks),
       'random': lambda: random_importance(graph, seed),
   }
-  if method not in methods:
-    raise ValueError(f'importance={method!r}: use one of {sorted(methods)}, or pass '
-                     "precomputed scores (e.g. from taylor_importance) as {group id: array}.")
   return methods[method]()
+
+
+METHODS = ('l1', 'l2', 'bn_scale', 'density', 'random')
+
+
+def check_method(method: Any, extra: tuple[str, ...] = ()) -> None:
+  """Checks an importance name (or a `{group id: scores}` mapping) before any work."""
+  if isinstance(method, Mapping):
+    return
+  if method not in METHODS + extra:
+    raise ValueError(f'importance={method!r}: use one of {sorted(METHODS + extra)}, or pass '
+                     "precomputed scores (e.g. from taylor_importance) as {group id: array}.")
+
+
+def _given_scores(graph: Any, given: Mapping[int, Any]) -> Scores:
+  sizes = {group.id: group.size for group in graph.groups}
+  unknown = sorted(set(given) - set(sizes), key=str)
+  if unknown:
+    prunable = [g.id for g in graph.groups if g.prunable]
+    raise ValueError(f'importance: group id(s) {unknown} do not exist; scores are keyed by '
+                     f'group id, the prunable groups are {prunable}.')
+  out = {}
+  for gid, score in given.items():
+    score = np.asarray(score, np.float64)
+    if score.shape != (sizes[gid],):
+      raise ValueError(f'importance[{gid}]: shape {score.shape}, expected '
+                       f'({sizes[gid]},) (one score per channel of the group).')
+    out[gid] = score
+  return out

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxprune.structured import rules
-
-_shape = rules.var_shape
+from jaxprune.structured.shapes import var_shape as _shape
 
 
-def _concatenate(ctx, eqn) -> None:
+def concatenate(ctx, eqn) -> None:
   out = eqn.outvars[0]
   dim = eqn.params['dimension']
   out_ids = ctx.ids(out, dim)
@@ -33,7 +31,7 @@ def _concatenate(ctx, eqn) -> None:
     offset += shape[dim]
 
 
-def _split(ctx, eqn) -> None:
+def split(ctx, eqn) -> None:
   operand = eqn.invars[0]
   axis = eqn.params['axis']
   in_ids = ctx.ids(operand, axis)
@@ -52,7 +50,7 @@ def _split(ctx, eqn) -> None:
     offset += shape[axis]
 
 
-def _slice(ctx, eqn) -> None:
+def slice_(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   strides = eqn.params['strides'] or (1,) * len(_shape(operand))
   for axis, (start, limit, stride) in enumerate(
@@ -71,7 +69,7 @@ def _slice(ctx, eqn) -> None:
       ctx.join(picked, ctx.ids(out, axis))
 
 
-def _pad(ctx, eqn) -> None:
+def pad(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis, (low, _, interior) in enumerate(eqn.params['padding_config']):
     ids, out_ids = ctx.ids(operand, axis), ctx.ids(out, axis)
@@ -88,7 +86,7 @@ def _pad(ctx, eqn) -> None:
       ctx.block_ids(ids[~inside], "position cut by negative 'pad'")
 
 
-def _rev(ctx, eqn) -> None:
+def rev(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis in range(len(_shape(operand))):
     ids = ctx.ids(operand, axis)
@@ -98,10 +96,54 @@ def _rev(ctx, eqn) -> None:
       ctx.join_axes(operand, axis, out, axis)
 
 
-def _gather(ctx, eqn) -> None:
-  """Table lookups (embeddings): whole-slice axes pass through; indexed ones block."""
+def static_gather(eqn, indices: np.ndarray | None) -> list[tuple[int, int, bool]] | None:
+  """`(start, size, collapsed)` per operand axis when a gather is one static slice.
+
+  `jnp` indexing turns `x[..., :4]` into a gather when a shape is symbolic
+  (`jax.export`); with a constant index it is the same slice.
+  """
+  if indices is None:
+    return None
+  dnums, sizes = eqn.params['dimension_numbers'], eqn.params['slice_sizes']
+  shape = _shape(eqn.invars[0])
+  index_map = list(dnums.start_index_map)
+  if (np.shape(indices) != (len(index_map),) or dnums.operand_batching_dims
+      or not set(dnums.collapsed_slice_dims) <= set(index_map)
+      or list(dnums.offset_dims) != list(range(len(shape) - len(dnums.collapsed_slice_dims)))):
+    return None
+  slices = []
+  for axis, (dim, size) in enumerate(zip(shape, sizes, strict=True)):
+    start = int(indices[index_map.index(axis)]) if axis in index_map else 0
+    if axis in index_map and str(eqn.params['mode']).endswith('FILL_OR_DROP') and not (
+        0 <= start <= dim - size):
+      return None
+    if axis in index_map:
+      start = min(max(start, 0), dim - size)  # CLIP and PROMISE_IN_BOUNDS clamp
+    slices.append((start, size, axis in dnums.collapsed_slice_dims))
+  return slices
+
+
+def gather(ctx, eqn) -> None:
+  """Table lookups (embeddings): whole-slice axes pass through; indexed ones block.
+
+  A gather that is one static slice (a constant index) maps positions like
+  `slice`; `ctx.note` keeps its starts for the pruned callable.
+  """
   operand, indices = eqn.invars[:2]
   out = eqn.outvars[0]
+  slices = static_gather(eqn, ctx.value(indices))
+  if slices is not None:
+    ctx.note(slices)
+    out_axis = 0
+    for axis, (start, size, collapsed) in enumerate(slices):
+      ids = ctx.ids(operand, axis)
+      if collapsed or (ids is not None and size == 1):
+        ctx.block_ids(None if ids is None else ids[start:start + size],
+                      "position picked by 'gather'")
+      else:
+        ctx.join(None if ids is None else ids[start:start + size], ctx.ids(out, out_axis))
+      out_axis += not collapsed
+    return
   dnums = eqn.params['dimension_numbers']
   slice_sizes = eqn.params['slice_sizes']
   out_rank = len(_shape(out))
@@ -129,7 +171,7 @@ def _gather(ctx, eqn) -> None:
   ctx.block(indices, index_rank - 1)
 
 
-def _dynamic_slice(ctx, eqn) -> None:
+def dynamic_slice(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis, size in enumerate(eqn.params['slice_sizes']):
     if size == _shape(operand)[axis]:
@@ -139,7 +181,7 @@ def _dynamic_slice(ctx, eqn) -> None:
       ctx.block(out, axis)
 
 
-def _dynamic_update_slice(ctx, eqn) -> None:
+def dynamic_update_slice(ctx, eqn) -> None:
   operand, update = eqn.invars[:2]
   out = eqn.outvars[0]
   for axis, size in enumerate(_shape(update)):
@@ -151,7 +193,7 @@ def _dynamic_update_slice(ctx, eqn) -> None:
       ctx.block(update, axis)
 
 
-def _tile(ctx, eqn) -> None:
+def tile(ctx, eqn) -> None:
   """Every copy of a position is that position's channel."""
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis, reps in enumerate(eqn.params['reps']):
@@ -162,7 +204,7 @@ def _tile(ctx, eqn) -> None:
       ctx.join(ids, out_ids[rep * len(ids):(rep + 1) * len(ids)])
 
 
-def _stack(ctx, eqn) -> None:
+def stack(ctx, eqn) -> None:
   """The new axis numbers the operands: it cannot lose a position; others join."""
   out, new_axis = eqn.outvars[0], eqn.params['axis']
   rank = len(_shape(out))
@@ -172,19 +214,9 @@ def _stack(ctx, eqn) -> None:
   ctx.block_ids(ctx.ids(out, new_axis), "axis made by 'stack'")
 
 
-def _unstack(ctx, eqn) -> None:
+def unstack(ctx, eqn) -> None:
   operand, old_axis = eqn.invars[0], eqn.params['axis']
   for out in eqn.outvars:
     for axis in range(len(_shape(out))):
       ctx.join_axes(operand, axis + (axis >= old_axis), out, axis)
   ctx.block_ids(ctx.ids(operand, old_axis), "axis split by 'unstack'")
-
-
-def register() -> None:
-  """Adds the rules of this module to `rules.RULES`."""
-  rules.RULES.update({
-      'concatenate': _concatenate, 'split': _split, 'slice': _slice, 'pad': _pad,
-      'rev': _rev, 'gather': _gather, 'dynamic_slice': _dynamic_slice,
-      'dynamic_update_slice': _dynamic_update_slice, 'tile': _tile, 'stack': _stack,
-      'unstack': _unstack,
-  })

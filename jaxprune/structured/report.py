@@ -38,15 +38,15 @@ def _flops(value: float) -> str:
 
 def _reason_kind(reason: str) -> str:
   """The reason without its particulars (which input, which axis, which shape)."""
-  for prefix in ('reaches model input', 'reaches model output', 'captured constant',
-                 'reshape mixes axes'):
+  for prefix in ('reaches model input', 'reaches model output', 'reshape mixes axes'):
     if reason.startswith(prefix):
       return prefix
   return reason
 
 
 def summary(graph: DependencyGraph) -> str:
-  """Groups, channels, prunable share, FLOPs, blocked primitives, prunable groups."""
+  """Groups, channels, prunable share, FLOPs, blocked primitives, unread
+  variables, prunable groups."""
   groups = graph.groups
   prunable = [g for g in groups if g.prunable]
   channels = sum(g.size for g in groups)
@@ -61,6 +61,11 @@ def summary(graph: DependencyGraph) -> str:
       'unprunable: ' + (', '.join(f'{k}: {v}' for k, v in sorted(kinds.items())) or 'none'),
       f'blocked primitives: {blocked or "none"}',
   ]
+  if graph.unread:
+    names = ', '.join(graph.unread[:_MAX_MEMBERS])
+    more = len(graph.unread) - _MAX_MEMBERS
+    lines.append(f'unread variables: {names}' + (f', ... (+{more})' if more > 0 else '')
+                 + ' (never read by the traced function: not prunable)')
   if prunable:
     lines.append('')
     lines.append(_table(

@@ -14,11 +14,13 @@ A rule is `rule(ctx, eqn) -> None`. It reads `eqn.invars`, `eqn.outvars` and
   ctx.fresh(n)             n new ids that belong to no tensor (factors)
   ctx.derive(ids, factors) position ids[p] is a merged position: it survives
                            only if factors[0][p], factors[1][p], ... survive
-  ctx.walk(jaxpr, sub_index, multiplier) -> scope; then
+  ctx.walk(jaxpr, sub_index) -> scope; then
   ctx.ids(var, axis, scope) reaches the variables of that sub-jaxpr
+  ctx.value(var)           the value of a constant operand, or None
+  ctx.note(fact)           keep a fact for the shrink rule (`graph.notes`)
 
-Register a rule for your own primitive with `register_rule(name, rule)`. A
-primitive with no rule blocks every tracked axis it touches: never guess.
+Which primitive uses which rule is listed in `primitives.py`, the one table.
+A primitive with no rule blocks every tracked axis it touches: never guess.
 """
 
 from __future__ import annotations
@@ -28,28 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from jaxprune.structured.shapes import var_shape
+
 Rule = Callable[[Any, Any], None]
-RULES: dict[str, Rule] = {}
-
-
-def register_rule(primitive_name: str, rule: Rule) -> None:
-  """Registers (or replaces) the channel rule of a primitive.
-
-  Args:
-    primitive_name: `eqn.primitive.name`, e.g. 'my_fused_gelu'.
-    rule: `rule(ctx, eqn)`; see this module's docstring for `ctx`. For an
-      elementwise primitive use `jaxprune.structured.rules.elementwise`.
-  """
-  if not isinstance(primitive_name, str) or not primitive_name:
-    raise TypeError(f'primitive_name must be a non-empty str, got {primitive_name!r}')
-  if not callable(rule):
-    raise TypeError(f'rule for {primitive_name!r} must be callable(ctx, eqn), got {rule!r}')
-  RULES[primitive_name] = rule
-
-
-def var_shape(var: Any) -> tuple[int, ...]:
-  """The shape of a jaxpr variable or literal."""
-  return tuple(getattr(var.aval, 'shape', ()))
 
 
 def elementwise(ctx, eqn) -> None:
@@ -66,7 +49,7 @@ def elementwise(ctx, eqn) -> None:
           ctx.block(var, axis)
 
 
-def _bitcast(ctx, eqn) -> None:
+def bitcast(ctx, eqn) -> None:
   """Same bit width: elementwise; otherwise an axis is split into bytes, so block."""
   if var_shape(eqn.invars[0]) == var_shape(eqn.outvars[0]):
     elementwise(ctx, eqn)
@@ -74,36 +57,30 @@ def _bitcast(ctx, eqn) -> None:
     block_all(ctx, eqn)
 
 
-def _fresh_outputs(ctx, eqn) -> None:
+def fresh_outputs(ctx, eqn) -> None:
   """Outputs made from no channel (random bits, keys): only inputs may block."""
   for var in eqn.invars:
     for axis in range(len(var_shape(var))):
       ctx.block(var, axis)
 
 
-def _no_values(ctx, eqn) -> None:
+def no_values(ctx, eqn) -> None:
   """Debug printing: produces no value the model computes with."""
   del ctx, eqn
 
 
-def _iota(ctx, eqn) -> None:
-  # iota's values are positions along `dimension`: they change meaning if that
-  # axis shrinks; the other axes are plain broadcasts.
-  ctx.block(eqn.outvars[0], eqn.params['dimension'])
-
-
-def _broadcast_in_dim(ctx, eqn) -> None:
+def broadcast_in_dim(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   for axis, out_axis in enumerate(eqn.params['broadcast_dimensions']):
     ctx.join_axes(operand, axis, out, out_axis)
 
 
-def _transpose(ctx, eqn) -> None:
+def transpose(ctx, eqn) -> None:
   for out_axis, axis in enumerate(eqn.params['permutation']):
     ctx.join_axes(eqn.invars[0], axis, eqn.outvars[0], out_axis)
 
 
-def _squeeze(ctx, eqn) -> None:
+def squeeze(ctx, eqn) -> None:
   operand = eqn.invars[0]
   rank = len(var_shape(operand))
   dropped = {d % rank for d in eqn.params['dimensions']}
@@ -112,7 +89,7 @@ def _squeeze(ctx, eqn) -> None:
     ctx.join_axes(operand, axis, eqn.outvars[0], out_axis)
 
 
-def _reduce(ctx, eqn) -> None:
+def reduce(ctx, eqn) -> None:
   operand = eqn.invars[0]
   axes = set(eqn.params['axes'])
   kept = [a for a in range(len(var_shape(operand))) if a not in axes]
@@ -123,6 +100,19 @@ def _reduce(ctx, eqn) -> None:
   # no consumer weight absorbs that, so the channels are not prunable.
   for axis in axes:
     ctx.block_ids(ctx.ids(operand, axis), f"reduced over by '{eqn.primitive.name}'")
+
+
+def collective(ctx, eqn) -> None:
+  """`psum` / `pmax` / `pmin`: integer axes (what `vmap` with an `axis_name`
+  leaves) reduce like `reduce_sum`; device (named) axes keep every local axis,
+  channel c of each device meeting channel c of the others."""
+  positional = {a for a in eqn.params['axes'] if isinstance(a, (int, np.integer))}
+  for var, out in zip(eqn.invars, eqn.outvars, strict=True):
+    kept = [a for a in range(len(var_shape(var))) if a not in positional]
+    for out_axis, axis in enumerate(kept):
+      ctx.join_axes(var, axis, out, out_axis)
+    for axis in positional:
+      ctx.block_ids(ctx.ids(var, axis), f"reduced over by '{eqn.primitive.name}'")
 
 
 def _mixed_radix(sizes: list[int]) -> list[np.ndarray]:
@@ -138,6 +128,11 @@ def _mixed_radix(sizes: list[int]) -> list[np.ndarray]:
 def _merge(ctx, merged: np.ndarray | None, factors: list[np.ndarray | None],
            sizes: list[int]) -> None:
   """`merged` (row-major flatten of `factors`) is derived from them."""
+  if merged is None:
+    # Merged into an untracked (symbolic) axis: the factors cannot be followed.
+    for ids in factors:
+      ctx.block_ids(ids, 'reshaped with a symbolic dimension')
+    return
   digits = _mixed_radix(sizes)
   factor_ids = []
   for ids, digit, size in zip(factors, digits, sizes, strict=True):
@@ -145,7 +140,7 @@ def _merge(ctx, merged: np.ndarray | None, factors: list[np.ndarray | None],
   ctx.derive(merged, factor_ids)
 
 
-def _reshape(ctx, eqn) -> None:
+def reshape(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   in_shape, out_shape = var_shape(operand), var_shape(out)
   if eqn.params.get('dimensions') is not None:
@@ -184,7 +179,7 @@ def _reshape(ctx, eqn) -> None:
         ctx.block_ids(ctx.ids(out, a), reason)
 
 
-def _dot_general(ctx, eqn) -> None:
+def dot_general(ctx, eqn) -> None:
   lhs, rhs = eqn.invars[:2]
   out = eqn.outvars[0]
   (lc, rc), (lb, rb) = eqn.params['dimension_numbers']
@@ -202,7 +197,7 @@ def _dot_general(ctx, eqn) -> None:
         out_axis += 1
 
 
-def _conv(ctx, eqn) -> None:
+def conv(ctx, eqn) -> None:
   lhs, rhs = eqn.invars[:2]
   out = eqn.outvars[0]
   lhs_spec, rhs_spec, out_spec = eqn.params['dimension_numbers']
@@ -233,7 +228,7 @@ def _conv(ctx, eqn) -> None:
       _merge(ctx, ids, [group_ids, inner], [groups, size])
 
 
-def _along_axis(param: str) -> Rule:
+def along_axis(param: str) -> Rule:
   """Ops that mix positions along one axis (cumsum, sort): block it, join the rest."""
   def rule(ctx, eqn) -> None:
     shape = var_shape(eqn.invars[0])
@@ -248,7 +243,7 @@ def _along_axis(param: str) -> Rule:
   return rule
 
 
-def _reduce_window(ctx, eqn) -> None:
+def reduce_window(ctx, eqn) -> None:
   params = eqn.params
   rank = len(var_shape(eqn.invars[0]))
   base = params.get('base_dilation') or (1,) * rank
@@ -267,7 +262,7 @@ def _reduce_window(ctx, eqn) -> None:
         ctx.block_ids(ctx.ids(out, axis), reason)
 
 
-def _identity_pairs(ctx, eqn) -> None:
+def identity_pairs(ctx, eqn) -> None:
   for var, out in zip(eqn.invars, eqn.outvars, strict=True):
     for axis in range(len(var_shape(var))):
       ctx.join_axes(var, axis, out, axis)
@@ -280,46 +275,3 @@ def block_all(ctx, eqn) -> None:
       ctx.block(var, axis)
 
 
-ELEMENTWISE = (
-    'abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt '
-    'ceil clamp clz complex conj convert_element_type copy copy_p cos cosh digamma div eq '
-    'erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag '
-    'integer_pow is_finite le lgamma log log1p logistic lt max min mul mulhi ne neg '
-    'nextafter not or polygamma population_count pow real regularized_incomplete_beta '
-    'reduce_precision rem round rsqrt select_n shift_left shift_right_arithmetic '
-    'shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh threefry2x32 xor '
-    'zeta'
-).split()
-
-for _name in ELEMENTWISE:
-  RULES[_name] = elementwise
-for _name in ('reduce_sum', 'reduce_max', 'reduce_min', 'reduce_prod', 'reduce_and',
-              'reduce_or', 'reduce_xor', 'argmax', 'argmin'):
-  RULES[_name] = _reduce
-for _name in ('random_bits', 'random_seed', 'random_wrap', 'random_unwrap', 'random_split',
-              'random_fold_in', 'rng_bit_generator'):
-  RULES[_name] = _fresh_outputs
-for _name in ('cumsum', 'cumprod', 'cummax', 'cummin', 'cumlogsumexp'):
-  RULES[_name] = _along_axis('axis')
-for _name in ('reduce_window_sum', 'reduce_window_max', 'reduce_window_min', 'reduce_window'):
-  RULES[_name] = _reduce_window
-RULES.update({
-    'iota': _iota,
-    'bitcast_convert_type': _bitcast,
-    'broadcast_in_dim': _broadcast_in_dim,
-    'transpose': _transpose,
-    'squeeze': _squeeze,
-    'reshape': _reshape,
-    'dot_general': _dot_general,
-    'conv_general_dilated': _conv,
-    'sort': _along_axis('dimension'),
-    'top_k': _along_axis('axis'),
-    'debug_print': _no_values,
-    'debug_callback': _no_values,
-    'optimization_barrier': _identity_pairs,
-    'sharding_constraint': _identity_pairs,
-    'layout_constraint': _identity_pairs,
-    'with_memory_space_constraint': _identity_pairs,
-    'reshard': _identity_pairs,
-    'device_put': _identity_pairs,
-})

@@ -238,29 +238,54 @@ def select(graph: Any, variables: PyTree, *, ratio: float | None = None,
   Returns:
     A `Plan`.
   """
+  check_target(ratio=ratio, flops_target=flops_target, n_channels=n_channels,
+               latency_fn=latency_fn, latency_target=latency_target, scope=scope,
+               search=search, constraint=constraint)
   constraint = constraint or Constraint()
+  scores = importance_lib.score_channels(graph, variables, importance, masks=masks, seed=seed)
+  if ratio is not None:
+    if scope == 'uniform':
+      return uniform(graph, scores, ratio, constraint)
+    return global_(graph, scores, float(ratio), constraint)
+  if n_channels is not None:
+    return global_(graph, scores, int(n_channels), constraint)
+  if flops_target is not None:
+    dense = cost_lib.plan_flops(graph, make_plan(graph, {}))
+    return by_cost(graph, scores, lambda plan: cost_lib.plan_flops(graph, plan),
+                   flops_target * dense, constraint, search)
+  return by_cost(graph, scores, latency_fn, latency_target, constraint, search)
+
+
+def check_target(*, ratio: float | None = None, flops_target: float | None = None,
+                 n_channels: int | None = None, latency_fn: Callable | None = None,
+                 latency_target: float | None = None, scope: str = 'uniform',
+                 search: str = 'greedy', constraint: Constraint | None = None) -> None:
+  """Checks `select`'s target arguments (before anything is traced or changed).
+
+  Raises:
+    ValueError: naming the argument, its value and what it accepts.
+    TypeError: for a constraint that is not a `Constraint`.
+  """
   given = [name for name, v in (('ratio', ratio), ('flops_target', flops_target),
                                 ('n_channels', n_channels), ('latency_target', latency_target))
            if v is not None]
   if len(given) != 1:
     raise ValueError(f'select: give exactly one of ratio, n_channels, flops_target, '
                      f'latency_target; got {given or "none"}.')
-  scores = importance_lib.score_channels(graph, variables, importance, masks=masks, seed=seed)
-  if ratio is not None:
-    if scope == 'uniform':
-      return uniform(graph, scores, ratio, constraint)
-    if scope == 'global':
-      return global_(graph, scores, float(ratio), constraint)
+  if scope not in ('uniform', 'global'):
     raise ValueError(f"scope={scope!r}: use 'uniform' or 'global'.")
-  if n_channels is not None:
-    return global_(graph, scores, int(n_channels), constraint)
-  if flops_target is not None:
-    if not 0.0 < flops_target <= 1.0:
-      raise ValueError(f'flops_target={flops_target}: the fraction of FLOPs to keep must be '
-                       'in (0, 1].')
-    dense = cost_lib.plan_flops(graph, make_plan(graph, {}))
-    return by_cost(graph, scores, lambda plan: cost_lib.plan_flops(graph, plan),
-                   flops_target * dense, constraint, search)
-  if latency_fn is None:
+  if search not in ('greedy', 'knapsack'):
+    raise ValueError(f"search={search!r}: use 'greedy' or 'knapsack'.")
+  if constraint is not None and not isinstance(constraint, Constraint):
+    raise TypeError(f'constraint: give a jaxprune.structured.Constraint, got '
+                    f'{type(constraint).__name__}.')
+  if ratio is not None and not 0.0 <= ratio < 1.0:
+    raise ValueError(f'ratio={ratio}: the fraction of channels to remove must be in [0, 1).')
+  if n_channels is not None and (isinstance(n_channels, bool) or int(n_channels) != n_channels
+                                 or n_channels < 1):
+    raise ValueError(f'n_channels={n_channels!r}: give the number of channels to remove (>= 1).')
+  if flops_target is not None and not 0.0 < flops_target <= 1.0:
+    raise ValueError(f'flops_target={flops_target}: the fraction of FLOPs to keep must be '
+                     'in (0, 1].')
+  if latency_target is not None and not callable(latency_fn):
     raise ValueError('latency_target needs latency_fn(plan) -> float.')
-  return by_cost(graph, scores, latency_fn, latency_target, constraint, search)

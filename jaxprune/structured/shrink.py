@@ -10,15 +10,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import names
+from jaxprune.structured import trace as trace_lib
 from jaxprune.structured.interpret import Shrinker, eval_jaxpr
-from jaxprune.structured.plan import Plan, make_plan
+from jaxprune.structured.plan import Plan, make_plan, plan_for
 
 PyTree = Any
 
 
 def as_plan(graph: Any, plan: Plan | Mapping[int, Sequence[int]]) -> Plan:
-  """Accepts a `Plan` or `{group id: channel indices to remove}`."""
-  return plan if isinstance(plan, Plan) else make_plan(graph, plan)
+  """Accepts a `Plan` (made on this graph or another trace of the same model) or
+  `{group id: channel indices to remove}` of this graph."""
+  if isinstance(plan, Plan):
+    return plan_for(graph, plan)
+  if not isinstance(plan, Mapping):
+    raise TypeError(f'plan: give a Plan (from select or make_plan) or {{group id: channels}}, '
+                    f'got {type(plan).__name__}.')
+  return make_plan(graph, plan)
 
 
 def _leaf_kept(graph: Any, name: str, shape: Sequence[int],
@@ -47,10 +54,15 @@ def shrink_variables(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyT
   plan = as_plan(graph, plan)
 
   def cut(path, leaf):
-    name = names.leaf_name(path)
-    for axis, kept in _leaf_kept(graph, name, jnp.shape(leaf), plan.removed).items():
-      leaf = jnp.take(leaf, kept, axis=axis)
-    return leaf
+    kept = _leaf_kept(graph, names.leaf_name(path), jnp.shape(leaf), plan.removed)
+    if not kept:
+      return leaf
+    # On the host: one XLA compile per leaf shape would dominate for big models.
+    xp = jnp if isinstance(leaf, jax.core.Tracer) else np
+    leaf = xp.asarray(leaf)
+    for axis, positions in kept.items():
+      leaf = xp.take(leaf, positions, axis=axis)
+    return jnp.asarray(leaf)
 
   return jax.tree_util.tree_map_with_path(cut, variables)
 
@@ -72,45 +84,87 @@ def zero_removed(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyTree:
       axis_keep = np.zeros(shape[axis], bool)
       axis_keep[kept] = True
       keep &= axis_keep.reshape([-1 if a == axis else 1 for a in range(len(shape))])
-    return leaf if keep.all() else jnp.where(keep, leaf, jnp.zeros((), jnp.result_type(leaf)))
+    if keep.all():
+      return leaf
+    xp = jnp if isinstance(leaf, jax.core.Tracer) else np
+    leaf = xp.asarray(leaf)
+    return jnp.asarray(xp.where(keep, leaf, xp.zeros((), leaf.dtype)))
 
   return jax.tree_util.tree_map_with_path(zero, variables)
 
 
-def pruned_callable(graph: Any, plan: Plan | Mapping, jit: bool = True) -> Callable:
+class _Replay:
+  """The jaxpr of one entry point of one trace, evaluated under one plan."""
+
+  def __init__(self, graph: Any, plan: Plan, entry: int):
+    self.point = graph.entries[entry]
+    self.shrinker = Shrinker(graph, plan_for(graph, plan).removed)
+
+  def __call__(self, flat: list[Any]) -> Any:
+    closed = self.point.closed_jaxpr
+    outs = eval_jaxpr(self.shrinker, closed.jaxpr, closed.consts, flat, self.point.scope)
+    return jax.tree_util.tree_unflatten(self.point.out_tree, outs)
+
+
+def _same_avals(avals: Sequence[Any], args: Sequence[Any]) -> bool:
+  return len(avals) == len(args) and all(
+      tuple(a.shape) == tuple(jnp.shape(x)) and a.dtype == jnp.result_type(x)
+      for a, x in zip(avals, args, strict=True))
+
+
+def pruned_callable(graph: Any, plan: Plan | Mapping, jit: bool = True,
+                    entry: int = 0) -> Callable:
   """The traced function at the pruned shapes: `pruned_fn(new_variables, *args)`.
 
   It replays the traced jaxpr (see `interpret`), so it works for any function
-  `trace` accepted, not only Flax modules; it is jittable, differentiable and
-  exportable with `jax.export`. Arguments must have the example arguments'
-  shapes (the jaxpr was traced at those).
+  `trace` accepted, not only Flax modules. It runs at every input shape the
+  original function accepts (batch 1, other batches, other sequence lengths):
+  at a shape other than the example's, the function is traced again at that
+  shape, like `jax.jit` does, and the plan is mapped onto the new trace by
+  group identity. It is jittable, differentiable and exportable with
+  `jax.export`, also with symbolic dimensions
+  (`jax.export.symbolic_shape('b, 224, 224, 3')`).
 
   Args:
     graph: the DependencyGraph.
     plan: the plan applied to the variables.
     jit: wrap the function in `jax.jit`.
+    entry: which entry point of `trace` (0 is `fn`; 1, 2, ... are `also`).
 
   Returns:
-    `pruned_fn(new_variables, *args) -> output` with the original output pytree.
+    `pruned_fn(new_variables, *args) -> output` with the entry point's output pytree.
   """
+  if not 0 <= entry < len(graph.entries):
+    raise ValueError(f'entry={entry}: the graph has {len(graph.entries)} entry point(s) '
+                     f'(0..{len(graph.entries) - 1}).')
   plan = as_plan(graph, plan)
+  point = graph.entries[entry]
   shrinker = Shrinker(graph, plan.removed)
-  closed = graph.closed_jaxpr
-  consts = [shrinker.cut((), v, c) for v, c in zip(closed.jaxpr.constvars, closed.consts,
-                                                     strict=True)]
+  leaf_vars = point.closed_jaxpr.jaxpr.invars[:len(graph.leaf_names)]
+  expected = [shrinker.shape(point.scope, v) for v in leaf_vars]
+  replays = {id(graph): _Replay(graph, plan, entry)}
+
+  def replay_for(new_variables, args):
+    example = (jax.tree_util.tree_structure((new_variables, *args)) == point.in_tree
+               and _same_avals(point.arg_avals, jax.tree_util.tree_leaves(args)))
+    if example:
+      return replays[id(graph)]
+    traced = trace_lib.retrace(graph, entry, args)
+    if any(traced is g for g in graph.retraced.values()):  # static shapes: kept
+      return replays.setdefault(id(traced), _Replay(traced, plan, entry))
+    return _Replay(traced, plan, entry)
 
   def pruned_fn(new_variables, *args):
-    flat, tree = jax.tree_util.tree_flatten((new_variables, *args))
-    if tree != graph.in_tree:
-      raise ValueError(f'pruned_fn: arguments have structure {tree}, the traced function had '
-                       f'{graph.in_tree}; pass (new_variables, *args) like the example.')
-    for var, x in zip(closed.jaxpr.invars, flat, strict=True):
-      if tuple(jnp.shape(x)) != shrinker.shape((), var):
-        raise ValueError(f'pruned_fn: an input has shape {jnp.shape(x)}, expected '
-                         f'{shrinker.shape((), var)} (variables from apply_plan with this plan, '
-                         'args shaped like the example).')
-    outs = eval_jaxpr(shrinker, closed.jaxpr, consts, flat)
-    return jax.tree_util.tree_unflatten(graph.out_tree, outs)
+    flat, tree = jax.tree_util.tree_flatten(new_variables)
+    if tree != graph.variables_tree:
+      raise ValueError(f'pruned_fn: new_variables have structure {tree}, the traced variables '
+                       f'had {graph.variables_tree}; pass the variables apply_plan returned.')
+    for name, x, want in zip(graph.leaf_names, flat, expected, strict=True):
+      if tuple(jnp.shape(x)) != want:
+        raise ValueError(f'pruned_fn: variables leaf {name!r} has shape {jnp.shape(x)}, '
+                         f'expected {want} (pass the variables apply_plan returned for this '
+                         'plan).')
+    return replay_for(new_variables, args)([*flat, *jax.tree_util.tree_leaves(args)])
 
   return jax.jit(pruned_fn) if jit else pruned_fn
 

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from jaxprune.structured import flops
+from jaxprune.structured import cost
 from jaxprune.structured.groups import AxisPart, ChannelGroup, DependencyGraph, Member
 
 _MAX_ROUNDS = 16
@@ -162,14 +162,17 @@ def _group_channels(own_o, node, pos, class_code, node_keys, n_classes, count):
   return class_group, class_rank, sizes, classes[order[group_start]]
 
 
-def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, leaf_of):
-  """Returns (var_axes, leaf_axes, members per group) from the ownership table."""
+def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, leaf_of,
+                leaf_vars):
+  """Returns (var_axes, leaf_axes, members per group, ids of the groups some
+  value computed by an equation carries) from the ownership table."""
   entries = np.lexsort((pos, class_rank[own_o], class_group[own_o], node))
   e_node, e_group, e_pos = node[entries], class_group[own_o][entries], pos[entries]
   cut = np.flatnonzero(np.r_[True, (e_node[1:] != e_node[:-1]) | (e_group[1:] != e_group[:-1])])
   var_axes: dict[Any, dict[int, list[AxisPart]]] = {}
   leaf_axes: dict[str, dict[int, list[AxisPart]]] = {}
   members: list[list[Member]] = [[] for _ in sizes]
+  carried = set()
   for start, stop in zip(cut, np.r_[cut[1:], len(entries)], strict=True):
     key = node_keys[e_node[start]]
     if key is None:
@@ -177,17 +180,22 @@ def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, lea
     gid = int(e_group[start])
     indices = e_pos[start:stop].reshape(int(sizes[gid]), -1)
     (scope, var), axis = key
+    if (scope, id(var)) not in leaf_vars:
+      carried.add(gid)
     part = AxisPart(gid, indices)
     var_axes.setdefault((scope, var), {}).setdefault(axis, []).append(part)
     if scope == () and id(var) in leaf_of:
       name = leaf_of[id(var)]
       leaf_axes.setdefault(name, {}).setdefault(axis, []).append(part)
       members[gid].append(Member(name, axis, indices))
-  return var_axes, leaf_axes, members
+  return var_axes, leaf_axes, members, carried
 
 
-def build_graph(walker, *, closed, leaf_names, leaf_shapes, in_tree, out_tree,
-                blocked_primitives, warnings) -> DependencyGraph:
+_UNREAD = 'never read by the traced function'
+
+
+def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_tree,
+                variables_avals, blocked_primitives, warnings) -> DependencyGraph:
   """Groups the walker's channels; see the module docstring."""
   labels, tables, extra_blocks = _settle_merges(walker)
   own_e, own_o = _ownership(labels, tables)
@@ -199,21 +207,32 @@ def build_graph(walker, *, closed, leaf_names, leaf_shapes, in_tree, out_tree,
   pos = own_e - bases[node]
   class_group, class_rank, sizes, first_class = _group_channels(
       own_o, node, pos, class_code, walker.node_keys, n_classes, walker.count)
-  leaf_of = {id(v): n for v, n in zip(closed.jaxpr.invars, leaf_names, strict=False)}
-  var_axes, leaf_axes, members = _axis_parts(own_o, node, pos, class_group, class_rank, sizes,
-                                             walker.node_keys, leaf_of)
-  group_flops, total_flops = flops.count(walker.flop_eqns, var_axes, len(sizes))
+  first = entries[0].closed_jaxpr.jaxpr
+  leaf_of = {id(v): n for v, n in zip(first.invars, leaf_names, strict=False)}
+  leaf_vars = {(e.scope, id(v)) for e in entries
+               for v in e.closed_jaxpr.jaxpr.invars[:len(leaf_names)]}
+  var_axes, leaf_axes, members, carried = _axis_parts(
+      own_o, node, pos, class_group, class_rank, sizes, walker.node_keys, leaf_of, leaf_vars)
+  group_flops, total_flops = cost.count(first, var_axes, len(sizes), entries[0].scope)
+  unread_set = set(unread)
   groups = []
   for gid, size in enumerate(sizes):
     code = class_code[first_class[gid]]
     reason = reasons[code] if code >= 0 else None
     if reason is None and not members[gid]:
       reason = 'no parameters'
+    # Unread leaves, and positions of read leaves that no equation takes (rows
+    # of a position table beyond the traced length): removing them saves
+    # nothing, so a selector must not spend its budget on them.
+    if reason is None and (gid not in carried or all(m.leaf in unread_set
+                                                     for m in members[gid])):
+      reason = _UNREAD
     groups.append(ChannelGroup(id=gid, size=int(size), members=members[gid],
                                prunable=reason is None, reason=reason,
                                flops_per_channel=float(group_flops[gid])))
   return DependencyGraph(
       groups=groups, leaf_names=leaf_names, leaf_shapes=leaf_shapes,
-      blocked_primitives=blocked_primitives, total_flops=total_flops, closed_jaxpr=closed,
-      in_tree=in_tree, out_tree=out_tree, var_axes=var_axes, leaf_axes=leaf_axes,
+      blocked_primitives=blocked_primitives, total_flops=total_flops, entries=entries,
+      var_axes=var_axes, leaf_axes=leaf_axes, unread=list(unread), proxied=walker.proxied,
+      notes=walker.notes, variables_tree=variables_tree, variables_avals=variables_avals,
       warnings=warnings)

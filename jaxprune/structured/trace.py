@@ -1,152 +1,31 @@
-"""Walk a jaxpr and record which (variable, axis, position) entries are one channel.
+"""`trace`: a model's functions (eval, train, ...) into one graph of channel groups.
 
-Every axis of size > 1 of every jaxpr variable gets a range of integer ids
-(one per position). Rules (`rules.py`, `offsets.py`, `control.py`) add edges between ids
-that must go together, mark ids that may not go (blocked) and record merged
-positions (derived from several factor ids). `solve.py` turns this into groups.
+Each entry point is traced with `jax.make_jaxpr`, walked (`walker.py`) and its
+variables leaves are tied to those of the first entry point, so state that
+only one mode reads (BatchNorm running averages updated in training) belongs
+to the channels it follows. `solve.py` turns the walk into groups.
+
+`retrace` traces the same entry points again at other argument shapes; the
+pruned callable uses it to run at every shape the original function accepts.
 """
 
 from __future__ import annotations
 
-import collections
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from jax.extend import core as jcore
 
 from jaxprune import names
-from jaxprune.structured import control, offsets, rules, solve
-from jaxprune.structured.groups import DependencyGraph
+from jaxprune.structured import solve, usage
+from jaxprune.structured.groups import DependencyGraph, EntryPoint
+from jaxprune.structured.shapes import is_static
+from jaxprune.structured.walker import Walker
 
-_Scope = tuple[int, ...]
-
-
-class _Walker:
-  """The `ctx` handed to rules; see `rules.py` for the methods rules may call."""
-
-  def __init__(self):
-    self.node_bases: list[int] = []
-    self.node_sizes: list[int] = []
-    self.node_keys: list[tuple[Any, int] | None] = []   # ((scope, var), axis); None = factor
-    self.var_nodes: dict[tuple[_Scope, Any], list[int | None]] = {}
-    self.count = 0
-    self.edges: list[tuple[np.ndarray, np.ndarray]] = []
-    self.blocks: list[tuple[np.ndarray, str]] = []
-    self.derived: list[tuple[np.ndarray, np.ndarray]] = []
-    self.blocked_primitives: collections.Counter[str] = collections.Counter()
-    self.unknown: collections.Counter[str] = collections.Counter()
-    self.flop_eqns: list[tuple[_Scope, Any, float]] = []
-    self.scope: _Scope = ()
-    self.eqn_index = -1
-    self.eqn: Any = None
-    self.multiplier = 1.0
-
-  # -- allocation ---------------------------------------------------------
-
-  def _new_node(self, key: tuple[Any, int] | None, size: int) -> int:
-    self.node_bases.append(self.count)
-    self.node_sizes.append(size)
-    self.node_keys.append(key)
-    self.count += size
-    return len(self.node_bases) - 1
-
-  def allocate(self, scope: _Scope, var: Any) -> None:
-    if isinstance(var, jcore.Literal) or (scope, var) in self.var_nodes:
-      return
-    shape = tuple(getattr(var.aval, 'shape', ()))
-    self.var_nodes[(scope, var)] = [
-        self._new_node(((scope, var), axis), n) if n > 1 else None
-        for axis, n in enumerate(shape)]
-
-  # -- the rule API -------------------------------------------------------
-
-  def ids(self, var: Any, axis: int, scope: _Scope | None = None) -> np.ndarray | None:
-    if isinstance(var, jcore.Literal):
-      return None
-    nodes = self.var_nodes[(self.scope if scope is None else scope, var)]
-    node = nodes[axis]
-    if node is None:
-      return None
-    base = self.node_bases[node]
-    return np.arange(base, base + self.node_sizes[node])
-
-  def join(self, a: np.ndarray | None, b: np.ndarray | None) -> None:
-    if a is None or b is None:
-      return
-    if len(a) != len(b):
-      raise ValueError(f'rule for {self.eqn.primitive.name!r} joined {len(a)} ids with '
-                       f'{len(b)}; a rule must join equal-length id arrays')
-    self.edges.append((a, b))
-
-  def join_axes(self, var_a: Any, axis_a: int, var_b: Any, axis_b: int,
-                scope_a: _Scope | None = None, scope_b: _Scope | None = None) -> None:
-    a, b = self.ids(var_a, axis_a, scope_a), self.ids(var_b, axis_b, scope_b)
-    if a is not None and b is not None and len(a) != len(b):
-      self.block(var_a, axis_a, scope=scope_a)
-      self.block(var_b, axis_b, scope=scope_b)
-      return
-    self.join(a, b)
-
-  def block(self, var: Any, axis: int, reason: str | None = None,
-            scope: _Scope | None = None) -> None:
-    ids = self.ids(var, axis, scope)
-    if ids is None:
-      return
-    if reason is None:
-      reason = f"blocked by primitive '{self.eqn.primitive.name}'"
-      self.blocked_primitives[self.eqn.primitive.name] += 1
-    self.blocks.append((ids, reason))
-
-  def block_ids(self, ids: np.ndarray | None, reason: str) -> None:
-    if ids is not None and len(ids):
-      self.blocks.append((np.asarray(ids), reason))
-
-  def fresh(self, n: int) -> np.ndarray:
-    base = self.node_bases[self._new_node(None, n)]
-    return np.arange(base, base + n)
-
-  def derive(self, ids: np.ndarray | None, factors: list[np.ndarray]) -> None:
-    if ids is None:
-      return
-    self.derived.append((np.asarray(ids), np.stack(factors, axis=1)))
-
-  def walk(self, jaxpr: Any, sub_index: int, multiplier: float = 1.0) -> _Scope:
-    scope = self.scope + (self.eqn_index, sub_index)
-    saved = (self.scope, self.eqn_index, self.eqn, self.multiplier)
-    self.walk_jaxpr(jaxpr, scope, saved[3] * multiplier)
-    self.scope, self.eqn_index, self.eqn, self.multiplier = saved
-    return scope
-
-  # -- the walk -----------------------------------------------------------
-
-  def walk_jaxpr(self, jaxpr: Any, scope: _Scope, multiplier: float) -> None:
-    """Allocates ids for `jaxpr` (open or closed) in `scope` and applies rules."""
-    if isinstance(jaxpr, jcore.ClosedJaxpr):
-      jaxpr = jaxpr.jaxpr
-    self.scope, self.multiplier = scope, multiplier
-    for var in (*jaxpr.constvars, *jaxpr.invars):
-      self.allocate(scope, var)
-    for var in jaxpr.constvars:
-      for axis in range(len(var.aval.shape)):
-        self.block_ids(self.ids(var, axis), f'captured constant of shape {var.aval.shape}')
-    for index, eqn in enumerate(jaxpr.eqns):
-      for var in eqn.outvars:
-        self.allocate(scope, var)
-      self.scope, self.eqn_index, self.eqn = scope, index, eqn
-      name = eqn.primitive.name
-      if name in ('dot_general', 'conv_general_dilated'):
-        self.flop_eqns.append((scope, eqn, multiplier))
-      rule = rules.RULES.get(name)
-      if rule is None:
-        if any(self.ids(v, a) is not None for v in (*eqn.invars, *eqn.outvars)
-               for a in range(len(getattr(v.aval, 'shape', ())))):
-          self.unknown[name] += 1
-        rule = rules.block_all
-      rule(self, eqn)
-      self.scope, self.multiplier = scope, multiplier
+# (fn, example args, static kwargs) of one entry point.
+_Spec = tuple[Callable[..., Any], tuple, dict]
 
 
 def _output_state_leaf(out_name: str, shape: tuple[int, ...],
@@ -163,63 +42,170 @@ def _output_state_leaf(out_name: str, shape: tuple[int, ...],
   return None
 
 
+def _aval(x: Any) -> jax.ShapeDtypeStruct:
+  """The shape, dtype and weak type of an array, tracer, aval or ShapeDtypeStruct."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return x
+  aval = x if isinstance(x, jax.core.ShapedArray) else jax.typeof(x)
+  return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _walk_entry(walker: Walker, spec: _Spec, k: int, variables: Any, leaf_names: list[str],
+                leaf_shapes: dict[str, tuple[int, ...]]) -> tuple[EntryPoint, set[str]]:
+  """Walks entry point `k`; returns it and the names of the leaves it reads."""
+  fn, args, kwargs = spec
+  closed, out_shapes = jax.make_jaxpr(
+      lambda v, *a: fn(v, *a, **kwargs), return_shape=True)(variables, *args)
+  scope = () if k == 0 else (-k,)
+  walker.walk_jaxpr(closed, scope)
+  walker.eqn = None
+  invars = closed.jaxpr.invars
+  leaf_vars = dict(zip(leaf_names, invars, strict=False))
+  arg_paths = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+  for var, (path, _) in zip(invars[len(leaf_names):], arg_paths, strict=True):
+    for axis in range(len(var.aval.shape)):
+      walker.block_ids(walker.ids(var, axis, scope),
+                       f'reaches model input {names.leaf_name(path)} axis {axis}')
+  out_paths = jax.tree_util.tree_flatten_with_path(out_shapes)[0]
+  live_outputs = []
+  for var, (path, shape) in zip(closed.jaxpr.outvars, out_paths, strict=True):
+    out_name = names.leaf_name(path)
+    state_leaf = _output_state_leaf(out_name, tuple(shape.shape), leaf_shapes)
+    # A leaf handed back unchanged as its own new value is not read.
+    live_outputs.append(state_leaf is None or var is not leaf_vars[state_leaf])
+    for axis in range(len(shape.shape)):
+      if state_leaf is not None:
+        walker.join_axes(var, axis, leaf_vars[state_leaf], axis, scope, scope)
+      else:
+        walker.block_ids(walker.ids(var, axis, scope),
+                         f'reaches model output {out_name or 0} axis {axis}')
+  live = usage.live_inputs(closed.jaxpr, live_outputs)
+  read = {name for name, used in zip(leaf_names, live, strict=False) if used}
+  arg_avals = tuple(_aval(v.aval) for v in invars[len(leaf_names):])
+  entry = EntryPoint(fn, dict(kwargs), closed, jax.tree_util.tree_structure((variables, *args)),
+                     jax.tree_util.tree_structure(out_shapes), scope, arg_avals)
+  return entry, read
+
+
+def _trace(specs: Sequence[_Spec], variables: Any) -> tuple[DependencyGraph, list[str]]:
+  """Traces the entry points into one graph; also returns the unknown-primitive messages."""
+  var_leaves = names.named_leaves(variables)
+  leaf_names = [name for name, _ in var_leaves]
+  leaf_shapes = {name: tuple(np.shape(leaf)) for name, leaf in var_leaves}
+  walker = Walker()
+  entries, read = [], set()
+  for k, spec in enumerate(specs):
+    entry, entry_read = _walk_entry(walker, spec, k, variables, leaf_names, leaf_shapes)
+    read |= entry_read
+    if k:  # the same leaves in every entry point
+      for name, first, var in zip(leaf_names, entries[0].closed_jaxpr.jaxpr.invars,
+                                  entry.closed_jaxpr.jaxpr.invars, strict=False):
+        for axis in range(len(leaf_shapes[name])):
+          walker.join_axes(first, axis, var, axis, (), entry.scope)
+    entries.append(entry)
+  messages = [f"jaxprune.structured.trace: primitive '{name}' has no channel rule; "
+              f'blocked the axes it touches ({count} equation(s)). Register one with '
+              'jaxprune.structured.register_rule if it is safe to prune through.'
+              for name, count in sorted(walker.unknown.items())]
+  leaf_invars = entries[0].closed_jaxpr.jaxpr.invars[:len(leaf_names)]
+  graph = solve.build_graph(
+      walker, entries=entries, leaf_names=leaf_names, leaf_shapes=leaf_shapes,
+      unread=[name for name in leaf_names if name not in read],
+      variables_tree=jax.tree_util.tree_structure(variables),
+      variables_avals=tuple(_aval(v.aval) for v in leaf_invars),
+      blocked_primitives=dict(walker.blocked_primitives), warnings=messages)
+  return graph, messages
+
+
+def _spec(entry: Any, index: int) -> _Spec:
+  if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
+    raise TypeError(f'also[{index}]: give (fn, args) or (fn, args, kwargs), e.g. '
+                    f'(functools.partial(model.apply, train=True), (x,)); got {entry!r}.')
+  fn, args, *rest = entry
+  if not callable(fn):
+    raise TypeError(f'also[{index}]: the first element must be fn(variables, *args), got {fn!r}.')
+  if not isinstance(args, (tuple, list)):
+    raise TypeError(f'also[{index}]: the second element must be a tuple of example args, got '
+                    f'{type(args).__name__}; write (x,) for one argument.')
+  kwargs = dict(rest[0]) if rest else {}
+  return fn, tuple(args), kwargs
+
+
 def trace(fn: Callable[..., Any], variables: Any, *example_args: Any,
-          **kwargs: Any) -> DependencyGraph:
+          also: Sequence[tuple] = (), **kwargs: Any) -> DependencyGraph:
   """Traces `fn(variables, *example_args, **kwargs)` into coupled channel groups.
 
   Args:
     fn: any JAX function whose first argument is the variables pytree, e.g.
       `model.apply`, `lambda state, x: nnx.merge(graphdef, state)(x)`.
-    variables: the pytree of arrays whose channels are to be grouped.
+    variables: the pytree of arrays whose channels are to be grouped (arrays
+      or `jax.ShapeDtypeStruct`s: only shapes are needed).
     *example_args: example inputs (arrays or pytrees); their axes and the
       function's outputs are never pruned, except outputs that are new values
       of a variables leaf (same name suffix and shape, e.g. Linen's
       `mutable=['batch_stats']` or an NNX `nnx.state(model)`), which are tied
       to that leaf.
+    also: more entry points of the same model, each `(fn, args)` or `(fn,
+      args, kwargs)` with `fn(variables, *args, **kwargs)`, e.g. the training
+      step's forward pass; every entry point's ties hold in the one graph, so
+      state read only in one mode follows its channels.
     **kwargs: static keyword arguments for `fn` (`train=False`, `mutable=...`);
       they are closed over, not traced.
 
   Returns:
-    A `DependencyGraph`.
+    A `DependencyGraph`. Variables leaves no entry point reads are listed in
+    `graph.unread` and never prunable.
   """
-  closed, out_shapes = jax.make_jaxpr(
-      lambda v, *args: fn(v, *args, **kwargs), return_shape=True)(variables, *example_args)
-  var_leaves = names.named_leaves(variables)
-  leaf_names = [name for name, _ in var_leaves]
-  leaf_shapes = {name: tuple(np.shape(leaf)) for name, leaf in var_leaves}
-  walker = _Walker()
-  walker.walk_jaxpr(closed, (), 1.0)
-  invars = closed.jaxpr.invars
-  walker.eqn = None
-  arg_paths = jax.tree_util.tree_flatten_with_path(tuple(example_args))[0]
-  for var, (path, _) in zip(invars[len(leaf_names):], arg_paths, strict=True):
-    for axis in range(len(var.aval.shape)):
-      walker.block_ids(walker.ids(var, axis, ()),
-                       f'reaches model input {names.leaf_name(path)} axis {axis}')
-  out_paths = jax.tree_util.tree_flatten_with_path(out_shapes)[0]
-  leaf_vars = dict(zip(leaf_names, invars, strict=False))
-  for var, (path, shape) in zip(closed.jaxpr.outvars, out_paths, strict=True):
-    out_name = names.leaf_name(path)
-    state_leaf = _output_state_leaf(out_name, tuple(shape.shape), leaf_shapes)
-    for axis in range(len(shape.shape)):
-      if state_leaf is not None:
-        walker.join_axes(var, axis, leaf_vars[state_leaf], axis, (), ())
-      else:
-        walker.block_ids(walker.ids(var, axis, ()),
-                         f'reaches model output {out_name or 0} axis {axis}')
-  graph_warnings = []
-  for name, count in sorted(walker.unknown.items()):
-    message = (f"jaxprune.structured.trace: primitive '{name}' has no channel rule; "
-               f'blocked the axes it touches ({count} equation(s)). Register one with '
-               'jaxprune.structured.register_rule if it is safe to prune through.')
+  specs = [(fn, tuple(example_args), dict(kwargs))]
+  specs += [_spec(entry, i) for i, entry in enumerate(also)]
+  graph, messages = _trace(specs, variables)
+  for message in messages:
     warnings.warn(message, stacklevel=2)
-    graph_warnings.append(message)
-  return solve.build_graph(
-      walker, closed=closed, leaf_names=leaf_names, leaf_shapes=leaf_shapes,
-      in_tree=jax.tree_util.tree_structure((variables, *example_args)),
-      out_tree=jax.tree_util.tree_structure(out_shapes),
-      blocked_primitives=dict(walker.blocked_primitives), warnings=graph_warnings)
+  return graph
 
 
-control.register()
-offsets.register()
+def _signature(avals: Sequence[jax.ShapeDtypeStruct]) -> tuple | None:
+  """A hashable key of argument shapes, or None when one is symbolic (not cached)."""
+  if not all(is_static(d) for a in avals for d in a.shape):
+    return None
+  return tuple((tuple(a.shape), str(a.dtype), a.weak_type) for a in avals)
+
+
+def retrace(graph: DependencyGraph, entry: int, args: Sequence[Any]) -> DependencyGraph:
+  """The graph's entry points traced again, entry point `entry` at the shapes of `args`.
+
+  Args:
+    graph: a graph from `trace`.
+    entry: which entry point gets new arguments.
+    args: its arguments (arrays, tracers or `jax.ShapeDtypeStruct`s, symbolic
+      dimensions allowed).
+
+  Returns:
+    A new graph (cached per static argument shapes). Its groups are numbered
+    afresh; `identity.translate` maps a plan onto it.
+  """
+  flat, tree = jax.tree_util.tree_flatten(tuple(args))
+  avals = [_aval(x) for x in flat]
+  key = _signature(avals)
+  if key is not None and (entry, tree, key) in graph.retraced:
+    return graph.retraced[(entry, tree, key)]
+  variables = jax.tree_util.tree_unflatten(graph.variables_tree, graph.variables_avals)
+  specs = []
+  for k, point in enumerate(graph.entries):
+    if k == entry:
+      point_args = jax.tree_util.tree_unflatten(tree, avals)
+    else:
+      point_args = jax.tree_util.tree_unflatten(
+          point.in_tree, [*graph.variables_avals, *point.arg_avals])[1:]
+    specs.append((point.fn, tuple(point_args), point.kwargs))
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore')  # the first trace has already warned
+    try:
+      new, _ = _trace(specs, variables)
+    except Exception as e:
+      shapes = ', '.join(f'{a.dtype}{list(a.shape)}' for a in avals)
+      raise ValueError(f'pruned_fn: the traced function does not run on arguments ({shapes}) '
+                       f'(tracing it again raised {type(e).__name__}: {e})') from e
+  if key is not None:
+    graph.retraced[(entry, tree, key)] = new
+  return new

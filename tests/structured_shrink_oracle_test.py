@@ -1,0 +1,45 @@
+"""verify's comparison: relative to each output's scale, tolerances by dtype."""
+
+import numpy as np
+import pytest
+
+from jaxprune.structured import oracle
+
+
+def test_a_difference_is_judged_against_the_output_scale_not_each_element():
+  # 5e-3 off on an output of scale 100 (5e-5 of it) is rounding, also where an
+  # element is tiny; an elementwise atol of 1e-5 would reject the second entry.
+  report = oracle.compare([np.float32([100.0, 0.001])], [np.float32([100.005, 0.0015])])
+  assert report.ok
+  assert report.max_rel_diff == pytest.approx(5e-5, rel=1e-2)
+  assert report.max_abs_diff == pytest.approx(5e-3, rel=1e-2)
+  assert report.max_abs_ref == 100.0
+  # 2e-4 of the scale is more than float32 rounding.
+  assert not oracle.compare([np.float32([100.0, 1.0])], [np.float32([100.0, 1.02])]).ok
+
+
+def test_each_output_has_its_own_scale():
+  big, small = np.float32([1000.0]), np.float32([1e-3])
+  report = oracle.compare((big, small), (big, small + np.float32(1e-6)))
+  assert not report.ok and report.max_rel_diff == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_tolerance_follows_the_dtype():
+  assert oracle.compare([np.float64([1.0])], [np.float64([1.0 + 1e-11])]).ok
+  assert not oracle.compare([np.float64([1.0])], [np.float64([1.0 + 1e-9])]).ok
+  assert oracle.compare([np.float16([1.0])], [np.float16([1.005])]).ok
+  assert oracle.compare([np.int32([3, 4])], [np.int32([3, 4])]).ok
+  assert not oracle.compare([np.int32([3, 4])], [np.int32([3, 5])]).ok
+  assert oracle.compare([np.float32([1.0])], [np.float32([1.02])], rtol=0.05).ok
+
+
+def test_nan_agrees_only_with_nan():
+  assert oracle.compare([np.float32([np.nan, 1.0])], [np.float32([np.nan, 1.0])]).ok
+  report = oracle.compare([np.float32([np.nan, 1.0])], [np.float32([0.0, 1.0])])
+  assert not report.ok and report.max_rel_diff == float('inf')
+
+
+def test_shapes_and_structures_must_match():
+  assert not oracle.compare([np.ones(3)], [np.ones(4)]).ok
+  with pytest.raises(ValueError, match='output structures differ'):
+    oracle.compare([np.ones(3)], (np.ones(3), np.ones(3)))

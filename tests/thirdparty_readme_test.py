@@ -1,0 +1,54 @@
+"""Runs the README's "Pruning models from other libraries" recipes exactly as written."""
+
+import contextlib
+import io
+import os
+import re
+
+import jax
+import numpy as np
+import pytest
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
+
+
+def _blocks():
+  with open(README) as f:
+    text = f.read()
+  section = text.split('<!-- section:thirdparty -->', 1)[1].split('<!-- section:', 1)[0]
+  return re.findall(r'```python\n(.*?)```', section, flags=re.DOTALL)
+
+
+@pytest.mark.slow  # four libraries' models built and pruned: ~15-40 s
+def test_readme_thirdparty_recipes_run():
+  haiku_block, equinox_block, hf_block, keras_block = _blocks()
+  namespace = {}
+
+  def run(block):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+      exec(compile(block, 'README.md', 'exec'), namespace)  # noqa: S102
+    return out.getvalue().split()
+
+  # haiku MobileNetV1, 2 blocks: the stem's 32 channels with the first
+  # depthwise conv, and each pointwise conv's output (the last one with the
+  # logits' input). The BatchNorms' unread EMA `hidden` are not groups.
+  assert run(haiku_block) == ['3']
+  assert namespace['logits'].shape == (1, 10)
+
+  # equinox MLP 16-64-64-4: two hidden widths; half of 64 stays.
+  assert run(equinox_block) == ['2', '(32,', '16)']
+  reloaded = jax.export.deserialize(namespace['blob'])
+  x = namespace['x'][:3]
+  np.testing.assert_allclose(reloaded.call(namespace['leaves'], x),
+                             namespace['pruned_fn'](namespace['new_params'], x),
+                             rtol=1e-6, atol=1e-6)
+
+  # BERT, 2 layers: heads, query/key head_dim, value/output head_dim and MLP
+  # units per layer (4 x 2), and the pooler's units.
+  assert run(hf_block) == ['9']
+  assert namespace['logits'].shape == (1, 3)
+
+  # keras CNN: each conv's output; 16 - round(0.3 * 16) = 11 filters, and the
+  # multiple of 8 (the default round_to) nearest to 11 is 8.
+  assert run(keras_block) == ['2', '(3,', '3,', '3,', '8)']
