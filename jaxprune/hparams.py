@@ -14,15 +14,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import re
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
 import numpy as np
 
-from jaxprune import nm
+from jaxprune import maps, nm
+from jaxprune.maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
 
 POOLING = ('AVG', 'MAX')
 THRESHOLD_METHODS = ('histogram', 'exact')
@@ -30,7 +29,7 @@ MASK_SOURCES = ('updated', 'params')
 # Which leaves are pruned by default: Dense/Conv kernels and embeddings (SPEC section 6).
 DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
 # Steps and sizes live in int32 arrays inside jit.
-INT32_MAX = 2 ** 31 - 1
+INT32_MAX = maps.INT32_MAX
 # Bin indices, counts and k / nbins stay exact in float32 up to 2**24.
 MAX_NBINS = 2 ** 24
 
@@ -219,109 +218,6 @@ def parse_hparams(text: str, base: ml_collections.ConfigDict | None = None
   return hparams
 
 
-def _entries(field: str, values: Any) -> list[tuple[str, str]]:
-  """Splits the non-empty entries of a map at their LAST ':' into (regex, value)."""
-  entries = []
-  for entry in values:
-    if not entry:
-      continue
-    if ':' not in entry:
-      raise ValueError(f'{field} entry {entry!r}: expected "regex:value".')
-    regex, value = entry.rsplit(':', 1)
-    _compile(f'{field} entry {entry!r}', regex)
-    entries.append((regex, value.strip()))
-  return entries
-
-
-def _compile(where: str, regex: str) -> None:
-  try:
-    re.compile(regex)
-  except re.error as err:
-    raise ValueError(f'{where}: invalid regex {regex!r} ({err}).') from None
-
-
-def sparsity_map(hparams: Any) -> list[tuple[str, float]]:
-  """Returns `weight_sparsity_map` as [(regex, sparsity)], validated."""
-  parsed = []
-  for regex, value in _entries('weight_sparsity_map', _field(hparams, 'weight_sparsity_map')):
-    try:
-      sparsity = float(value)
-    except ValueError:
-      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: '
-                       f'sparsity {value!r} is not a number.') from None
-    if not 0.0 <= sparsity < 1.0:
-      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: '
-                       'sparsity must be in [0, 1).')
-    parsed.append((regex, sparsity))
-  return parsed
-
-
-def _block_dim(field: str, entry: str, text: str) -> int:
-  try:
-    dim = int(text)
-  except ValueError:
-    raise ValueError(f'{field} entry {entry!r}: block dim {text!r} is not an integer.') from None
-  if not (1 <= dim <= INT32_MAX or dim == -1):
-    raise ValueError(f'{field} entry {entry!r}: block dims must be in [1, 2**31 - 1] or -1 '
-                     f'(the whole dimension), got {dim}.')
-  return dim
-
-
-def block_dims_map(hparams: Any) -> list[tuple[str, tuple[int, int]]]:
-  """Returns `block_dims_map` as [(regex, (height, width))], validated."""
-  parsed = []
-  for regex, value in _entries('block_dims_map', _field(hparams, 'block_dims_map')):
-    entry = f'{regex}:{value}'
-    dims = value.lower().split('x')
-    if len(dims) != 2:
-      raise ValueError(f'block_dims_map entry {entry!r}: block dims must be HxW, e.g. 4x4.')
-    parsed.append((regex, tuple(_block_dim('block_dims_map', entry, d) for d in dims)))
-  return parsed
-
-
-def nm_map(hparams: Any) -> list[tuple[str, tuple[int, int]]]:
-  """Returns `nm_sparsity_map` as [(regex, (n, m))]; entries read 'regex:N:M'."""
-  parsed = []
-  for entry in _field(hparams, 'nm_sparsity_map'):
-    if not entry:
-      continue
-    pieces = entry.rsplit(':', 2)
-    if len(pieces) != 3:
-      raise ValueError(
-          f'nm_sparsity_map entry {entry!r}: expected "regex:N:M", e.g. "Dense_0:2:4" '
-          '(keep 2 of every 4).')
-    _compile(f'nm_sparsity_map entry {entry!r}', pieces[0])
-    try:
-      parsed.append((pieces[0], nm.parse_nm(f'{pieces[1]}:{pieces[2]}')))
-    except ValueError as err:
-      raise ValueError(f'nm_sparsity_map entry {entry!r}: {err}') from None
-  return parsed
-
-
-def layer_axes_map(hparams: Any) -> list[tuple[str, int]]:
-  """Returns `layer_axes_map` as [(regex, number of leading layer axes)].
-
-  An entry 'regex:K' says that the first K axes of the matching leaves index
-  layers (a leaf stacked by `nn.scan` or `nn.vmap`): each layer gets its own
-  threshold, target and blocks, as if it were a separate variable.
-  """
-  parsed = []
-  for regex, value in _entries('layer_axes_map', _field(hparams, 'layer_axes_map')):
-    try:
-      axes = int(value)
-    except ValueError:
-      axes = 0
-    if axes < 1 or str(axes) != value:
-      raise ValueError(f'layer_axes_map entry {regex}:{value}: the number of leading layer '
-                       f'axes must be an integer >= 1, e.g. "{regex}:1".')
-    parsed.append((regex, axes))
-  return parsed
-
-
-def _field(hparams: Any, name: str) -> Any:
-  return hparams[name] if isinstance(hparams, Mapping) else getattr(hparams, name)
-
-
 def _check(condition: bool, field: str, value: Any, rule: str) -> None:
   if not condition:
     raise ValueError(f'{field}={value!r}: {rule}.')
@@ -373,7 +269,7 @@ def freeze(hparams: Any) -> HParams:
   if isinstance(hparams, HParams):
     return hparams
   _check_keys(hparams)
-  h = {field: _typed(field, _field(hparams, field) if field in hparams else default)
+  h = {field: _typed(field, maps.field(hparams, field) if field in hparams else default)
        for field, default in _DEFAULTS.items()}
   _check_ranges(h)
   frozen = HParams(
@@ -439,7 +335,7 @@ def _check_ranges(h: dict[str, Any]) -> None:
   _check(h['mask_source'] in MASK_SOURCES, 'mask_source', h['mask_source'],
          f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
          "rule), 'params' the params the step starts from (no cost on other steps)")
-  _compile('weight_name_regex', h['weight_name_regex'])
+  maps.check_regex('weight_name_regex', h['weight_name_regex'])
 
 
 def _warn_if_target_unreached(h: HParams) -> None:

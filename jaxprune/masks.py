@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from jaxprune import blocks, thresholds
+from jaxprune import blocks, counting, thresholds
 from jaxprune.hparams import MAX_NBINS, POOLING, THRESHOLD_METHODS
 
 
@@ -69,7 +69,7 @@ class Variable:
 
   Attributes:
     values: `token -> array` of the weights to threshold (any float dtype),
-      read through `thresholds.fresh(..., token)`; called wherever the weights
+      read through `counting.fresh(..., token)`; called wherever the weights
       are read, so that XLA recomputes rather than stores them.
     shape: their shape.
     block_dims: (height, width), resolved; (1, 1) for elementwise masks.
@@ -116,15 +116,15 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
   for variable in variables:
     if variable.is_blocked():
       pooled = scores(variable.values(None), variable.block_dims, pooling, variable.layer_axes)
-      values = lambda token, p=pooled: thresholds.fresh(p, token)
+      values = lambda token, p=pooled: counting.fresh(p, token)
       shape = pooled.shape
     else:
       values = lambda token, v=variable: jnp.abs(v.values(token).astype(jnp.float32))
       shape = variable.shape
-    parts.append(thresholds.Part(values, shape, 0 if global_threshold else variable.layer_axes))
-  layout = thresholds.Layout(tuple(parts), shared=global_threshold)
-  part_max = thresholds.part_maxima(
-      thresholds.Layout(tuple(dataclasses.replace(p, unit_axes=v.layer_axes)
+    parts.append(counting.Part(values, shape, 0 if global_threshold else variable.layer_axes))
+  layout = counting.Layout(tuple(parts), shared=global_threshold)
+  part_max = counting.part_maxima(
+      counting.Layout(tuple(dataclasses.replace(p, unit_axes=v.layer_axes)
                               for p, v in zip(parts, variables, strict=True))))
   if global_threshold:
     # jnp.max propagates NaN, so a NaN anywhere reaches the global maximum.
@@ -196,7 +196,7 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
   dims = blocks.resolve_block_dims(weights.shape, block_dims) or (1, 1)
   if previous_mask is None:
     previous_mask = jnp.ones(weights.shape, bool)
-  variable = Variable(lambda token: thresholds.fresh(weights, token), weights.shape, dims)
+  variable = Variable(lambda token: counting.fresh(weights, token), weights.shape, dims)
   (new_threshold,), (mask,), _ = update_masks(
       [variable], [jnp.reshape(jnp.asarray(sparsity, jnp.float32), (1,))],
       [jnp.reshape(jnp.asarray(threshold, jnp.float32), (1,))], [previous_mask],

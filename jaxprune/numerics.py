@@ -3,7 +3,7 @@
 SPEC section 4 defines thresholds on correctly rounded float32 quotients, but
 XLA's float32 division is not guaranteed to be correctly rounded, and values on
 a bin edge decide the result. These helpers give exact answers at scalar or
-small-vector cost, and a counting pass that runs at memory speed on CPU.
+small-vector cost; `thresholds` builds its exact searches on them.
 """
 
 from __future__ import annotations
@@ -96,4 +96,6 @@ def ldexp(x: Array, exponent: Array) -> Array:
   return x * power_of_two(half) * power_of_two(exponent - half)
 
 
+# Counting passes compare magnitudes scaled into [0, 1) with float differences;
+# from TINY up those differences are normal floats, which CPU XLA never flushes.
 TINY = 2.0 ** -100

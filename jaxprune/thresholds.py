@@ -1,218 +1,31 @@
 """Magnitude thresholds of many variables at once (SPEC section 4).
 
-TF's histogram CDF rule and the exact k-th value, for every pruned variable
-(or stacked layer, or one global set) in one search. A *group* is one search:
-the variables (*parts*) whose counts add up, with one threshold per *unit*
-(one unit, or one per stacked layer of a single part).
-
-Neither rule sorts nor builds a histogram. Both are searches over a monotone
-count, `count(a >= t)`, for J candidate thresholds per unit in one pass over
-the weights (`_counts`): the searches of all groups advance together in one
-loop, whatever the number of variables. Each pass recomputes the magnitudes
-from the weights (`Part.values`), so no full-size copy of them is stored. The
-searches start from an estimate made on every 16th row, which decides only
-where they start, never their result: about one full pass for the histogram
-rule and a handful for the exact one.
-
-The search logic runs on (units, J) arrays, once for all groups; each pass
-then hands every part its own rows of candidates.
+TF's histogram CDF rule and the exact k-th value, for every unit (a pruned
+variable, a stacked layer, or one global set; see `counting.Layout`) in one
+search. Neither rule sorts nor builds a histogram: both search a monotone
+count, `count(a >= t)`, at J candidates per unit and pass (`counting.counts`),
+and the searches of all units advance together in one loop, whatever the
+number of variables. They start from an estimate made on every 16th row,
+which decides only where they start, never their result: about one full pass
+for the histogram rule and a handful for the exact one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array, lax
 
-from jaxprune import numerics
+from jaxprune import counting, numerics
 
 _EDGE_SEARCH_ULPS = 4
-_SAMPLE_STRIDE = 16  # rows of the estimate's sample
 _GRID = 4096  # cells of [0, max] that bracket the exact search
 # Candidate thresholds per unit and pass. A pass costs about (1 + 0.4 * PROBES)
 # max passes on CPU; with the sampled estimate two settle most searches in one.
 PROBES = 2
-
-def fresh(arrays: Any, token: Any) -> Any:
-  """`arrays` behind an optimization barrier shared with `token`.
-
-  Values computed from them then depend on the token: inside a search loop
-  (token = the pass's candidates) XLA cannot hoist |w| out of the loop and
-  store it, and passes with different tokens share nothing, so each pass reads
-  the weights and keeps no full-size temporary.
-  """
-  if token is None:
-    return lax.optimization_barrier(arrays)
-  return lax.optimization_barrier((arrays, token))[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-  """The magnitudes of one variable, as seen by a threshold search.
-
-  Attributes:
-    values: `token -> float32 array >= 0`, called in every counting pass with
-      that pass's candidate thresholds as `token`. It should read the weights
-      through `fresh(..., token)`, so that XLA recomputes the magnitudes (|w|,
-      or |params + updates|) in each pass instead of keeping a copy of them.
-    shape: the shape of `values(...)`.
-    unit_axes: how many leading axes index units (stacked layers); 0 when
-      the whole array belongs to one unit.
-  """
-  values: Callable[[Any], Array]
-  shape: tuple[int, ...]
-  unit_axes: int = 0
-
-  @property
-  def num_units(self) -> int:
-    return math.prod(self.shape[:self.unit_axes])
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """Which units the parts' values belong to.
-
-  Without `shared`, part i owns its own units (one, or one per stacked layer),
-  numbered after those of the parts before it; with `shared` all parts form
-  one unit (global pruning) and must have no unit axes.
-  """
-  parts: tuple[Part, ...]
-  shared: bool = False
-
-  def __post_init__(self):
-    if self.shared and any(p.unit_axes for p in self.parts):
-      raise ValueError('parts of one shared unit need unit_axes=0.')
-
-  @property
-  def num_units(self) -> int:
-    return 1 if self.shared else sum(p.num_units for p in self.parts)
-
-  def pieces(self, per_unit: Array) -> list[Array]:
-    """Each part's rows of a (units, ...) array."""
-    if self.shared:
-      return [per_unit] * len(self.parts)
-    bounds = np.cumsum([p.num_units for p in self.parts])[:-1]
-    return jnp.split(per_unit, bounds)
-
-  def join(self, per_part: Sequence[Array]) -> Array:
-    """The inverse of `pieces` for per-part (units of the part, ...) arrays;
-    shared units add up."""
-    return sum(per_part) if self.shared else jnp.concatenate(per_part)
-
-  def sizes(self, sample: bool = False) -> np.ndarray:
-    """Elements per unit that a (sampled) counting pass sees (static)."""
-    per_part = []
-    for part in self.parts:
-      shape = rows_shape(part.shape, part.unit_axes)
-      rows = math.ceil(shape[-2] / _SAMPLE_STRIDE) if sample else shape[-2]
-      per_part.append(np.full(part.num_units, math.prod(shape[part.unit_axes:-2]) * rows
-                              * shape[-1], np.int64))
-    sizes = sum(per_part) if self.shared else np.concatenate(per_part)
-    if sizes.max() > np.iinfo(np.int32).max:
-      raise ValueError(f'a threshold spans {sizes.max()} weights; counts are int32, so one '
-                       'variable, layer or global set may hold at most 2**31 - 1 weights.')
-    return sizes
-
-
-def rows_shape(shape: Sequence[int], unit_axes: int) -> tuple[int, ...]:
-  """The shape counting passes view an array in: its last axis short enough to be
-  summed exactly in float32, at least two axes after the unit axes.
-
-  Arrays with two or more axes after the unit axes keep their shape, so a
-  tensor sharded along any axis is counted where it lives (a reshape could
-  gather it); one-axis data is folded into rows.
-  """
-  shape = tuple(shape)
-  if len(shape) - unit_axes >= 2 and shape[-1] <= 2 ** 24:
-    return shape
-  size = math.prod(shape[unit_axes:])
-  width = next((w for w in (4096, 1024, 256, 64, 16, 4, 2) if size % w == 0), 1)
-  return shape[:unit_axes] + (size // width, width)
-
-
-def _unit_shaped(part: Part, per_unit: Array, ndim: int) -> Array:
-  """A (units, *tail) array shaped to broadcast against an ndim array of the part:
-  unit axes first, then ones, then the tail."""
-  tail = per_unit.shape[1:]
-  lead = part.shape[:part.unit_axes]
-  return per_unit.reshape(lead + (1,) * (ndim - part.unit_axes - len(tail)) + tail)
-
-
-def _part_counts(part: Part, scale: Array, thresholds: Array, sample: bool,
-                 below_tiny: bool = False) -> Array:
-  """(units of the part, J) int32 counts of `values * scale >= threshold`, minus the size.
-
-  With `below_tiny`, thresholds lie below numerics.TINY (after scaling), where
-  float differences may flush to zero on CPU: values are capped just below TINY
-  and both sides lifted by 2**100 (exact), so differences stay normal.
-  """
-  rows = part.values(thresholds).reshape(rows_shape(part.shape, part.unit_axes))
-  if sample:
-    rows = rows[..., ::_SAMPLE_STRIDE, :]
-  probes = _unit_shaped(part, thresholds, rows.ndim)[..., None]  # (..., J, 1)
-  scale = _unit_shaped(part, scale, rows.ndim)
-  scaled = rows * scale[..., :1] * scale[..., 1:]
-  if below_tiny:
-    lift = jnp.float32(2.0 ** 100)
-    scaled = jnp.minimum(scaled, numerics.step_ulps(jnp.float32(numerics.TINY), -1)) * lift
-    probes = probes * lift
-  # floor(v - t) is -1 below t and 0 above, for v and t in [0, 1): see numerics.
-  flags = jnp.floor(scaled[..., None, :] - probes)
-  row_axes = tuple(range(part.unit_axes, rows.ndim - 1))
-  if math.prod(rows.shape[part.unit_axes:]) <= 2 ** 24:
-    # A float32 sum of at most 2**24 ones is exact in any order: one reduction.
-    below = jnp.sum(flags, axis=row_axes + (rows.ndim,)).astype(jnp.int32)
-  else:
-    below = jnp.sum(jnp.sum(flags, axis=-1).astype(jnp.int32), axis=row_axes)
-  return below.reshape(part.num_units, -1)
-
-
-def _counts(layout: Layout, scales: Sequence[Array], thresholds: Array, sample: bool = False,
-            below_tiny: bool = False) -> Array:
-  """Exact int32 `count(values * scale >= threshold)` per unit and candidate.
-
-  Args:
-    layout: the parts.
-    scales: per part, (units of the part, 2) float32 powers of two whose product
-      maps each unit into [0, 1).
-    thresholds: (units, J) float32 candidates, each 0 or >= numerics.TINY
-      (below it with `below_tiny`).
-    sample: count every 16th row only.
-    below_tiny: count at thresholds below numerics.TINY.
-
-  Returns:
-    (units, J) int32.
-  """
-  below = layout.join([
-      _part_counts(part, scale, probes, sample, below_tiny)
-      for part, scale, probes in zip(layout.parts, scales, layout.pieces(thresholds),
-                                     strict=True)])
-  return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
-
-
-def part_maxima(layout: Layout) -> list[Array]:
-  """max(values) per unit of each part, float32; NaN where a NaN is."""
-  maxima = []
-  for part in layout.parts:
-    values = part.values(None)
-    maxima.append(jnp.max(values, axis=tuple(range(part.unit_axes, values.ndim))).reshape(-1))
-  return maxima
-
-
-def maxima(layout: Layout) -> Array:
-  """max(values) per unit, float32 (units,); NaN when a unit holds a NaN."""
-  per_part = part_maxima(layout)
-  if layout.shared:
-    # jnp.max propagates NaN, so a NaN anywhere reaches the unit's maximum.
-    return jnp.max(jnp.concatenate(per_part), keepdims=True)
-  return jnp.concatenate(per_part)
-
 
 def _scales(value_max: Array) -> tuple[Array, Array]:
   """(exponent e, (units, 2) powers of two) with values * 2**-e in [0, 1), exactly.
@@ -239,7 +52,7 @@ class _Scaling:
   part_scales: list[Array]  # per part, (units of the part, 2)
 
   @classmethod
-  def of(cls, layout: Layout, maxima: Sequence[Array]) -> _Scaling:
+  def of(cls, layout: counting.Layout, maxima: Sequence[Array]) -> _Scaling:
     """`maxima`: per part, or one (1,) array for a shared layout; finite and > 0."""
     per_part = [_scales(m) for m in maxima]
     exponent = jnp.concatenate([e for e, _ in per_part])
@@ -271,7 +84,7 @@ def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
 def _first_reaching(thresholds_of: Callable[[Array], Array],
                     reaches: Callable[[Array, Array], Array], lo: Array, hi: Array,
                     guess: Array | None = None,
-                    finish: tuple[Callable[[Array], Array], Layout] | None = None
+                    finish: tuple[Callable[[Array], Array], counting.Layout] | None = None
                     ) -> Array | list[Array]:
   """Per unit, the first k in (lo, hi] with reaches(k), given not reaches(lo), reaches(hi).
 
@@ -329,8 +142,8 @@ def _first_reaching(thresholds_of: Callable[[Array], Array],
   return state[1] if finish is None else state[-1]
 
 
-def histogram_thresholds(layout: Layout, maxima: Sequence[Array], sparsity: Array,
-                         nbins: int) -> Array:
+def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity: Array,
+                         nbins: int) -> list[Array]:
   """TF's histogram threshold of every unit, given its maximum > 0.
 
   Returns (number of bins whose CDF is below the unit's sparsity) / nbins * max:
@@ -360,7 +173,7 @@ def histogram_thresholds(layout: Layout, maxima: Sequence[Array], sparsity: Arra
     total = jnp.asarray(layout.sizes(sample), jnp.int32)[:, None]
 
     def reaches(thresholds, k):
-      count_le = total - _counts(layout, scaling.part_scales, thresholds, sample)
+      count_le = total - counting.counts(layout, scaling.part_scales, thresholds, sample)
       count_le = jnp.where(k >= nbins - 1, total, count_le)
       cdf = numerics.div_rn(count_le.astype(jnp.float32), total.astype(jnp.float32))
       return (k >= 0) & (cdf >= sparsity[:, None])
@@ -381,7 +194,8 @@ def keep_count(total: Array | int, sparsity: Array) -> Array:
   return jnp.maximum(kept, 1.0).astype(jnp.int32)
 
 
-def exact_thresholds(layout: Layout, maxima: Sequence[Array], sparsity: Array) -> Array:
+def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity: Array
+                     ) -> list[Array]:
   """The k-th largest magnitude of every unit, k = keep_count(N, sparsity); `mask = a >= it`.
 
   Per unit, searches the largest float32 bit pattern b with count(a >= float(b))
@@ -409,7 +223,7 @@ def exact_thresholds(layout: Layout, maxima: Sequence[Array], sparsity: Array) -
     return jnp.where(j <= 0, jnp.float32(0.0), value)
 
   def fewer_than(needed, sample):
-    return lambda values, _: _counts(layout, part_scales, values, sample) < needed[:, None]
+    return lambda values, _: counting.counts(layout, part_scales, values, sample) < needed[:, None]
 
   lo = jnp.zeros((layout.num_units,), jnp.int32)
   hi = jnp.full((layout.num_units,), _GRID + 1, jnp.int32)
@@ -425,7 +239,7 @@ def exact_thresholds(layout: Layout, maxima: Sequence[Array], sparsity: Array) -
                     numerics.as_key(grid(cell[:, None])[:, 0]))
 
   def fewer_keys(values, _):
-    return _counts(layout, part_scales, values) < kept[:, None]
+    return counting.counts(layout, part_scales, values) < kept[:, None]
 
   def value(first_fewer):
     # The first key with count < kept, minus one, is the largest key with count >=
@@ -445,11 +259,11 @@ def exact_thresholds(layout: Layout, maxima: Sequence[Array], sparsity: Array) -
   return lax.cond(any_slow, with_slow, lambda: fast)
 
 
-def _slow_search(layout: Layout, part_scales: Sequence[Array], kept: Array,
+def _slow_search(layout: counting.Layout, part_scales: Sequence[Array], kept: Array,
                  exponent: Array) -> Array:
   """The k-th largest value of each unit, given that it lies below TINY after scaling."""
   def fewer_keys(values, _):
-    return _counts(layout, part_scales, values, below_tiny=True) < kept[:, None]
+    return counting.counts(layout, part_scales, values, below_tiny=True) < kept[:, None]
 
   lo = jnp.zeros((layout.num_units,), jnp.int32)
   hi = jnp.full((layout.num_units,), numerics.as_key(jnp.float32(numerics.TINY)))
@@ -467,11 +281,12 @@ def histogram_cdf(values: Array, value_max: float | Array, nbins: int) -> Array:
   """
   magnitudes = jnp.abs(jnp.asarray(values, jnp.float32))
   value_max = jnp.asarray(value_max, jnp.float32)
-  layout = Layout((Part(lambda token: fresh(magnitudes, token), magnitudes.shape),))
+  layout = counting.Layout((counting.Part(lambda token: counting.fresh(magnitudes, token),
+                                          magnitudes.shape),))
   _, scales = _scales(jnp.maximum(value_max, jnp.max(magnitudes))[None])
   scaled_max = value_max * scales[0, 0] * scales[0, 1]
   edges = bin_edge(jnp.arange(1, nbins, dtype=jnp.int32), scaled_max, nbins)
   total = magnitudes.size
-  counts = total - _counts(layout, [scales], edges[None])[0]
+  counts = total - counting.counts(layout, [scales], edges[None])[0]
   counts = jnp.concatenate([counts, jnp.array([total], jnp.int32)]).astype(jnp.float32)
   return numerics.div_rn(counts, jnp.float32(total))

@@ -23,10 +23,10 @@ import ml_collections
 import optax
 from jax import Array, lax
 
+from jaxprune import counting, schedule
 from jaxprune import hparams as hparams_lib
 from jaxprune import masks as masks_lib
 from jaxprune import nm as nm_lib
-from jaxprune import schedule, thresholds
 from jaxprune import specs as specs_lib
 from jaxprune.names import leaf_name
 
@@ -221,7 +221,7 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
       operands = [param_leaves[i] for i in pruned]
 
       def values(operands):
-        return [functools.partial(thresholds.fresh, p) for p in operands]
+        return [functools.partial(counting.fresh, p) for p in operands]
     else:
       # The weights as they will be stored (SPEC 7): optax.apply_updates casts
       # params + updates to the params' dtype.
@@ -229,7 +229,7 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
 
       def values(operands):
         def stored(p, u, token):
-          p, u = thresholds.fresh((p, u), token)
+          p, u = counting.fresh((p, u), token)
           return (p + u).astype(p.dtype)
         return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
 
