@@ -166,8 +166,10 @@ class DependencyGraph:
       'exact' (they pass; the pruned model keeps the full-width divisors) or
       'renormalise' (they pass; the pruned model divides by the kept width).
     activation_sites: `{group id: [(scope, eqn index, operand index or -1
-      for the output, axis)]}`: where activation importance measures each
-      group (`kinds.py`).
+      for the output, axis, that variable)]}`: where activation importance
+      measures each group (`kinds.py`).
+    norm_sums: `(scope, eqn index)` of every `reduce_sum` over channels that
+      `norms` let through (the statistics `verify` freezes).
   """
   groups: list[ChannelGroup]
   leaf_names: list[str]
@@ -186,6 +188,7 @@ class DependencyGraph:
   retraced: dict[Any, DependencyGraph] = dataclasses.field(default_factory=dict, repr=False)
   norms: str | None = None
   activation_sites: dict[int, list] = dataclasses.field(default_factory=dict, repr=False)
+  norm_sums: list[tuple[tuple[int, ...], int]] = dataclasses.field(default_factory=list)
 
   @property
   def closed_jaxpr(self) -> jcore.ClosedJaxpr:

@@ -83,7 +83,7 @@ def analyse(graph: Any, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]
   Returns:
     `(kinds, sites)`: `{group id: 'heads' or 'head_dim'}` (width groups are
     marked by `norms.py`, the rest are 'channels'), and `{group id: [(scope,
-    eqn index, operand index or -1 for the output, axis)]}`.
+    eqn index, operand index or -1 for the output, axis, that variable)]}`.
   """
   point = graph.entries[0]
   found: set = set()
@@ -121,10 +121,10 @@ def analyse(graph: Any, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]
     act = is_act.index(True)
     for axis in contract[act]:
       for gid in groups_on(scope, operands[act], axis):
-        contracted.setdefault(gid, []).append((scope, index, act, axis))
+        contracted.setdefault(gid, []).append((scope, index, act, axis, operands[act]))
     for axis in out_axes:
       for gid in groups_on(scope, eqn.outvars[0], axis):
-        produced.setdefault(gid, []).append((scope, index, -1, axis))
+        produced.setdefault(gid, []).append((scope, index, -1, axis, eqn.outvars[0]))
   sites = {gid: contracted.get(gid) or produced[gid]
            for gid in set(contracted) | set(produced)}
   return kinds, sites

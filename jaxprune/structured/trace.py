@@ -19,7 +19,8 @@ import jax
 import numpy as np
 
 from jaxprune import names
-from jaxprune.structured import kinds, norms as norms_lib, solve, usage
+from jaxprune.structured import kinds, solve, usage
+from jaxprune.structured import norms as norms_lib
 from jaxprune.structured.groups import DependencyGraph, EntryPoint
 from jaxprune.structured.shapes import is_static
 from jaxprune.structured.walker import Walker
@@ -120,6 +121,7 @@ def _trace(specs: Sequence[_Spec], variables: Any, norms: str | None = None,
       variables_avals=tuple(_aval(v.aval) for v in leaf_invars),
       blocked_primitives=dict(walker.blocked_primitives), warnings=messages)
   graph.norms = norms
+  graph.norm_sums = sorted({(r[0], r[1]) for r in walker.reductions})
   if classify:
     n_inputs = len(jax.tree_util.tree_leaves(tuple(specs[0][1])))
     group_kinds, graph.activation_sites = kinds.analyse(graph, n_inputs)
