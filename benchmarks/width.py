@@ -19,8 +19,8 @@ is 2; attention's q.k and scores.v included). Torch-Pruning's counter
 and not the attention matmuls, so "weight FLOPs kept" counts only products
 with a weight, like it. The kept channel counts are not rounded (round_to=1,
 Torch-Pruning's default) for the FLOPs columns; the timed models and the
-last FLOPs column are at the default round_to=8. All candidates of a model are timed interleaved in
-one run (benchmarks/_timing.py).
+last FLOPs column are at the default round_to=8. All candidates of a model
+are timed interleaved in one run (benchmarks/_timing.py).
 
 Digits: a ViT (hidden 64, 4 layers, 4 heads, 2x2 patches of the 8x8 images,
 the gray channel repeated 3 times) trained 400 steps on 1437 of the 1797
@@ -125,9 +125,10 @@ def bench(name: str, rounds: int) -> list[list[str]]:
   rows = []
   for label in graphs:
     tp_cell = f'{tp:.3f}' if tp is not None and label != 'heads + MLP' else '-'
-    rows.append([name, label, f'{flops[label]:.3f}', f'{flops[label, "weights"]:.3f}', tp_cell, 'yes' if exact[label] else 'no',
-                 f'{flops[label, 8]:.3f}', f'{1e3 * seconds["dense"]:.1f}',
-                 f'{1e3 * seconds[label]:.1f}', f'{seconds["dense"] / seconds[label]:.2f}x'])
+    rows.append([name, label, f'{flops[label]:.3f}', f'{flops[label, "weights"]:.3f}', tp_cell,
+                 'yes' if exact[label] else 'no', f'{flops[label, 8]:.3f}',
+                 f'{1e3 * seconds["dense"]:.1f}', f'{1e3 * seconds[label]:.1f}',
+                 f'{seconds["dense"] / seconds[label]:.2f}x'])
   return rows
 
 
@@ -201,8 +202,8 @@ def main() -> None:
   rounds = 3 if args.quick else 15
   print(f'jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs; '
         f'ratio {RATIO} (L2, uniform); median of {rounds} interleaved calls')
-  header = ['model', 'pruned', 'FLOPs kept', 'weight FLOPs kept', 'Torch-Pruning', 'exact', 'FLOPs kept (round_to 8)',
-            'ms dense', 'ms pruned', 'speedup']
+  header = ['model', 'pruned', 'FLOPs kept', 'weight FLOPs kept', 'Torch-Pruning', 'exact',
+            'FLOPs kept (round_to 8)', 'ms dense', 'ms pruned', 'speedup']
   rows = []
   for name in MODELS:
     rows += bench(name, rounds)
