@@ -1,6 +1,10 @@
 """Width pruning through norms (`trace(norms=...)`): hand-made norms checked
 against numpy written out here, and the HF Flax transformers of the zoo."""
 
+import contextlib
+import io
+import os
+import re
 import warnings
 
 import jax
@@ -242,3 +246,17 @@ def test_vit_renormalised_width_slices_cls_token_and_positions():
   assert new['vit']['embeddings']['cls_token'].shape == (1, 1, 22)
   report = jps.verify(graph, case.variables, plan, *args)
   assert report.ok and report.approximate == (width.id,) and report.frozen_rel_diff < 1e-4
+
+
+def test_readme_width_example_runs_as_written():
+  readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
+  with open(readme) as f:
+    section = f.read().split('## Structured pruning: transformer width', 1)[1]
+  blocks = re.findall(r'```python\n(.*?)```', section.split('<!-- section:', 1)[0], re.DOTALL)
+  assert len(blocks) == 1
+  namespace, out = {}, io.StringIO()
+  with contextlib.redirect_stdout(out):
+    exec(compile(blocks[0], 'README.md', 'exec'), namespace)  # noqa: S102
+  # What its comments claim: MLP 128 and width 64; 64 - 16 = 48 kept; group 1 approximate.
+  assert out.getvalue().splitlines() == [
+      "[(128, 'channels', False), (64, 'width', False)]", '(100, 48)', '(1,) True']
