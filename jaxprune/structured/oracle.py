@@ -67,11 +67,12 @@ _RTOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-4,
 
 
 # How far (relative to an output's scale) `verify` lets approximate groups
-# move the outputs by default. Measured with 30% of the width removed under
-# norms='renormalise' on the zoo's random-weight transformers (2 layers,
-# width 32): 0.10 (BERT), 0.26 (ViT), 0.28 (Llama), 0.29 (GPT-2). A wrong
-# channel mapping is caught by the frozen-statistics check, not by this bound.
-APPROXIMATE_RTOL = 0.5
+# move the outputs by default. Measured under norms='renormalise' on the zoo's
+# random-weight transformers (2 layers, width 32; L2, round_to=1), 30% of the
+# width alone / 30% of every group: BERT 0.08 / 0.12, ViT 0.30 / 0.34, GPT-2
+# 0.38 / 0.36, Llama 0.80 / 0.49. The bound only says the outputs kept their
+# scale; a wrong channel mapping is caught by the frozen-statistics check.
+APPROXIMATE_RTOL = 1.0
 
 
 def default_rtol(dtype: Any) -> float:
