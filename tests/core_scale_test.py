@@ -1,4 +1,4 @@
-"""Mask updates at model scale: stacked layers, stored dtypes, mask sources, one loop for all leaves."""
+"""Mask updates at model scale: stacked layers, stored dtypes, mask sources, one loop."""
 
 from __future__ import annotations
 
