@@ -260,3 +260,29 @@ def test_readme_width_example_runs_as_written():
   # What its comments claim: MLP 128 and width 64; 64 - 16 = 48 kept; group 1 approximate.
   assert out.getvalue().splitlines() == [
       "[(128, 'channels', False), (64, 'width', False)]", '(100, 48)', '(1,) True']
+
+
+def test_prune_takes_the_norms_option():
+  """The one-call API: a Linen block with a residual stream through LayerNorm."""
+  import flax.linen as nn
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = nn.Dense(16)(x)
+      h = h + nn.Dense(16)(nn.relu(nn.Dense(32)(nn.LayerNorm()(h))))
+      return nn.Dense(3)(nn.LayerNorm()(h))
+
+  x = _x(4)
+  variables = Block().init(jax.random.key(0), x)
+  stream = lambda result: result.variables['params']['Dense_0']['kernel'].shape[1]
+  kept = jps.prune(Block(), x, variables=variables, ratio=0.5, constraint=APPROX, progress=False)
+  assert stream(kept) == 16  # the residual stream stays whole by default
+  cut = jps.prune(Block(), x, variables=variables, ratio=0.5, constraint=APPROX,
+                  norms='renormalise', progress=False)
+  assert stream(cut) == 8
+  assert cut.variables['params']['LayerNorm_0']['scale'].shape == (8,)
+  assert cut.variables['params']['Dense_3']['kernel'].shape == (8, 3)
+  assert cut.model_check.approximate and cut.model_check.ok
+  with pytest.raises(ValueError, match="norms='exact'.*norms='renormalise'"):
+    jps.prune(Block(), x, variables=variables, ratio=0.5, norms='exact', progress=False)
