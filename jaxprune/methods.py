@@ -23,7 +23,8 @@ entries is only known on the device: a fractional amount is then turned into
 a count by a host callback running torch's Python rule, `round(amount * n)`
 (float32 on the device would get 45 * 0.7 = 31.4999... wrong: 31.5, then 32),
 and an integer amount larger than the number of unpruned entries is clipped
-instead of raising.
+instead of raising. Host callbacks cannot be serialised by `jax.export`: export
+such a step with the previous mask concrete (or an integer amount).
 """
 
 from __future__ import annotations
