@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import blocks
@@ -57,7 +58,7 @@ def _single_match(field: str, name: str, entries: tuple[tuple[str, Any], ...],
 
 def _check_prunable(name: str, leaf: Any) -> None:
   dtype = np.dtype(leaf.dtype)
-  if not np.issubdtype(dtype, np.floating):
+  if not jnp.issubdtype(dtype, jnp.floating):  # jnp's knows bfloat16
     raise ValueError(
         f'leaf {name!r} has dtype {dtype}: only real floating-point leaves can be pruned by '
         'magnitude. Leave it out with weight_name_regex or a prune_filter.')

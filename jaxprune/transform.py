@@ -80,6 +80,18 @@ class PruningState(NamedTuple):
   sparsity: Array
 
 
+def _as_stored(values: Array, dtype: Any) -> Array:
+  """`values` rounded to `dtype`, the way optax.apply_updates stores them.
+
+  XLA drops a round trip through a narrower float (f32 -> bf16 -> f32) as
+  "excess precision"; reduce_precision is the rounding it keeps.
+  """
+  info = jnp.finfo(dtype)
+  if info.bits < jnp.finfo(values.dtype).bits:
+    values = lax.reduce_precision(values, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+  return values.astype(dtype)
+
+
 def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> None:
   """ValueErrors naming the leaf when params or updates do not match the state's masks."""
   is_none = lambda x: x is None
@@ -122,7 +134,8 @@ def _new_masks(hparams, specs, weights, state, sparsity_of):
                                   specs[j].layer_axes) for j in magnitude]
   if hparams.global_pruning:
     sparsity = [jnp.reshape(sparsity_of(None), (1,))]
-    previous = [jnp.reshape(old_thresholds[magnitude[0]], (1,))]
+    # Every leaf stores the global threshold (once per layer of a stacked leaf).
+    previous = [jnp.reshape(old_thresholds[magnitude[0]], (-1,))[:1]]
   else:
     sparsity = [jnp.full((v.num_layers,), sparsity_of(specs[j]), jnp.float32)
                 for j, v in zip(magnitude, variables, strict=True)]
@@ -269,7 +282,7 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
       def values(operands):
         def stored(p, u, token):
           p, u = counting.fresh((p, u), token)
-          return (p + u).astype(p.dtype)
+          return _as_stored(p + u, p.dtype)
         return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
 
     def recompute(operands):

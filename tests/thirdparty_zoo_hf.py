@@ -175,7 +175,8 @@ def hf_gpt2() -> Case:
   return _hf_text(FlaxGPT2LMHeadModel, config, 2 * _PER_LAYER)
 
 
-def hf_llama() -> Case:
+def hf_llama(hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+             length: int = 8) -> Case:
   """`FlaxLlamaForCausalLM`: 2 layers, hidden 32, 4 query heads sharing 2 key/value
   heads (GQA), rotary position embeddings, SwiGLU MLP 64, RMSNorm.
 
@@ -189,6 +190,7 @@ def hf_llama() -> Case:
   """
   from transformers import FlaxLlamaForCausalLM, LlamaConfig
 
-  config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
-  return _hf_text(FlaxLlamaForCausalLM, config, 2 * (_PER_LAYER + 1))
+  config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, max_position_embeddings=max(16, length))
+  return _hf_text(FlaxLlamaForCausalLM, config, layers * (_PER_LAYER + 1), length)

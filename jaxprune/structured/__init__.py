@@ -1,6 +1,7 @@
 """Structured pruning: find the channels of any JAX model that are removed together,
 choose which go, and cut them out (DESIGN.md, "Structured pass")."""
 
+from jaxprune.structured.activations import activation_importance
 from jaxprune.structured.api import PruneResult, prune
 from jaxprune.structured.calibrate import linen_update_fn, recalibrate, recalibrate_nnx
 from jaxprune.structured.cost import plan_flops
@@ -20,7 +21,8 @@ from jaxprune.structured.importance import (
     score_channels,
     taylor_importance,
 )
-from jaxprune.structured.oracle import VerifyReport, dense_reference, verify
+from jaxprune.structured.kinds import KINDS
+from jaxprune.structured.oracle import APPROXIMATE_RTOL, VerifyReport, dense_reference, verify
 from jaxprune.structured.plan import Constraint, Plan, make_plan, plan_for
 from jaxprune.structured.primitives import (
     register_primitive,

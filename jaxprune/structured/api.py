@@ -21,7 +21,7 @@ from flax import nnx
 
 from jaxprune.structured import calibrate, cost, flax_rebuild, selectors
 from jaxprune.structured import importance as importance_lib
-from jaxprune.structured.oracle import VerifyReport, compare, dense_reference
+from jaxprune.structured.oracle import VerifyReport, compare, dense_reference, verify
 from jaxprune.structured.plan import Constraint, Plan, make_plan
 from jaxprune.structured.shrink import apply_plan
 from jaxprune.structured.trace import trace
@@ -75,7 +75,7 @@ def _default_inputs(batch: Any) -> tuple:
 
 def _check_arguments(model, example_args, variables, ratio, flops_target, importance, scope,
                      search, constraint, loss_fn, batches, inputs, recalibrate_bn,
-                     apply_kwargs) -> None:
+                     apply_kwargs, norms) -> None:
   """Every check `prune` can make before it traces or changes anything."""
   is_nnx = isinstance(model, nnx.Module)
   if not is_nnx and not isinstance(model, nn.Module):
@@ -102,17 +102,33 @@ def _check_arguments(model, example_args, variables, ratio, flops_target, import
     raise ValueError('calibration_batches is empty; give at least one batch.')
   if not callable(inputs):
     raise TypeError(f'inputs must map a batch to the model inputs (a callable), got {inputs!r}.')
+  if norms == 'exact':
+    raise ValueError(
+        "prune: norms='exact' keeps dividing each norm by the full width, which only the pruned "
+        'callable of apply_plan does; the resized Flax model prune returns divides by the kept '
+        "width. Pass norms='renormalise' with constraint=Constraint(allow_approximate=True) "
+        "(checked within the approximate bound), or use trace(..., norms='exact'), select and "
+        'apply_plan for the exact pruned callable.')
   if apply_kwargs is not None and not isinstance(apply_kwargs, Mapping):
     raise TypeError(f'apply_kwargs must be a dict of keyword arguments, got '
                     f'{type(apply_kwargs).__name__}.')
 
 
 def _verified(graph, variables, plan, example_args, runs):
-  """Verifies each `(what, fn)` in `runs` against the oracle; raises on a mismatch."""
-  reference = dense_reference(graph, variables, plan, *example_args)
+  """Verifies each `(what, fn)` in `runs` against the oracle; raises on a mismatch.
+
+  A plan that cuts approximate groups is checked as `verify` does: the
+  channel mapping exactly with the norms' statistics frozen, the outputs
+  within the approximate bound.
+  """
+  approximate = any(graph.groups[gid].approximate for gid in plan.removed)
+  reference = None if approximate else dense_reference(graph, variables, plan, *example_args)
   reports = []
   for what, fn in runs:
-    report = compare(reference, fn(*example_args))
+    if approximate:
+      report = verify(graph, variables, plan, *example_args, pruned_fn=lambda _, *a, fn=fn: fn(*a))
+    else:
+      report = compare(reference, fn(*example_args))
     if not report.ok:
       raise RuntimeError(
           f'prune: {what} differs from the dense model with the removed channels zeroed '
@@ -138,7 +154,7 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
           inputs: Callable[[Any], tuple] = _default_inputs, recalibrate_bn: bool = False,
           apply_kwargs: Mapping[str, Any] | None = None,
           train_kwargs: Mapping[str, Any] | None = None, train_model: Any = None,
-          masks: PyTree | None = None,
+          masks: PyTree | None = None, norms: str | None = None,
           seed: int = 0, check: bool = True, progress: bool = True) -> PruneResult:
   """Prunes a Flax Linen or NNX model to a ratio or a FLOPs target.
 
@@ -172,6 +188,11 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
     train_model: the Linen module in train mode when the mode is a module
       attribute (e.g. `CNN(train=True)`); default `model`.
     masks: masks for `importance='density'`.
+    norms: None keeps the residual stream (width) whole; 'renormalise' lets it
+      be pruned through LayerNorm/RMSNorm, each norm then dividing by the kept
+      width as the resized Flax modules do. Such groups are approximate: give
+      `Constraint(allow_approximate=True)` to select them. ('exact' is for
+      `trace` and the pruned callable only.)
     seed: seed for `importance='random'`.
     check: verify the pruned callable and the pruned model itself
       (`result.apply`, or the NNX model) against the zeroed dense model on the
@@ -185,7 +206,7 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
     calibration_batches = list(calibration_batches)
   _check_arguments(model, example_args, variables, ratio, flops_target, importance, scope,
                    search, constraint, loss_fn, calibration_batches, inputs, recalibrate_bn,
-                   apply_kwargs)
+                   apply_kwargs, norms)
   is_nnx = isinstance(model, nnx.Module)
   apply_kwargs = dict(apply_kwargs or {})
   if is_nnx:
@@ -193,7 +214,7 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
     fn = lambda state, *args: nnx.merge(graphdef, state)(*args)
   else:
     fn = functools.partial(model.apply, **apply_kwargs)
-  graph = trace(fn, variables, *example_args)
+  graph = trace(fn, variables, *example_args, norms=norms)
   scores = _scores(graph, variables, importance, fn, loss_fn, calibration_batches, inputs,
                    progress, masks, seed)
   plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,

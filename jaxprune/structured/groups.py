@@ -82,6 +82,13 @@ class ChannelGroup:
       "blocked by primitive 'sort'", "scan iteration axis", "no parameters").
     flops_per_channel: FLOPs (dot_general and conv; a multiply-add counts 2)
       saved per channel removed from this group, to first order.
+    kind: what the channels are in a transformer (`kinds.py`): 'width' (the
+      residual stream, summed over by a norm: only with `trace(norms=...)`),
+      'heads' (attention heads), 'head_dim' (dimensions inside each head) or
+      'channels' (MLP hidden units and every other group).
+    approximate: removing channels changes a norm's statistics, so the pruned
+      model only approximates the dense model with them zeroed (`norms.py`);
+      selectors skip such groups unless `Constraint(allow_approximate=True)`.
   """
   id: int
   size: int
@@ -89,6 +96,8 @@ class ChannelGroup:
   prunable: bool
   reason: str | None
   flops_per_channel: float
+  kind: str = 'channels'
+  approximate: bool = False
 
 
 @dataclasses.dataclass
@@ -153,6 +162,14 @@ class DependencyGraph:
     warnings: human-readable notes produced while tracing (unknown primitives).
     retraced: this graph traced again at other argument shapes (by entry
       point, argument structure and static shapes), filled by `retrace`.
+    norms: `trace`'s `norms` option: None (sums over channels block them),
+      'exact' (they pass; the pruned model keeps the full-width divisors) or
+      'renormalise' (they pass; the pruned model divides by the kept width).
+    activation_sites: `{group id: [(scope, eqn index, operand index or -1
+      for the output, axis, that variable)]}`: where activation importance
+      measures each group (`kinds.py`).
+    norm_sums: `(scope, eqn index)` of every `reduce_sum` over channels that
+      `norms` let through (the statistics `verify` freezes).
   """
   groups: list[ChannelGroup]
   leaf_names: list[str]
@@ -169,6 +186,9 @@ class DependencyGraph:
   variables_avals: tuple[Any, ...]
   warnings: list[str] = dataclasses.field(default_factory=list)
   retraced: dict[Any, DependencyGraph] = dataclasses.field(default_factory=dict, repr=False)
+  norms: str | None = None
+  activation_sites: dict[int, list] = dataclasses.field(default_factory=dict, repr=False)
+  norm_sums: list[tuple[tuple[int, ...], int]] = dataclasses.field(default_factory=list)
 
   @property
   def closed_jaxpr(self) -> jcore.ClosedJaxpr:
@@ -185,6 +205,11 @@ class DependencyGraph:
   @property
   def prunable_groups(self) -> list[ChannelGroup]:
     return [g for g in self.groups if g.prunable]
+
+  @property
+  def approximate_groups(self) -> list[ChannelGroup]:
+    """Prunable groups whose removal changes a norm's statistics (see `ChannelGroup`)."""
+    return [g for g in self.groups if g.prunable and g.approximate]
 
   def kept_positions(self, parts: Sequence[AxisPart], axis_size: int,
                      removed: Mapping[int, np.ndarray]) -> np.ndarray:

@@ -36,7 +36,8 @@ def is_weight(leaf: str) -> bool:
   return _STATS.search(leaf) is None
 
 
-def _normalise(scores: np.ndarray) -> np.ndarray:
+def mean_normalised(scores: np.ndarray) -> np.ndarray:
+  """Scores divided by their mean (all zeros when the mean is not positive)."""
   mean = float(np.mean(scores)) if scores.size else 0.0
   if mean <= 0.0 or not np.isfinite(mean):
     return np.zeros_like(scores)
@@ -75,7 +76,7 @@ def group_scores(graph: Any, leaves: Mapping[str, Any], reduce: Callable,
       if key not in cache:
         cache[key] = _reduce_positions(leaves[member.leaf], member.axis, reduce)
       total += cache[key][np.asarray(member.indices)].sum(axis=1)
-    scores[group.id] = _normalise(total) if normalise else total
+    scores[group.id] = mean_normalised(total) if normalise else total
   return scores
 
 
@@ -91,7 +92,7 @@ def magnitude_importance(graph: Any, variables: PyTree, p: int = 2) -> Scores:
   raw = group_scores(graph, dict(names.named_leaves(variables)), reduce, normalise=False)
   if p == 2:
     raw = {gid: np.sqrt(s) for gid, s in raw.items()}
-  return {gid: _normalise(s) for gid, s in raw.items()}
+  return {gid: mean_normalised(s) for gid, s in raw.items()}
 
 
 def bn_scale_importance(graph: Any, variables: PyTree) -> Scores:

@@ -35,6 +35,9 @@ class Shrinker:
   def __init__(self, graph: Any, removed: Mapping[int, np.ndarray]):
     self.graph = graph
     self.removed = {gid: np.asarray(r, np.int64) for gid, r in removed.items() if len(r)}
+    # (scope, eqn index) -> full-size outputs used instead of computing them
+    # (`verify` freezes norm statistics to the dense model's this way).
+    self.overrides: dict[tuple[Scope, int], Sequence[Any]] = {}
     self._kept: dict[tuple[Scope, Any, int], np.ndarray] = {}
 
   def kept(self, scope: Scope, var: Any, axis: int) -> np.ndarray | None:
@@ -113,7 +116,10 @@ def eval_jaxpr(shrinker: Shrinker, jaxpr: Any, consts: Sequence[Any], args: Sequ
       invals = [x if var is proxy else shrinker.cut(scope, proxy, x)
                 for var, proxy, x in zip(eqn.invars, proxied.invars, invals, strict=True)]
       eqn = proxied
-    if not any(shrinker.changed(scope, v) for v in eqn.invars):
+    if (scope, index) in shrinker.overrides:
+      outs = [shrinker.cut(scope, v, x)
+              for v, x in zip(eqn.outvars, shrinker.overrides[(scope, index)], strict=True)]
+    elif not any(shrinker.changed(scope, v) for v in eqn.invars):
       outs = [shrinker.cut(scope, v, x)
               for v, x in zip(eqn.outvars, shrink_rules.bind(eqn, invals), strict=True)]
     else:

@@ -12,9 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-from jaxprune.structured.interpret import Shrinker
+from jaxprune.structured import observe
+from jaxprune.structured.interpret import Shrinker, eval_jaxpr
 from jaxprune.structured.plan import Plan
-from jaxprune.structured.shrink import as_plan, pruned_callable, shrink_variables, zero_removed
+from jaxprune.structured.shrink import (
+    as_plan,
+    pruned_callable,
+    shrink_variables,
+    zero_removed,
+)
 
 PyTree = Any
 
@@ -30,12 +36,23 @@ class VerifyReport:
     max_abs_diff: largest |pruned - zeroed dense| over all outputs.
     max_abs_ref: largest |zeroed dense| output, for scale.
     per_group: `{group id: max_rel_diff}` when checked group by group.
+    approximate: the plan's groups marked approximate (their norm statistics
+      change, see `trace(norms=...)`); when there are any, `max_rel_diff` is
+      how far the pruned model strays from the zeroed dense model, checked
+      against `bound`, and `frozen_rel_diff` is the exact check.
+    frozen_rel_diff: the same difference with every norm statistic the plan
+      changes taken from the zeroed dense model: everything but the
+      statistics must then agree to the exact tolerance.
+    bound: the tolerance `max_rel_diff` was held to for approximate groups.
   """
   ok: bool
   max_rel_diff: float
   max_abs_diff: float
   max_abs_ref: float
   per_group: Mapping[int, float] = dataclasses.field(default_factory=dict)
+  approximate: tuple[int, ...] = ()
+  frozen_rel_diff: float | None = None
+  bound: float | None = None
 
   def __bool__(self) -> bool:
     return self.ok
@@ -47,6 +64,15 @@ class VerifyReport:
 # mapping gives (1e-2 and more).
 _RTOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-4,
          np.dtype(np.float16): 1e-2, np.dtype(jnp.bfloat16): 2e-2}
+
+
+# How far (relative to an output's scale) `verify` lets approximate groups
+# move the outputs by default. Measured under norms='renormalise' on the zoo's
+# random-weight transformers (2 layers, width 32; L2, round_to=1), 30% of the
+# width alone / 30% of every group: BERT 0.08 / 0.12, ViT 0.30 / 0.34, GPT-2
+# 0.38 / 0.36, Llama 0.80 / 0.49. The bound only says the outputs kept their
+# scale; a wrong channel mapping is caught by the frozen-statistics check.
+APPROXIMATE_RTOL = 1.0
 
 
 def default_rtol(dtype: Any) -> float:
@@ -116,10 +142,34 @@ def compare(reference: PyTree, outputs: PyTree, rtol: float | None = None,
   return VerifyReport(ok, rel, diff, scale)
 
 
+def _frozen_outputs(graph: Any, variables: PyTree, plan: Plan, args: tuple, jit: bool) -> PyTree:
+  """The pruned model's outputs with each norm sum taken from the zeroed dense model."""
+  flat_args = jax.tree_util.tree_leaves(args)
+  point = graph.entries[0]
+  watched = set(graph.norm_sums)
+  zeroed = jax.tree_util.tree_leaves(zero_removed(graph, variables, plan))
+  sums = observe.collect(point.closed_jaxpr, [*zeroed, *flat_args], point.scope,
+                         lambda s, i, eqn, ins, outs: outs if (s, i) in watched else None)
+  shrinker = Shrinker(graph, plan.removed)
+  shrinker.overrides = sums
+  closed = point.closed_jaxpr
+  run = lambda flat: eval_jaxpr(shrinker, closed.jaxpr, closed.consts, flat, point.scope)
+  new = jax.tree_util.tree_leaves(shrink_variables(graph, variables, plan))
+  outs = (jax.jit(run) if jit else run)([*new, *flat_args])
+  return jax.tree_util.tree_unflatten(point.out_tree, outs)
+
+
 def verify(graph: Any, variables: PyTree, plan: Plan | Mapping, *example_args: Any,
            pruned_fn: Callable | None = None, per_group: bool = False,
-           rtol: float | None = None, atol: float = 0.0, jit: bool = True) -> VerifyReport:
+           rtol: float | None = None, atol: float = 0.0, jit: bool = True,
+           approximate_rtol: float = APPROXIMATE_RTOL) -> VerifyReport:
   """Checks a shrink against the zero-the-removed-channels oracle.
+
+  A plan that removes channels of approximate groups (`trace(norms=...)`)
+  cannot equal the oracle: the norms' statistics change. It is checked twice:
+  exactly, with every statistic it changes frozen to the zeroed dense
+  model's (so every channel mapping is checked), and against
+  `approximate_rtol` as it runs.
 
   Args:
     graph: the DependencyGraph.
@@ -135,6 +185,9 @@ def verify(graph: Any, variables: PyTree, plan: Plan | Mapping, *example_args: A
     atol: absolute tolerance on top.
     jit: jit the default pruned callable and the reference (turn off for
       primitives that only have an eager implementation).
+    approximate_rtol: how far, relative to each output's scale, the outputs
+      may move when the plan touches approximate groups (`APPROXIMATE_RTOL`,
+      measured; see its comment).
 
   Returns:
     A `VerifyReport`; truthy when the pruned outputs match.
@@ -142,13 +195,22 @@ def verify(graph: Any, variables: PyTree, plan: Plan | Mapping, *example_args: A
   plan = as_plan(graph, plan)
   fn = pruned_fn or pruned_callable(graph, plan, jit=jit)
   outputs = fn(shrink_variables(graph, variables, plan), *example_args)
-  report = compare(dense_reference(graph, variables, plan, *example_args, jit=jit), outputs,
-                   rtol, atol)
+  reference = dense_reference(graph, variables, plan, *example_args, jit=jit)
+  approximate = tuple(sorted(gid for gid in plan.removed if graph.groups[gid].approximate))
+  if not approximate:
+    report = compare(reference, outputs, rtol, atol)
+  else:
+    free = compare(reference, outputs, approximate_rtol, atol)
+    frozen = compare(reference, _frozen_outputs(graph, variables, plan, example_args, jit),
+                     rtol, atol)
+    report = dataclasses.replace(free, ok=free.ok and frozen.ok, approximate=approximate,
+                                 frozen_rel_diff=frozen.max_rel_diff, bound=approximate_rtol)
   if not per_group:
     return report
   errors, ok = {}, report.ok
   for gid, channels in plan.removed.items():
     single = Plan({gid: channels}, plan.sizes)
-    one = verify(graph, variables, single, *example_args, rtol=rtol, atol=atol, jit=jit)
+    one = verify(graph, variables, single, *example_args, rtol=rtol, atol=atol, jit=jit,
+                 approximate_rtol=approximate_rtol)
     errors[gid], ok = one.max_rel_diff, ok and one.ok
   return dataclasses.replace(report, ok=ok, per_group=errors)

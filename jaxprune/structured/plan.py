@@ -138,11 +138,15 @@ class Constraint:
       2.17x at 16, and the slowest model 0.78x unrounded against 1.24x at 8.
       1 removes exactly the ratio asked for.
     locked: regexes; a group is left alone when any member leaf name matches.
+    allow_approximate: also remove channels of groups marked approximate
+      (`ChannelGroup.approximate`: width groups whose norm statistics change,
+      see `trace(norms=...)`); off, selectors leave them whole.
   """
   min_channels: int = 1
   min_ratio: float = 0.0
   round_to: int = 8
   locked: Sequence[str] = ()
+  allow_approximate: bool = False
 
   def __post_init__(self):
     if self.min_channels < 1:
@@ -150,6 +154,8 @@ class Constraint:
                        'emptied).')
     if not 0.0 <= self.min_ratio <= 1.0:
       raise ValueError(f'min_ratio={self.min_ratio}: must be in [0, 1].')
+    if not isinstance(self.allow_approximate, bool):
+      raise TypeError(f'allow_approximate={self.allow_approximate!r}: give True or False.')
     if self.round_to < 1:
       raise ValueError(f'round_to={self.round_to}: must be >= 1 (1 disables rounding).')
     if isinstance(self.locked, str) or not isinstance(self.locked, Sequence):
@@ -174,6 +180,8 @@ class Constraint:
     return np.asarray(keeps + [size], np.int64)
 
   def is_locked(self, group: Any) -> bool:
+    if getattr(group, 'approximate', False) and not self.allow_approximate:
+      return True
     return any(re.search(p, m.leaf) for p in self.locked for m in group.members)
 
   def nearest_keep(self, size: int, keep: float) -> int:

@@ -63,8 +63,9 @@ TABLE: dict[str, Primitive] = {
         'reduce_precision rem round rsqrt select_n shift_left shift_right_arithmetic '
         'shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh threefry2x32 '
         'xor zeta')),
-    **_same(rules.reduce, 'reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or '
+    **_same(rules.reduce, 'reduce_max reduce_min reduce_prod reduce_and reduce_or '
             'reduce_xor argmax argmin'),
+    'reduce_sum': Primitive(rules.reduce, shrink_rules.reduce_sum),
     **_same(rules.collective, 'psum pmax pmin'),
     **_same(rules.fresh_outputs, 'random_bits random_seed random_wrap random_unwrap '
             'random_split random_fold_in rng_bit_generator'),

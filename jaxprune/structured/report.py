@@ -66,12 +66,29 @@ def summary(graph: DependencyGraph) -> str:
     more = len(graph.unread) - _MAX_MEMBERS
     lines.append(f'unread variables: {names}' + (f', ... (+{more})' if more > 0 else '')
                  + ' (never read by the traced function: not prunable)')
-  if prunable:
+  if graph.norms is not None:
+    lines.append(_norms_line(graph))
+  if prunable and graph.norms is None:
     lines.append('')
     lines.append(_table(
         ('group', 'size', 'FLOPs/channel', 'members'),
         [(g.id, g.size, _flops(g.flops_per_channel), _members(g, 2)) for g in prunable]))
+  elif prunable:
+    lines.append('')
+    lines.append(_table(
+        ('group', 'size', 'kind', 'FLOPs/channel', 'members'),
+        [(g.id, g.size, g.kind + (' (approximate)' if g.approximate else ''),
+          _flops(g.flops_per_channel), _members(g, 2)) for g in prunable]))
   return '\n'.join(lines)
+
+
+def _norms_line(graph: DependencyGraph) -> str:
+  width = [g for g in graph.groups if g.prunable and g.kind == 'width']
+  exact = [g.id for g in width if not g.approximate]
+  approximate = [g.id for g in width if g.approximate]
+  return (f"norms={graph.norms!r}: {len(width)} width group(s) through norms; exact: "
+          f"{exact or 'none'}; approximate (selected only with "
+          f"Constraint(allow_approximate=True)): {approximate or 'none'}")
 
 
 def group_table(graph: DependencyGraph, group_id: int) -> str:
@@ -81,6 +98,8 @@ def group_table(graph: DependencyGraph, group_id: int) -> str:
                      f'{len(graph.groups)} groups (0..{len(graph.groups) - 1})')
   group = graph.groups[group_id]
   status = 'prunable' if group.prunable else f'not prunable: {group.reason}'
+  if group.prunable and group.approximate:
+    status += ' (approximate: the norm statistics change)'
   head = (f'group {group.id}: {group.size} channels, {status}, '
           f'{_flops(group.flops_per_channel)} FLOPs/channel')
   rows = []

@@ -18,6 +18,8 @@ A rule is `rule(ctx, eqn) -> None`. It reads `eqn.invars`, `eqn.outvars` and
   ctx.ids(var, axis, scope) reaches the variables of that sub-jaxpr
   ctx.value(var)           the value of a constant operand, or None
   ctx.note(fact)           keep a fact for the shrink rule (`graph.notes`)
+  ctx.norms                the `norms` option of `trace` (None, 'exact', 'renormalise')
+  ctx.reduction(var, axis) the axis is summed over and stays prunable (`trace(norms=...)`)
 
 Which primitive uses which rule is listed in `primitives.py`, the one table.
 A primitive with no rule blocks every tracked axis it touches: never guess.
@@ -97,9 +99,13 @@ def reduce(ctx, eqn) -> None:
     for out_axis, axis in enumerate(kept):
       ctx.join_axes(operand, axis, out, out_axis)
   # A sum or max over channels changes when a channel goes (a norm's mean);
-  # no consumer weight absorbs that, so the channels are not prunable.
+  # no consumer weight absorbs that, so the channels are not prunable, unless
+  # `trace(norms=...)` lets sums through (norms.py says when that is exact).
   for axis in axes:
-    ctx.block_ids(ctx.ids(operand, axis), f"reduced over by '{eqn.primitive.name}'")
+    if eqn.primitive.name == 'reduce_sum' and ctx.norms is not None:
+      ctx.reduction(operand, axis)
+    else:
+      ctx.block_ids(ctx.ids(operand, axis), f"reduced over by '{eqn.primitive.name}'")
 
 
 def collective(ctx, eqn) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxprune.structured import cost as cost_lib
 from jaxprune.structured import importance as importance_lib
+from jaxprune.structured.kinds import KINDS
 from jaxprune.structured.plan import Constraint, Plan, make_plan
 
 PyTree = Any
@@ -44,19 +45,21 @@ def _plan_from_counts(graph: Any, scores: Mapping[int, np.ndarray],
                            for gid, n in counts.items() if n > 0})
 
 
-def uniform(graph: Any, scores: Mapping[int, np.ndarray], ratio: float,
+def uniform(graph: Any, scores: Mapping[int, np.ndarray], ratio: float | Mapping[str, float],
             constraint: Constraint | None = None) -> Plan:
   """Removes `ratio` of the channels of every prunable, unlocked group.
 
   The kept count is `size - round(ratio * size)`, moved to the nearest count
-  the constraint allows.
+  the constraint allows. `ratio` may be a ratio per kind of group
+  (`ChannelGroup.kind`), e.g. `{'heads': 0.25, 'channels': 0.3, 'width': 0.3}`;
+  kinds it does not name keep every channel.
   """
-  if not 0.0 <= ratio < 1.0:
-    raise ValueError(f'ratio={ratio}: the fraction of channels to remove must be in [0, 1).')
+  check_ratio(ratio)
   constraint = constraint or Constraint()
   counts = {}
   for g in _candidates(graph, scores, constraint):
-    keep = g.size - int(np.floor(ratio * g.size + 0.5))
+    group_ratio = ratio.get(g.kind, 0.0) if isinstance(ratio, Mapping) else ratio
+    keep = g.size - int(np.floor(group_ratio * g.size + 0.5))
     counts[g.id] = g.size - constraint.nearest_keep(g.size, keep)
   return _plan_from_counts(graph, scores, counts)
 
@@ -205,7 +208,7 @@ def by_cost(graph: Any, scores: Mapping[int, np.ndarray], cost_fn: Callable[[Pla
   raise ValueError(f"search={search!r}: use 'greedy' or 'knapsack'.")
 
 
-def select(graph: Any, variables: PyTree, *, ratio: float | None = None,
+def select(graph: Any, variables: PyTree, *, ratio: float | Mapping[str, float] | None = None,
            flops_target: float | None = None, importance: Any = 'l2',
            scope: str = 'uniform', n_channels: int | None = None,
            latency_fn: Callable[[Plan], float] | None = None,
@@ -222,7 +225,9 @@ def select(graph: Any, variables: PyTree, *, ratio: float | None = None,
   Args:
     graph: the DependencyGraph of `jaxprune.structured.trace`.
     variables: the dense variables the graph was traced with.
-    ratio: fraction of channels to remove.
+    ratio: fraction of channels to remove, or `{kind: fraction}` per kind of
+      group (`'width'`, `'heads'`, `'head_dim'`, `'channels'`; see
+      `ChannelGroup.kind`) with `scope='uniform'`; kinds not named keep all.
     flops_target: in (0, 1]; e.g. 0.25 keeps a quarter of the FLOPs.
     importance: 'l1', 'l2', 'bn_scale', 'density', 'random', or precomputed
       `{group id: scores}` (e.g. `taylor_importance(...)`).
@@ -256,6 +261,24 @@ def select(graph: Any, variables: PyTree, *, ratio: float | None = None,
   return by_cost(graph, scores, latency_fn, latency_target, constraint, search)
 
 
+def check_ratio(ratio: Any) -> None:
+  """Checks a ratio: a fraction in [0, 1), or `{kind: fraction}`."""
+  if isinstance(ratio, Mapping):
+    for kind, value in ratio.items():
+      if kind not in KINDS:
+        raise ValueError(f'ratio[{kind!r}]: unknown kind of group; use {list(KINDS)} '
+                         '(ChannelGroup.kind).')
+      if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not (
+          0.0 <= value < 1.0):
+        raise ValueError(f'ratio[{kind!r}]={value!r}: the fraction of channels to remove must '
+                         'be in [0, 1).')
+    return
+  if isinstance(ratio, bool) or not isinstance(ratio, (int, float, np.number)):
+    raise TypeError(f'ratio={ratio!r}: give a fraction in [0, 1) or {{kind: fraction}}.')
+  if not 0.0 <= ratio < 1.0:
+    raise ValueError(f'ratio={ratio}: the fraction of channels to remove must be in [0, 1).')
+
+
 def check_target(*, ratio: float | None = None, flops_target: float | None = None,
                  n_channels: int | None = None, latency_fn: Callable | None = None,
                  latency_target: float | None = None, scope: str = 'uniform',
@@ -279,8 +302,11 @@ def check_target(*, ratio: float | None = None, flops_target: float | None = Non
   if constraint is not None and not isinstance(constraint, Constraint):
     raise TypeError(f'constraint: give a jaxprune.structured.Constraint, got '
                     f'{type(constraint).__name__}.')
-  if ratio is not None and not 0.0 <= ratio < 1.0:
-    raise ValueError(f'ratio={ratio}: the fraction of channels to remove must be in [0, 1).')
+  if ratio is not None:
+    check_ratio(ratio)
+    if isinstance(ratio, Mapping) and scope != 'uniform':
+      raise ValueError(f"ratio={dict(ratio)!r} per kind works with scope='uniform', not "
+                       f'{scope!r}; for one target across kinds use flops_target.')
   if n_channels is not None and (isinstance(n_channels, bool) or int(n_channels) != n_channels
                                  or n_channels < 1):
     raise ValueError(f'n_channels={n_channels!r}: give the number of channels to remove (>= 1).')

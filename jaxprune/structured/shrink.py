@@ -106,7 +106,7 @@ class _Replay:
     return jax.tree_util.tree_unflatten(self.point.out_tree, outs)
 
 
-def _same_avals(avals: Sequence[Any], args: Sequence[Any]) -> bool:
+def same_avals(avals: Sequence[Any], args: Sequence[Any]) -> bool:
   return len(avals) == len(args) and all(
       tuple(a.shape) == tuple(jnp.shape(x)) and a.dtype == jnp.result_type(x)
       for a, x in zip(avals, args, strict=True))
@@ -146,7 +146,7 @@ def pruned_callable(graph: Any, plan: Plan | Mapping, jit: bool = True,
 
   def replay_for(new_variables, args):
     example = (jax.tree_util.tree_structure((new_variables, *args)) == point.in_tree
-               and _same_avals(point.arg_avals, jax.tree_util.tree_leaves(args)))
+               and same_avals(point.arg_avals, jax.tree_util.tree_leaves(args)))
     if example:
       return replays[id(graph)]
     traced = trace_lib.retrace(graph, entry, args)

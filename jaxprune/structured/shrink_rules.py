@@ -72,6 +72,21 @@ def slice_(shrinker, eqn, scope, index, invals):
   return [x]
 
 
+def reduce_sum(shrinker, eqn, scope, index, invals):
+  """With `trace(norms='renormalise')`, a sum over an axis that lost channels is
+  scaled by full / kept, so a norm's mean divides by the kept width."""
+  del index
+  out = bind(eqn, invals)
+  if shrinker.graph.norms != 'renormalise':
+    return out
+  operand, axes = eqn.invars[0], eqn.params['axes']
+  full = int(np.prod([operand.aval.shape[a] for a in axes]))
+  kept = int(np.prod([shrinker.shape(scope, operand)[a] for a in axes]))
+  if kept == full:
+    return out
+  return [out[0] * jnp.asarray(full / kept, out[0].dtype)]
+
+
 def conv(shrinker, eqn, scope, index, invals):
   del index
   lhs_spec, rhs_spec, _ = eqn.params['dimension_numbers']

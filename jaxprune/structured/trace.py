@@ -19,7 +19,8 @@ import jax
 import numpy as np
 
 from jaxprune import names
-from jaxprune.structured import solve, usage
+from jaxprune.structured import kinds, solve, usage
+from jaxprune.structured import norms as norms_lib
 from jaxprune.structured.groups import DependencyGraph, EntryPoint
 from jaxprune.structured.shapes import is_static
 from jaxprune.structured.walker import Walker
@@ -87,12 +88,17 @@ def _walk_entry(walker: Walker, spec: _Spec, k: int, variables: Any, leaf_names:
   return entry, read
 
 
-def _trace(specs: Sequence[_Spec], variables: Any) -> tuple[DependencyGraph, list[str]]:
-  """Traces the entry points into one graph; also returns the unknown-primitive messages."""
+def _trace(specs: Sequence[_Spec], variables: Any, norms: str | None = None,
+           classify: bool = True) -> tuple[DependencyGraph, list[str]]:
+  """Traces the entry points into one graph; also returns the unknown-primitive messages.
+
+  `classify` marks the groups' kinds and which width groups are approximate
+  (`kinds.py`, `norms.py`); a re-trace for the pruned callable needs neither.
+  """
   var_leaves = names.named_leaves(variables)
   leaf_names = [name for name, _ in var_leaves]
   leaf_shapes = {name: tuple(np.shape(leaf)) for name, leaf in var_leaves}
-  walker = Walker()
+  walker = Walker(norms)
   entries, read = [], set()
   for k, spec in enumerate(specs):
     entry, entry_read = _walk_entry(walker, spec, k, variables, leaf_names, leaf_shapes)
@@ -114,6 +120,14 @@ def _trace(specs: Sequence[_Spec], variables: Any) -> tuple[DependencyGraph, lis
       variables_tree=jax.tree_util.tree_structure(variables),
       variables_avals=tuple(_aval(v.aval) for v in leaf_invars),
       blocked_primitives=dict(walker.blocked_primitives), warnings=messages)
+  graph.norms = norms
+  graph.norm_sums = sorted({(r[0], r[1]) for r in walker.reductions})
+  if classify:
+    n_inputs = len(jax.tree_util.tree_leaves(tuple(specs[0][1])))
+    group_kinds, graph.activation_sites = kinds.analyse(graph, n_inputs)
+    for gid, kind in group_kinds.items():
+      graph.groups[gid].kind = kind
+    norms_lib.classify(graph, walker.reductions, variables, specs[0][1])
   return graph, messages
 
 
@@ -132,7 +146,8 @@ def _spec(entry: Any, index: int) -> _Spec:
 
 
 def trace(fn: Callable[..., Any], variables: Any, *example_args: Any,
-          also: Sequence[tuple] = (), **kwargs: Any) -> DependencyGraph:
+          also: Sequence[tuple] = (), norms: str | None = None,
+          **kwargs: Any) -> DependencyGraph:
   """Traces `fn(variables, *example_args, **kwargs)` into coupled channel groups.
 
   Args:
@@ -149,6 +164,14 @@ def trace(fn: Callable[..., Any], variables: Any, *example_args: Any,
       args, kwargs)` with `fn(variables, *args, **kwargs)`, e.g. the training
       step's forward pass; every entry point's ties hold in the one graph, so
       state read only in one mode follows its channels.
+    norms: None (default): a sum over channels (a LayerNorm's or RMSNorm's
+      statistics) blocks them, so a transformer's width is not prunable.
+      'exact': sums let the channels through and the pruned model keeps the
+      full-width divisors; groups where that is not the zeroed dense model
+      (a two-pass LayerNorm) are marked approximate. 'renormalise': the
+      pruned model divides by the kept width (a standard norm of the smaller
+      model); every such group is approximate. See `norms.py`; with a norms
+      option the first entry point runs once on its example inputs.
     **kwargs: static keyword arguments for `fn` (`train=False`, `mutable=...`);
       they are closed over, not traced.
 
@@ -156,9 +179,10 @@ def trace(fn: Callable[..., Any], variables: Any, *example_args: Any,
     A `DependencyGraph`. Variables leaves no entry point reads are listed in
     `graph.unread` and never prunable.
   """
+  norms_lib.check_mode(norms)
   specs = [(fn, tuple(example_args), dict(kwargs))]
   specs += [_spec(entry, i) for i, entry in enumerate(also)]
-  graph, messages = _trace(specs, variables)
+  graph, messages = _trace(specs, variables, norms)
   for message in messages:
     warnings.warn(message, stacklevel=2)
   return graph
@@ -201,7 +225,7 @@ def retrace(graph: DependencyGraph, entry: int, args: Sequence[Any]) -> Dependen
   with warnings.catch_warnings():
     warnings.simplefilter('ignore')  # the first trace has already warned
     try:
-      new, _ = _trace(specs, variables)
+      new, _ = _trace(specs, variables, graph.norms, classify=False)
     except Exception as e:
       shapes = ', '.join(f'{a.dtype}{list(a.shape)}' for a in avals)
       raise ValueError(f'pruned_fn: the traced function does not run on arguments ({shapes}) '

@@ -29,7 +29,10 @@ Scope = tuple[int, ...]
 class Walker:
   """The `ctx` handed to rules; see `rules.py` for the methods rules may call."""
 
-  def __init__(self):
+  def __init__(self, norms: str | None = None):
+    self.norms = norms
+    # (scope, eqn index, operand, axis) of each sum over a tracked axis let through.
+    self.reductions: list[tuple[Scope, int, Any, int]] = []
     self.node_bases: list[int] = []
     self.node_sizes: list[int] = []
     self.node_keys: list[tuple[Any, int] | None] = []   # ((scope, var), axis); None = factor
@@ -143,6 +146,11 @@ class Walker:
     for out, x in zip(eqn.outvars, outs, strict=True):
       self._const_values[(key[0], out)] = np.asarray(x)
     return self._const_values[key]
+
+  def reduction(self, var: Any, axis: int) -> None:
+    """Records that the current equation sums `var` over `axis`, leaving it prunable."""
+    if self.ids(var, axis) is not None:
+      self.reductions.append((self.scope, self.eqn_index, var, axis))
 
   def note(self, fact: Any) -> None:
     """Keeps a fact about the current equation for its shrink rule (`graph.notes`)."""

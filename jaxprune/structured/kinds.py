@@ -1,0 +1,130 @@
+"""What a group's channels are in a transformer: width, heads, head_dim or channels.
+
+Read from the jaxpr, not from names. A value *depends on the inputs* when some
+model input flows into it (weights, and anything computed from weights and
+constants alone, do not). Attention multiplies two such values (queries by
+keys, scores by values); every other `dot_general` multiplies an activation
+by a weight. So:
+
+  width     a group summed over by a norm (`trace(norms=...)`, see `norms.py`);
+  heads     a group on a batch axis of an activation x activation product;
+  head_dim  a group on another axis of one (contracted q.k dims, v's dims);
+  channels  every other group (MLP hidden units, conv filters, a pooler).
+
+The same walk finds the *activation sites* of each group for activation
+importance: the activation operand of an activation x weight product along
+the axis it contracts (a norm's output entering q/k/v and the MLP, the MLP
+hidden units entering the down projection, the heads entering the output
+projection), or, for groups that never enter a weight (q/k head_dim), the
+outputs of the products that make them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from jax.extend import core as jcore
+
+from jaxprune.structured import control, primitives
+
+Scope = tuple[int, ...]
+KINDS = ('width', 'heads', 'head_dim', 'channels')
+
+
+def _is_var(v: Any) -> bool:
+  return isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar)
+
+
+def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[bool]:
+  """Adds `(scope, var)` of every variable that depends on a model input to `found`.
+
+  Args:
+    jaxpr: an open jaxpr.
+    inputs: per invar, whether it depends on a model input.
+    scope: the jaxpr's scope.
+    found: the set to add to.
+
+  Returns:
+    Per outvar, whether it depends on a model input.
+  """
+  dep = {v for v, d in zip(jaxpr.invars, inputs, strict=True) if d}
+  for index, eqn in enumerate(jaxpr.eqns):
+    ins = [_is_var(v) and v in dep for v in eqn.invars]
+    entry = primitives.lookup(eqn.primitive.name)
+    body = control.inner(eqn.params[entry.body]) if entry is not None and entry.body else None
+    if body is not None and len(body.invars) == len(ins):
+      outs = dependent(body, ins, scope + (index, 0), found)
+    else:
+      # Loops and branches: everything inside depends on the inputs if any operand does.
+      for sub_index, sub, _ in primitives.sub_jaxprs(eqn):
+        sub = control.inner(sub)
+        dependent(sub, [any(ins)] * len(sub.invars), scope + (index, sub_index), found)
+      outs = [any(ins)] * len(eqn.outvars)
+    dep.update(v for v, d in zip(eqn.outvars, outs, strict=True) if d and _is_var(v))
+  found.update((scope, v) for v in dep)
+  return [_is_var(v) and v in dep for v in jaxpr.outvars]
+
+
+def _eqns(jaxpr: Any, scope: Scope) -> Iterator[tuple[Scope, int, Any]]:
+  for index, eqn in enumerate(control.inner(jaxpr).eqns):
+    yield scope, index, eqn
+    for sub_index, sub, _ in primitives.sub_jaxprs(eqn):
+      yield from _eqns(sub, scope + (index, sub_index))
+
+
+def analyse(graph: Any, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]:
+  """Kinds of the groups and their activation sites, from the first entry point.
+
+  Args:
+    graph: a DependencyGraph (its `var_axes` and first entry point).
+    n_inputs: number of flat model inputs after the variables leaves.
+
+  Returns:
+    `(kinds, sites)`: `{group id: 'heads' or 'head_dim'}` (width groups are
+    marked by `norms.py`, the rest are 'channels'), and `{group id: [(scope,
+    eqn index, operand index or -1 for the output, axis, that variable)]}`.
+  """
+  point = graph.entries[0]
+  found: set = set()
+  dependent(point.closed_jaxpr.jaxpr, [False] * len(graph.leaf_names) + [True] * n_inputs,
+            point.scope, found)
+  kinds: dict[int, str] = {}
+  contracted: dict[int, list] = {}
+  produced: dict[int, list] = {}
+
+  def groups_on(scope, var, axis):
+    return [part.group_id for part in graph.var_axes.get((scope, var), {}).get(axis, ())]
+
+  for scope, index, eqn in _eqns(point.closed_jaxpr, point.scope):
+    name = eqn.primitive.name
+    if name not in ('dot_general', 'conv_general_dilated'):
+      continue
+    is_act = [_is_var(v) and (scope, v) in found for v in eqn.invars[:2]]
+    operands = graph.proxied.get((scope, index), eqn).invars[:2]
+    if name == 'conv_general_dilated':
+      lhs_spec, _, out_spec = eqn.params['dimension_numbers']
+      contract, out_axes = ([lhs_spec[1]], []), [out_spec[1]]
+    else:
+      (lc, rc), (lb, rb) = eqn.params['dimension_numbers']
+      contract, out_axes = (lc, rc), range(len(eqn.outvars[0].aval.shape))
+      if all(is_act):  # attention: queries x keys, scores x values
+        for var, batch in zip(operands, (lb, rb), strict=True):
+          for axis in range(len(var.aval.shape)):
+            for gid in groups_on(scope, var, axis):
+              kind = 'heads' if axis in batch else 'head_dim'
+              if kinds.get(gid) != 'heads':
+                kinds[gid] = kind
+        continue
+    if is_act.count(True) != 1:
+      continue
+    act = is_act.index(True)
+    for axis in contract[act]:
+      for gid in groups_on(scope, operands[act], axis):
+        contracted.setdefault(gid, []).append((scope, index, act, axis, operands[act]))
+    for axis in out_axes:
+      for gid in groups_on(scope, eqn.outvars[0], axis):
+        produced.setdefault(gid, []).append((scope, index, -1, axis, eqn.outvars[0]))
+  sites = {gid: contracted.get(gid) or produced[gid]
+           for gid in set(contracted) | set(produced)}
+  return kinds, sites

@@ -1,0 +1,78 @@
+"""Runs a traced jaxpr as traced and hands chosen equations' values to a callback.
+
+The norms probe (`norms.py`), activation importance (`activations.py`) and
+`verify`'s frozen-statistics check need the values of equations inside the
+model, also inside call bodies (`jit`, custom derivatives), under the same
+scopes the graph uses (see `groups.VarKey`). Call bodies are evaluated in
+place; loops and branches run whole, so equations inside them are not seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.extend import core as jcore
+
+from jaxprune.structured import control, primitives, shrink_rules
+
+Scope = tuple[int, ...]
+# watch(scope, eqn_index, eqn, invals, outvals)
+Watch = Callable[[Scope, int, Any, list, list], None]
+
+
+def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: Scope,
+             watch: Watch) -> list:
+  """Evaluates an open jaxpr on `args`, calling `watch` after every equation."""
+  env: dict[Any, Any] = {}
+
+  def read(v):
+    return v.val if isinstance(v, jcore.Literal) else env[v]
+
+  for v, x in zip(jaxpr.constvars, consts, strict=True):
+    env[v] = x
+  for v, x in zip(jaxpr.invars, args, strict=True):
+    env[v] = x
+  for index, eqn in enumerate(jaxpr.eqns):
+    invals = [read(v) for v in eqn.invars]
+    entry = primitives.lookup(eqn.primitive.name)
+    body = eqn.params[entry.body] if entry is not None and entry.body else None
+    inner = control.inner(body) if body is not None else None
+    if inner is not None and len(inner.invars) == len(invals):
+      outs = evaluate(inner, getattr(body, 'consts', ()), invals, scope + (index, 0), watch)
+    else:
+      outs = shrink_rules.bind(eqn, invals)
+    watch(scope, index, eqn, invals, outs)
+    for v, x in zip(eqn.outvars, outs, strict=True):
+      if not isinstance(v, jcore.DropVar):
+        env[v] = x
+  return [read(v) for v in jaxpr.outvars]
+
+
+def collect(closed: Any, flat_args: Sequence[Any], scope: Scope,
+            pick: Callable[[Scope, int, Any, list, list], Any]) -> dict:
+  """Values `pick` returns for the equations it does not return None for, jitted.
+
+  Args:
+    closed: a ClosedJaxpr (an entry point's `closed_jaxpr`).
+    flat_args: its flat arguments (variables leaves, then the inputs).
+    scope: the entry point's scope.
+    pick: `pick(scope, eqn_index, eqn, invals, outvals)` -> an array (or
+      pytree) computed from them, or None to skip the equation.
+
+  Returns:
+    `{(scope, eqn_index): picked value}` as numpy-backed arrays.
+  """
+  def run(flat):
+    found = {}
+
+    def watch(s, index, eqn, invals, outs):
+      value = pick(s, index, eqn, invals, outs)
+      if value is not None:
+        found[(s, index)] = value
+
+    evaluate(closed.jaxpr, closed.consts, flat, scope, watch)
+    return found
+
+  return jax.jit(run)(list(flat_args))
