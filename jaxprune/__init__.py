@@ -8,7 +8,7 @@ The public API (see README.md):
   * structured channel pruning: jaxprune.structured.
 """
 
-from jaxprune import functional, methods, structured
+from jaxprune import channels, functional, methods, structured
 from jaxprune.export import check_sparse_outputs, size_report, sparse_apply, strip, to_bcoo
 from jaxprune.hparams import get_pruning_hparams, parse_hparams
 from jaxprune.masks import update_mask

@@ -122,7 +122,8 @@ def summaries(state: Any, hparams: ml_collections.ConfigDict | None = None) -> d
 
   Keys: '<name>/sparsity' (the target at the last step), '<name>/last_mask_update_step',
   '<name>/nonfinite_skips', and '<leaf>/sparsity', '<leaf>/threshold' per pruned
-  leaf, with <name> = hparams.name (default 'model_pruning').
+  leaf, with <name> = hparams.name (default 'model_pruning'); with a mask rule,
+  '<key>/threshold' for each key of its thresholds (channel groups).
   """
   state = find_pruning_state(state)
   prefix = 'model_pruning' if hparams is None else hparams.name
@@ -134,5 +135,9 @@ def summaries(state: Any, hparams: ml_collections.ConfigDict | None = None) -> d
   thresholds = get_thresholds(state)
   for name, sparsity in get_weight_sparsity(state).items():
     out[f'{name}/sparsity'] = sparsity
-    out[f'{name}/threshold'] = thresholds[name]
+    if name in thresholds:
+      out[f'{name}/threshold'] = thresholds.pop(name)
+  # A mask rule's thresholds need not be per leaf (channel groups).
+  for name, threshold in thresholds.items():
+    out[f'{name}/threshold'] = threshold
   return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +32,33 @@ from jaxprune.names import leaf_name
 
 PyTree = Any
 SparsityFn = Callable[[Array], Array]
+
+
+class MaskRule(Protocol):
+  """Computes the masks of the pruned leaves in place of the per-leaf magnitude rule.
+
+  `pruning(hparams, mask_rule=rule)` keeps its schedule, gating, application
+  of the masks and state, and hands the choice of the pruned leaves and the
+  mask updates to the rule (`jaxprune.channels.ChannelRule` masks whole
+  coupled channels).
+  """
+
+  def check(self, hparams: hparams_lib.HParams) -> None:
+    """Raises ValueError for hparams the rule cannot honour (at `pruning(...)`)."""
+
+  def init(self, params: PyTree) -> tuple[PyTree, PyTree]:
+    """(masks, thresholds): masks a bool tree parallel to `params`, None for leaves it
+    leaves alone; thresholds any pytree of float32 arrays."""
+
+  def new_masks(self, hparams: hparams_lib.HParams, weights: list[Callable[[Any], Array]],
+                old_masks: list[Array], thresholds: PyTree, sparsity: Array
+                ) -> tuple[list[Array], PyTree, Array]:
+    """At a mask update, inside jit: (masks, thresholds, int32 count of skipped units).
+
+    `weights` are the pruned leaves' values as callables of a token (see
+    `masks.Variable`), `old_masks` their masks, both in the params' order;
+    `sparsity` is the schedule's (or `sparsity_fn`'s) value at this step.
+    """
 
 
 class PruningState(NamedTuple):
@@ -135,36 +162,29 @@ def _explicit_mesh(arrays: list[Array]) -> Any:
   return None
 
 
-def _new_masks_on_any_mesh(hparams, specs, operands, values, state, sparsity_of):
-  """`_new_masks`, also for arrays sharded over explicit mesh axes.
+def _new_masks_on_any_mesh(compute, operands, state, sparsities):
+  """`compute(operands, state, sparsities)`, also for arrays sharded over explicit mesh axes.
 
   Explicit axes (the default of `jax.make_mesh`) type every array with its
   sharding, and ops without a sharding rule (the block reshapes) refuse them.
   The mask update runs with automatic axes instead, where XLA's partitioner
   shards it as under `pjit`; masks come back sharded like the old masks,
-  thresholds and the count replicated. `values(operands)` makes the pruned
-  leaves' weights as callables.
+  thresholds and the count replicated. Values closed over keep their explicit
+  types, so the sparsities come in as arguments.
   """
   mesh = _explicit_mesh(jax.tree.leaves(operands))
   if mesh is None:
-    return _new_masks(hparams, specs, values(operands), state, sparsity_of)
+    return compute(operands, state, sparsities)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   out_sharding = ([jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
                   [replicated for _ in jax.tree.leaves(state.thresholds)], replicated)
-  # Values closed over keep their explicit types, so the sparsities come in as arguments.
-  keys = [None] + [s for s in specs_lib.spec_leaves(specs) if s is not None]
-  sparsities = [sparsity_of(key) for key in keys]
-
-  def compute(operands, state, sparsities):
-    by_spec = dict(zip(keys, sparsities, strict=True))
-    return _new_masks(hparams, specs, values(operands), state, lambda spec: by_spec[spec])
-
   return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(operands, state, sparsities)
 
 
 def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
             sparsity_fn: SparsityFn | None = None,
-            prune_filter: specs_lib.PruneFilter | None = None) -> optax.GradientTransformation:
+            prune_filter: specs_lib.PruneFilter | None = None,
+            mask_rule: MaskRule | None = None) -> optax.GradientTransformation:
   """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
 
   Args:
@@ -174,6 +194,10 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
       the polynomial schedule for every pruned leaf; it cannot be combined with
       `weight_sparsity_map`.
     prune_filter: optional `(name, leaf) -> bool` replacing `weight_name_regex`.
+    mask_rule: optional `MaskRule` that picks the pruned leaves and computes
+      their masks at each mask update, e.g. `jaxprune.channels.ChannelRule`
+      for whole coupled channels; the schedule, gating and the application of
+      the masks stay as above.
 
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
@@ -184,12 +208,23 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
         f'weight_sparsity_map={[f"{r}:{v}" for r, v in hparams.sparsity_entries]!r} cannot be '
         'combined with sparsity_fn: per-variable targets follow the polynomial schedule. '
         'Drop one of them.')
+  if mask_rule is not None:
+    if prune_filter is not None:
+      raise ValueError('prune_filter cannot be combined with mask_rule: the mask rule picks '
+                       'the pruned leaves. Drop one of them.')
+    mask_rule.check(hparams)
 
   def specs_of(params, warn=False):
     # Specs are rebuilt (from static shapes) at each trace; warn once, at init.
     return specs_lib.leaf_specs(params, hparams, prune_filter, warn=warn)
 
   def init_fn(params):
+    if mask_rule is not None:
+      masks, thresholds = mask_rule.init(params)
+      return PruningState(
+          step=jnp.zeros((), jnp.int32), last_update_step=jnp.zeros((), jnp.int32),
+          masks=masks, thresholds=thresholds, nonfinite_skips=jnp.zeros((), jnp.int32),
+          sparsity=jnp.zeros((), jnp.float32))
     specs = specs_of(params, warn=True)
     leaves, treedef = jax.tree.flatten(params)
     spec_list = specs_lib.spec_leaves(specs)
@@ -213,7 +248,7 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
     if params is None:
       raise ValueError('jaxprune.pruning needs the params: call tx.update(grads, state, params).')
     _check_like_init(state, params, updates)
-    specs = specs_of(params)
+    specs = specs_of(params) if mask_rule is None else None
     step = state.step
     global_sparsity = (schedule.sparsity_at(hparams, step) if sparsity_fn is None
                        else jnp.asarray(sparsity_fn(step), jnp.float32))
@@ -226,7 +261,11 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
     do_update = schedule.should_update(hparams, step, state.last_update_step)
     old_masks = jax.tree.leaves(state.masks)
     old_thresholds = jax.tree.leaves(state.thresholds)
-    pruned = [i for i, spec in enumerate(specs_lib.spec_leaves(specs)) if spec is not None]
+    if mask_rule is None:
+      pruned = [i for i, spec in enumerate(specs_lib.spec_leaves(specs)) if spec is not None]
+    else:
+      mask_list = jax.tree.leaves(state.masks, is_leaf=lambda x: x is None)
+      pruned = [i for i, mask in enumerate(mask_list) if mask is not None]
     param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
     if hparams.mask_source == 'params':
       # The weights the step starts from: already in memory, so steps without an
@@ -247,7 +286,20 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
         return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
 
     def recompute(operands):
-      return _new_masks_on_any_mesh(hparams, specs, operands, values, state, sparsity_of)
+      if mask_rule is not None:
+        def by_rule(operands, state, sparsities):
+          masks, thresholds, skips = mask_rule.new_masks(
+              hparams, values(operands), jax.tree.leaves(state.masks), state.thresholds,
+              sparsities[0])
+          return masks, jax.tree.leaves(thresholds), skips
+        return _new_masks_on_any_mesh(by_rule, operands, state, [global_sparsity])
+      # Sparsities by spec (None: the global one), as arguments for explicit meshes.
+      keys = [None] + [s for s in specs_lib.spec_leaves(specs) if s is not None]
+
+      def by_leaf(operands, state, sparsities):
+        by_spec = dict(zip(keys, sparsities, strict=True))
+        return _new_masks(hparams, specs, values(operands), state, lambda spec: by_spec[spec])
+      return _new_masks_on_any_mesh(by_leaf, operands, state, [sparsity_of(k) for k in keys])
 
     def keep(_):
       return old_masks, old_thresholds, jnp.int32(0)

@@ -157,3 +157,19 @@ def test_a_workdir_that_cannot_be_made_is_a_config_error(tmp_path):
     pass
   assert str(err.value).startswith(f'--workdir={path!r} cannot be used (Not a directory: ')
   assert str(err.value).endswith('pick a directory you can write to.')
+
+
+def test_a_run_saved_before_a_field_existed_resumes_at_its_default(tmp_path):
+  """config.channels came after runs were saved: absent there and at its default
+  (disabled) now, it is no difference; set to anything else, it is one."""
+  from jaxprune.train import defaults
+  path = str(tmp_path)
+  old = workdir.config_to_json(defaults.get_config())
+  del old['channels']
+  with open(os.path.join(path, 'config.json'), 'w') as f:
+    json.dump(old, f)
+  workdir.check_config(path, defaults.get_config())
+  changed = defaults.get_config()
+  changed.channels.enabled = True
+  with pytest.raises(IncompatibleWorkdirError, match=r"config\.channels\.enabled: '<absent>'"):
+    workdir.check_config(path, changed)

@@ -85,6 +85,10 @@ FIELD_HELP = {
     'progress_bar': 'show a tqdm progress bar',
     'tensorboard': 'write TensorBoard events (needs tensorboardX; skipped if missing)',
     'plots': 'write sparsity.png, accuracy.png and layer_sparsity.png',
+    'channels.enabled': 'prune whole coupled channels (target_sparsity = share of the channels '
+                        'of each group), then write the smaller model to pruned_model.bin',
+    'channels.round_to': 'channels only: each group keeps a multiple of this many channels',
+    'channels.min_channels': 'channels only: each group keeps at least this many channels',
 }
 
 
@@ -127,4 +131,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.progress_bar = True
   config.tensorboard = True
   config.plots = True
+  # Weights by default; configs/digits_cnn_channels.py prunes whole channels.
+  config.channels = ml_collections.ConfigDict(
+      {'enabled': False, 'round_to': 8, 'min_channels': 1})
   return config

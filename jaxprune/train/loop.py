@@ -23,6 +23,7 @@ import ml_collections
 import tqdm
 
 from jaxprune.train import (
+    channels,
     checkpoints,
     data,
     files,
@@ -69,6 +70,8 @@ class _Job(NamedTuple):
   state: TrainState
   train_step: Callable
   evaluate: Callable
+  model: Any
+  rule: channels.ChannelRule | None  # with config.channels.enabled
 
 
 def _build(config: ml_collections.ConfigDict) -> _Job:
@@ -82,14 +85,18 @@ def _build(config: ml_collections.ConfigDict) -> _Job:
   except (ValueError, OSError) as err:
     raise ConfigError(one_line(str(err))) from err
   model = models.create_model(config.model, dataset.num_classes)
-  tx = make_optimizer(config)
   params = models.init_params(model, dataset.x_train.shape[1:], config.seed)
+  try:
+    rule = channels.make_rule(config, model, params, tuple(dataset.x_train.shape[1:]))
+    tx = make_optimizer(config, rule)
+  except (ValueError, TypeError) as err:
+    raise ConfigError(one_line(str(err))) from err
   # Placed first, so that a checkpoint is restored straight into these shards.
   state = sharding.place(create_train_state(params, tx), mesh)
   # The one place the step is jitted: everything it needs is in its arguments.
   train_step = sharding.jit_train_step(make_train_step(model.apply, tx), mesh, state,
                                        config.batch_size)
-  return _Job(config, dataset, state, train_step, make_evaluate(model.apply))
+  return _Job(config, dataset, state, train_step, make_evaluate(model.apply), model, rule)
 
 
 @jax.jit
@@ -140,6 +147,7 @@ class _Run:
     self.checkpointer: checkpoints.Checkpointer | None = None
     self.saved_step: int | None = None  # the newest checkpoint
     self.finite_step = int(self.state.step)  # the newest step known to be finite
+    self.shrunk: channels.ChannelResult | None = None
 
   def _then(self) -> str:
     where = (f'the newest checkpoint is step {self.saved_step}' if self.saved_step is not None
@@ -255,6 +263,8 @@ class _Run:
         bar.update(1)
         if on_step is not None:
           on_step(done, self.state)
+      if job.rule is not None:
+        self._shrink(write)
     except KeyboardInterrupt:
       # Keep the progress made so far, up to the last step whose metrics were
       # all written, so that the resumed history has no gap.
@@ -267,18 +277,30 @@ class _Run:
         self.checkpointer.close()
     return self._finish(writer.history)
 
+  def _shrink(self, write: Callable[[int, dict[str, Any]], None]) -> None:
+    """Cuts the pruned channels out, writes pruned_model.bin, records what it gained."""
+    job = self.job
+    path = os.path.join(self.workdir or '', channels.MODEL_FILE)
+    with self._writing('the pruned model', path):
+      self.shrunk = channels.finish(job.rule, job.model, self.state.params,
+                                    self.state.opt_state, job.dataset.x_test,
+                                    job.dataset.y_test, self.workdir)
+    write(int(self.state.step), self.shrunk.scalars())
+
   def _finish(self, history: list[dict[str, Any]]) -> TrainResult:
     """Evaluates the final state and writes the report and plots."""
     job, state = self.job, self.state
     final = job.evaluate(state.params, job.dataset.x_test, job.dataset.y_test)
     hparams = self.hparams
     run_report = report.RunReport(
-        leaves=stats.leaf_reports(state, hparams),
+        # Channel runs report their groups instead (the thresholds are per group).
+        leaves=stats.leaf_reports(state, hparams) if job.rule is None else [],
         **stats.param_counts(state.params),
         dense_accuracy=self.meta['dense_accuracy'], dense_step=self.dense_at,
         final_accuracy=final['accuracy'], final_step=int(state.step),
         global_target=(hparams.target_sparsity
-                       if hparams is not None and hparams.global_pruning else None))
+                       if hparams is not None and hparams.global_pruning else None),
+        channels=tuple(self.shrunk.lines()) if self.shrunk is not None else ())
     if self.workdir is not None:
       path = os.path.join(self.workdir, REPORT_FILE)
       with self._writing('the report', path):

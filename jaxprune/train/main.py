@@ -26,7 +26,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxprune.train import defaults, errors, loop, plots, report, usage
+from jaxprune.train import channels, defaults, errors, loop, plots, report, usage
 from jaxprune.train.metrics import METRICS_FILE
 
 PROGRAM = 'jaxprune-train'
@@ -152,6 +152,8 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   print()
   print(report.format_report(result.report))
   outputs = [loop.REPORT_FILE, METRICS_FILE, 'checkpoints/']
+  if config.prune and config.channels.enabled:
+    outputs.append(channels.MODEL_FILE)
   if config.tensorboard:
     outputs.append('tensorboard/')
   if config.plots:

@@ -57,6 +57,8 @@ class RunReport(NamedTuple):
     final_step: the last step.
     global_target: with `global_pruning`, the target all pruned leaves share
       (one threshold across them), else None.
+    channels: with channel pruning, the report's lines on the channel groups
+      and the shrunk model (`jaxprune.train.channels.ChannelResult.lines`).
   """
   leaves: Sequence[LeafReport]
   total_params: int
@@ -66,6 +68,7 @@ class RunReport(NamedTuple):
   final_accuracy: float
   final_step: int
   global_target: float | None = None
+  channels: Sequence[str] = ()
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -109,8 +112,9 @@ def format_report(report: RunReport) -> str:
     if report.global_target is not None:
       lines.append(f'global pruning: one threshold across the pruned leaves; the target '
                    f'{report.global_target:.3f} holds for them together, not for each.')
-  else:
+  elif not report.channels:
     lines.append('no pruned leaves')
+  lines += report.channels
   sparse = 1 - report.total_nonzero / report.total_params
   lines.append(f'all params: {report.total_params:,}, nonzero: '
                f'{report.total_nonzero:,} ({sparse:.1%} zero)')

@@ -35,12 +35,15 @@ class TrainState(NamedTuple):
   opt_state: optax.OptState
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(config: ml_collections.ConfigDict,
+                   mask_rule: jaxprune.transform.MaskRule | None = None
+                   ) -> optax.GradientTransformation:
   """Builds `optax.chain(optimizer, jaxprune.pruning(config.pruning))`.
 
   Args:
     config: a training config; uses `optimizer.{name, learning_rate, momentum,
       weight_decay}`, `prune` and `pruning`.
+    mask_rule: the pruning transform's mask rule (channel pruning), if any.
 
   Returns:
     The optimizer, followed by the pruning transform when `config.prune`.
@@ -57,7 +60,7 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
         f"optimizer.name={opt.name!r}: unknown optimizer; use 'adam', 'adamw' or 'sgd'.")
   if not config.prune:
     return base
-  return optax.chain(base, jaxprune.pruning(config.pruning))
+  return optax.chain(base, jaxprune.pruning(config.pruning, mask_rule=mask_rule))
 
 
 def create_train_state(params: PyTree, tx: optax.GradientTransformation) -> TrainState:

@@ -83,6 +83,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     'progress_bar': _BOOL,
     'tensorboard': _BOOL,
     'plots': _BOOL,
+    'channels.enabled': _BOOL,
+    'channels.round_to': _int_in(1),
+    'channels.min_channels': _int_in(1),
 }
 
 

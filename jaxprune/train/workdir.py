@@ -17,7 +17,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxprune.train import files
+from jaxprune.train import defaults, files
 from jaxprune.train.errors import IncompatibleWorkdirError
 
 CONFIG_FILE = 'config.json'
@@ -85,7 +85,13 @@ def check_compatible(saved: Mapping[str, Any], config: ml_collections.ConfigDict
     IncompatibleWorkdirError: a ValueError naming each differing field and
       both of its values, in one line.
   """
-  diffs = config_differences(saved, config_to_json(config))
+  # A field this version added is absent from runs saved before it: at its
+  # default, it changes nothing those runs did.
+  added = {name: value for name, value in _flatten(config_to_json(defaults.get_config())).items()
+           if name not in _flatten(saved)}
+  diffs = [(name, before, after)
+           for name, before, after in config_differences(saved, config_to_json(config))
+           if not (before == '<absent>' and name in added and after == added[name])]
   if diffs:
     fields = '; '.join(f'config.{name}: {before!r} in the saved run, {after!r} now'
                        for name, before, after in diffs)

@@ -1,0 +1,19 @@
+"""Gradual channel pruning: whole coupled channels masked on the transform's schedule,
+then cut out of the model.
+
+    graph = jaxprune.structured.trace(model.apply, variables, x)
+    rule = jaxprune.channels.ChannelRule(graph)
+    tx = optax.chain(optax.adam(1e-3), jaxprune.pruning(hparams, mask_rule=rule))
+    ...  # train as usual
+    result = jaxprune.channels.shrink(rule, variables, opt_state, x)
+"""
+
+from jaxprune.channels.rule import ChannelRule, leaf_masks
+from jaxprune.channels.shrink import (
+    Shrunk,
+    channel_masks,
+    masked_outputs,
+    masked_variables,
+    plan,
+    shrink,
+)
