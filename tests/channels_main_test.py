@@ -84,3 +84,12 @@ def test_bad_channel_settings_are_named():
   config.pruning.block_height = 2
   with pytest.raises(ConfigError, match='block_height'):
     loop.train(config)
+
+
+def test_a_channel_run_without_flatbuffers_is_refused_before_training(tmp_path, monkeypatch):
+  # The run ends by serialising pruned_model.bin; without flatbuffers that would
+  # fail after the whole training. It is refused at the start, in one line.
+  monkeypatch.setitem(sys.modules, 'flatbuffers', None)  # `import flatbuffers` fails
+  with pytest.raises(ConfigError, match='pip install flatbuffers'):
+    loop.train(_config(), str(tmp_path))
+  assert not os.path.exists(tmp_path / 'checkpoints')

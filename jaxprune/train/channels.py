@@ -94,6 +94,13 @@ def make_rule(config: ml_collections.ConfigDict, model: nn.Module, params: Any,
   """
   if not (config.prune and config.channels.enabled):
     return None
+  try:  # checked now, not after training: the run ends by serialising the shrunk model
+    import flatbuffers  # noqa: F401
+  except ImportError as err:
+    raise ValueError(
+        f'config.channels.enabled=True writes {MODEL_FILE} with jax.export, whose '
+        "serialisation needs the 'flatbuffers' package: pip install flatbuffers "
+        '(or pip install "jaxprune[examples]").') from err
   graph = trace(model.apply, {'params': params}, _example(input_shape))
   constraint = Constraint(min_channels=config.channels.min_channels,
                           round_to=config.channels.round_to)
