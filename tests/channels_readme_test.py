@@ -2,20 +2,13 @@
 
 import contextlib
 import io
-import os
-import re
 
 import numpy as np
-
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
+from readme_blocks import python_blocks
 
 
 def test_readme_gradual_channel_example_runs():
-  with open(README) as f:
-    text = f.read()
-  section = text.split('## Gradual channel pruning: whole channels during training', 1)[1]
-  section = section.split('<!-- section:', 1)[0]
-  blocks = re.findall(r'```python\n(.*?)```', section, flags=re.DOTALL)
+  blocks = python_blocks('## Gradual channel pruning: whole channels during training')
   assert len(blocks) == 1
   namespace = {}
   with contextlib.redirect_stdout(io.StringIO()):

@@ -15,29 +15,15 @@ import pytest
 ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
            JAX_PLATFORMS='cpu')
 
-TINY_CONFIG = '''
-from jaxprune.train import defaults
+# The crash tests' tiny config (tests/train_faults.py), pruned over steps 20-80.
+TINY_CONFIG = f'''
+import sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from train_faults import tiny_config
 
 
 def get_config(mesh_shape=(), num_steps=100):
-  """A 32-16 MLP on digits, pruned to 80% between steps 20 and 80."""
-  config = defaults.get_config()
-  config.name = 'tiny'
-  config.model.features = (32, 16)
-  config.batch_size = 32
-  config.optimizer.learning_rate = 1e-2
-  config.num_steps = num_steps
-  config.log_every = 20
-  config.eval_every = 100
-  config.checkpoint_every = 20
-  config.progress_bar = False
-  config.tensorboard = False
-  config.plots = False
-  config.mesh_shape = mesh_shape
-  config.pruning = defaults.pruning_config(
-      config.pruning, begin_pruning_step=20, end_pruning_step=80, pruning_frequency=20,
-      sparsity_function_begin_step=20, sparsity_function_end_step=80, target_sparsity=0.8)
-  return config
+  return tiny_config(num_steps, prune_steps=(20, 80), eval_every=100, mesh_shape=mesh_shape)
 '''
 
 COMPARE = '''

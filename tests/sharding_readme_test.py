@@ -1,18 +1,14 @@
 """The README's multi-device example runs on 8 simulated CPU devices and prints what it says."""
 
 import os
-import re
 import subprocess
 import sys
 
-README = os.path.join(os.path.dirname(__file__), os.pardir, 'README.md')
+from readme_blocks import python_blocks
 
 
 def _example() -> str:
-  with open(README) as f:
-    text = f.read()
-  section = text.split('<!-- section:sharding -->', 1)[1].split('<!-- section:', 1)[0]
-  blocks = re.findall(r'```python\n(.*?)```', section, flags=re.DOTALL)
+  blocks = python_blocks('<!-- section:sharding -->')
   assert len(blocks) == 1, 'the sharding section has one python example'
   return blocks[0]
 

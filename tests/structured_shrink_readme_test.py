@@ -2,20 +2,13 @@
 
 import contextlib
 import io
-import os
-import re
 
 import numpy as np
-
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
+from readme_blocks import python_blocks
 
 
 def test_readme_removing_channels_examples_run():
-  with open(README) as f:
-    text = f.read()
-  section = text.split('## Structured pruning: removing channels', 1)[1]
-  section = section.split('<!-- section:', 1)[0]
-  blocks = re.findall(r'```python\n(.*?)```', section, flags=re.DOTALL)
+  blocks = python_blocks('## Structured pruning: removing channels')
   assert len(blocks) == 5, 'Linen one-liner and steps, deploy, Linen rebuild, linen_resized, NNX'
   namespace = {}
   with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -3,8 +3,6 @@ against numpy written out here, and the HF Flax transformers of the zoo."""
 
 import contextlib
 import io
-import os
-import re
 import warnings
 
 import jax
@@ -12,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import thirdparty_zoo_hf as hf
+from readme_blocks import python_blocks
 
 import jaxprune.structured as jps
 from jaxprune.structured import oracle
@@ -249,10 +248,7 @@ def test_vit_renormalised_width_slices_cls_token_and_positions():
 
 
 def test_readme_width_example_runs_as_written():
-  readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
-  with open(readme) as f:
-    section = f.read().split('## Structured pruning: transformer width', 1)[1]
-  blocks = re.findall(r'```python\n(.*?)```', section.split('<!-- section:', 1)[0], re.DOTALL)
+  blocks = python_blocks('## Structured pruning: transformer width')
   assert len(blocks) == 1
   namespace, out = {}, io.StringIO()
   with contextlib.redirect_stdout(out):

@@ -2,26 +2,16 @@
 
 import contextlib
 import io
-import os
-import re
 
 import jax
 import numpy as np
 import pytest
-
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
-
-
-def _blocks():
-  with open(README) as f:
-    text = f.read()
-  section = text.split('<!-- section:thirdparty -->', 1)[1].split('<!-- section:', 1)[0]
-  return re.findall(r'```python\n(.*?)```', section, flags=re.DOTALL)
+from readme_blocks import python_blocks
 
 
 @pytest.mark.slow  # four libraries' models built and pruned: ~15-40 s
 def test_readme_thirdparty_recipes_run():
-  haiku_block, equinox_block, hf_block, keras_block = _blocks()
+  haiku_block, equinox_block, hf_block, keras_block = python_blocks('<!-- section:thirdparty -->')
   namespace = {}
 
   def run(block):

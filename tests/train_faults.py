@@ -30,25 +30,31 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def tiny_config(num_steps: int = 60) -> Any:
-  """A 32-16 MLP on digits, pruned to 80% between steps 10 and 40; checkpoints every 20."""
+def tiny_config(num_steps: int = 60, prune_steps: tuple[int, int] = (10, 40),
+                eval_every: int = 20, mesh_shape: tuple[int, ...] = ()) -> Any:
+  """A 32-16 MLP on digits, pruned to 80% over `prune_steps` (a mask update every
+  third of it), checkpointed every 20 steps: the crash and sharding tests' model."""
   from jaxprune.train import defaults
 
+  begin, end = prune_steps
+  frequency = (end - begin) // 3  # also the logging interval: a line at each mask update
   config = defaults.get_config()
   config.name = 'tiny'
   config.model.features = (32, 16)
   config.batch_size = 32
   config.optimizer.learning_rate = 1e-2
   config.num_steps = num_steps
-  config.log_every = 10
-  config.eval_every = 20
+  config.log_every = frequency
+  config.eval_every = eval_every
   config.checkpoint_every = 20
   config.progress_bar = False
   config.tensorboard = False
   config.plots = False
+  config.mesh_shape = mesh_shape
   config.pruning = defaults.pruning_config(
-      config.pruning, begin_pruning_step=10, end_pruning_step=40, pruning_frequency=10,
-      sparsity_function_begin_step=10, sparsity_function_end_step=40, target_sparsity=0.8)
+      config.pruning, begin_pruning_step=begin, end_pruning_step=end,
+      pruning_frequency=frequency, sparsity_function_begin_step=begin,
+      sparsity_function_end_step=end, target_sparsity=0.8)
   return config
 
 
