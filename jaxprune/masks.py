@@ -139,11 +139,10 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
     current = thresholds.histogram_thresholds(layout, safe_max, sparsity, nbins)
   else:
     current = thresholds.exact_thresholds(layout, safe_max, sparsity)
-  # Per part, a loop's result: the code below reads each part's own buffer.
-  pieces = current
+  # `current` holds each part's thresholds in its own buffer (a loop's result).
   masks, new_thresholds = [], []
   for i, (part, variable, old_mask, piece) in enumerate(
-      zip(parts, variables, old_masks, pieces, strict=True)):
+      zip(parts, variables, old_masks, current, strict=True)):
     g = 0 if global_threshold else i
     previous = jnp.reshape(old_thresholds[g], (-1,))
     if threshold_decay:

@@ -116,8 +116,8 @@ def _new_masks(hparams, specs, weights, state, sparsity_of):
   read), in the order of the pruned specs.
   """
   specs = [s for s in specs_lib.spec_leaves(specs) if s is not None]
-  old_masks = [m for m in jax.tree.leaves(state.masks)]
-  old_thresholds = [t for t in jax.tree.leaves(state.thresholds)]
+  old_masks = jax.tree.leaves(state.masks)
+  old_thresholds = jax.tree.leaves(state.thresholds)
   new_masks, new_thresholds, skips = list(old_masks), list(old_thresholds), jnp.int32(0)
   magnitude = [j for j, spec in enumerate(specs) if spec.nm is None]
   for j, spec in enumerate(specs):
