@@ -25,4 +25,4 @@ from jaxprune.summaries import (
     get_weight_sparsity,
     summaries,
 )
-from jaxprune.transform import PruningState, pruning
+from jaxprune.transform import PruningState, pruned, pruning

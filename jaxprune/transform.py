@@ -13,7 +13,6 @@ are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -25,9 +24,8 @@ from jax import Array, lax
 
 from jaxprune import counting, schedule
 from jaxprune import hparams as hparams_lib
-from jaxprune import masks as masks_lib
-from jaxprune import nm as nm_lib
 from jaxprune import specs as specs_lib
+from jaxprune.magnitude import MagnitudeRule
 from jaxprune.names import leaf_name
 
 PyTree = Any
@@ -57,7 +55,9 @@ class MaskRule(Protocol):
 
     `weights` are the pruned leaves' values as callables of a token (see
     `masks.Variable`), `old_masks` their masks, both in the params' order;
-    `sparsity` is the schedule's (or `sparsity_fn`'s) value at this step.
+    `sparsity` is the schedule's (or `sparsity_fn`'s) value at this step, or what
+    the rule's optional `sparsity(step, global_sparsity)` method returns (a pytree
+    of arrays; the default rule gives each leaf its own target's schedule).
     """
 
 
@@ -83,11 +83,12 @@ class PruningState(NamedTuple):
 def _as_stored(values: Array, dtype: Any) -> Array:
   """`values` rounded to `dtype`, the way optax.apply_updates stores them.
 
-  XLA drops a round trip through a narrower float (f32 -> bf16 -> f32) as
-  "excess precision"; reduce_precision is the rounding it keeps.
+  XLA computes narrow floats in float32 and drops a round trip through them
+  (f32 -> bf16 -> f32, or a bf16 sum read back as f32) as "excess precision";
+  reduce_precision is the rounding it keeps.
   """
   info = jnp.finfo(dtype)
-  if info.bits < jnp.finfo(values.dtype).bits:
+  if info.bits < 32:
     values = lax.reduce_precision(values, exponent_bits=info.nexp, mantissa_bits=info.nmant)
   return values.astype(dtype)
 
@@ -109,50 +110,6 @@ def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> No
             f'its mask from init has shape {mask.shape}. Call init again with the new params.')
 
 
-def _new_masks(hparams, specs, weights, state, sparsity_of):
-  """Thresholds, masks and the non-finite count after a mask update.
-
-  `weights` are the pruned leaves' values as callables (made where they are
-  read), in the order of the pruned specs.
-  """
-  specs = [s for s in specs_lib.spec_leaves(specs) if s is not None]
-  old_masks = jax.tree.leaves(state.masks)
-  old_thresholds = jax.tree.leaves(state.thresholds)
-  new_masks, new_thresholds, skips = list(old_masks), list(old_thresholds), jnp.int32(0)
-  magnitude = [j for j, spec in enumerate(specs) if spec.nm is None]
-  for j, spec in enumerate(specs):
-    if spec.nm is not None:
-      w = weights[j](None)
-      finite = jnp.all(jnp.isfinite(w))
-      skips += (~finite).astype(jnp.int32)
-      # The input axis of Dense and conv kernels.
-      mask = nm_lib.nm_mask(w, *spec.nm, axis=-2, name=spec.name)
-      new_masks[j] = jnp.where(finite, mask, old_masks[j])
-  if not magnitude:
-    return new_masks, new_thresholds, skips
-  variables = [masks_lib.Variable(weights[j], old_masks[j].shape, specs[j].block_dims,
-                                  specs[j].layer_axes) for j in magnitude]
-  if hparams.global_pruning:
-    sparsity = [jnp.reshape(sparsity_of(None), (1,))]
-    # Every leaf stores the global threshold (once per layer of a stacked leaf).
-    previous = [jnp.reshape(old_thresholds[magnitude[0]], (-1,))[:1]]
-  else:
-    sparsity = [jnp.full((v.num_layers,), sparsity_of(specs[j]), jnp.float32)
-                for j, v in zip(magnitude, variables, strict=True)]
-    previous = [jnp.reshape(old_thresholds[j], (-1,)) for j in magnitude]
-  unit_thresholds, masks, nonfinite = masks_lib.update_masks(
-      variables, sparsity, previous, [old_masks[j] for j in magnitude],
-      nbins=hparams.nbins, threshold_decay=hparams.threshold_decay,
-      threshold_method=hparams.threshold_method, pooling=hparams.block_pooling_function,
-      global_threshold=hparams.global_pruning)
-  for i, (j, mask) in enumerate(zip(magnitude, masks, strict=True)):
-    new_masks[j] = mask
-    shape = old_thresholds[j].shape
-    new_thresholds[j] = jnp.broadcast_to(unit_thresholds[0 if hparams.global_pruning else i],
-                                         (math.prod(shape),)).reshape(shape)
-  return new_masks, new_thresholds, skips + jnp.sum(nonfinite, dtype=jnp.int32)
-
-
 def _explicit_mesh(arrays: list[Array]) -> Any:
   """The mesh of the first array typed with explicit mesh axes, else None."""
   for array in arrays:
@@ -164,6 +121,7 @@ def _explicit_mesh(arrays: list[Array]) -> Any:
 
 def _new_masks_on_any_mesh(compute, operands, state, sparsities):
   """`compute(operands, state, sparsities)`, also for arrays sharded over explicit mesh axes.
+
 
   Explicit axes (the default of `jax.make_mesh`) type every array with its
   sharding, and ops without a sharding rule (the block reshapes) refuse them.
@@ -181,11 +139,147 @@ def _new_masks_on_any_mesh(compute, operands, state, sparsities):
   return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(operands, state, sparsities)
 
 
-def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
+
+
+def _is_none(x: Any) -> bool:
+  return x is None
+
+
+def _pruned_indices(state: PruningState) -> list[int]:
+  """Positions of the masked leaves in the params' flattening order."""
+  masks = jax.tree.leaves(state.masks, is_leaf=_is_none)
+  return [i for i, mask in enumerate(masks) if mask is not None]
+
+
+def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
+  """Updates that leave pruned weights at exactly zero after `optax.apply_updates`."""
+  return jax.tree.map(
+      lambda mask, u, p: u if mask is None else jnp.where(mask, _rounded(u), -p).astype(
+          u.dtype),
+      masks, updates, params, is_leaf=_is_none)
+
+
+def _ordered_after(tree: PyTree, token: Array) -> PyTree:
+  """`tree` unchanged, but computed from `token` (a count >= 0) as far as XLA can tell.
+
+  The mask update reads the optimizer state; the optimizer then overwrites that
+  state in place (donated buffers). Without a data dependency XLA may run the
+  optimizer first and must copy the whole state for the conditional to read.
+  A select on `token < 0` (never true) orders it for the cost of a fused compare.
+  """
+  return jax.tree.map(lambda x: jnp.where(token < 0, jnp.zeros_like(x), x), tree)
+
+
+def _rounded(updates: Array) -> Array:
+  """`updates` rounded to their dtype, as the chained form stores them between transforms
+  (computed inline, narrow floats would keep XLA's float32 excess precision)."""
+  return _as_stored(updates, updates.dtype)
+
+
+def _stored_sum(params: Array, updates: Array) -> Array:
+  """`params + updates` as `optax.apply_updates` stores them, for updates computed inline.
+
+  XLA:CPU fuses a bare `p + u` whose `u` ends in a multiply into one multiply-add,
+  which rounds once where the step rounds twice. The select (whose condition
+  is always true: a NaN param gives NaN either way) keeps the add separate, as
+  it is in the masked step, so both round alike.
+  """
+  keep = ~jnp.isnan(params)
+  return _as_stored(params + jnp.where(keep, _rounded(updates), -params), params.dtype)
+
+
+def _weights_of(arrays: list[Array]) -> list[Callable[[Any], Array]]:
+  """Each array as the `token -> values` callable the mask rules read."""
+  return [functools.partial(counting.fresh, a) for a in arrays]
+
+
+class _Engine:
+  """What `pruning` and `pruned` share: hparams, the rule, the state, one masking step."""
+
+  def __init__(self, hparams, sparsity_fn, prune_filter, mask_rule):
+    self.hparams = hparams_lib.freeze(hparams)
+    if sparsity_fn is not None and self.hparams.sparsity_entries:
+      raise ValueError(
+          f'weight_sparsity_map={[f"{r}:{v}" for r, v in self.hparams.sparsity_entries]!r} '
+          'cannot be combined with sparsity_fn: per-variable targets follow the polynomial '
+          'schedule. Drop one of them.')
+    if mask_rule is not None:
+      if prune_filter is not None:
+        raise ValueError('prune_filter cannot be combined with mask_rule: the mask rule picks '
+                         'the pruned leaves. Drop one of them.')
+      mask_rule.check(self.hparams)
+    self.sparsity_fn, self.prune_filter, self.mask_rule = sparsity_fn, prune_filter, mask_rule
+
+  def rule(self, params: PyTree, warn: bool = False) -> MaskRule:
+    if self.mask_rule is not None:
+      return self.mask_rule
+    # Specs are rebuilt (from static shapes) at each trace; warn once, at init.
+    specs = specs_lib.leaf_specs(params, self.hparams, self.prune_filter, warn=warn)
+    return MagnitudeRule(self.hparams, specs, self.sparsity_fn)
+
+  def init(self, params: PyTree) -> PruningState:
+    masks, thresholds = self.rule(params, warn=True).init(params)
+    return PruningState(
+        step=jnp.zeros((), jnp.int32), last_update_step=jnp.zeros((), jnp.int32),
+        masks=masks, thresholds=thresholds, nonfinite_skips=jnp.zeros((), jnp.int32),
+        sparsity=jnp.zeros((), jnp.float32))
+
+  def step(self, state: PruningState, params: PyTree, operands: Any,
+           weights_of: Callable[[Any], list[Callable[[Any], Array]]]
+           ) -> tuple[PyTree, PruningState]:
+    """(masks, new state) of one step: the schedule, the gating (SPEC 3), and the rule's
+    mask update under a conditional that reads only `operands`.
+
+    `weights_of(operands)`, called inside the conditional, gives the pruned
+    leaves' values as `token -> array` callables in the params' order.
+    """
+    hparams, rule = self.hparams, self.rule(params)
+    step = state.step
+    global_sparsity = (schedule.sparsity_at(hparams, step) if self.sparsity_fn is None
+                       else jnp.asarray(self.sparsity_fn(step), jnp.float32))
+    sparsity_of = getattr(rule, 'sparsity', None)
+    sparsity = global_sparsity if sparsity_of is None else sparsity_of(step, global_sparsity)
+    do_update = schedule.should_update(hparams, step, state.last_update_step)
+    old_masks, old_thresholds = jax.tree.leaves(state.masks), jax.tree.leaves(state.thresholds)
+
+    def compute(operands, state, sparsity):
+      masks, thresholds, skips = rule.new_masks(
+          hparams, weights_of(operands), jax.tree.leaves(state.masks), state.thresholds,
+          sparsity)
+      return masks, jax.tree.leaves(thresholds), skips
+
+    def recompute(operands):
+      return _new_masks_on_any_mesh(compute, operands, state, sparsity)
+
+    def keep(_):
+      return old_masks, old_thresholds, jnp.int32(0)
+
+    new_masks, new_thresholds, skips = lax.cond(do_update, recompute, keep, operands)
+    masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
+    return masks, PruningState(
+        step=optax.safe_increment(step),
+        last_update_step=jnp.where(do_update, step, state.last_update_step),
+        masks=masks,
+        thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
+        nonfinite_skips=state.nonfinite_skips + skips,
+        sparsity=global_sparsity)
+
+
+def _need_params(params: PyTree | None, what: str) -> PyTree:
+  if params is None:
+    raise ValueError(f'{what} needs the params: call tx.update(grads, state, params).')
+  return params
+
+
+def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
             sparsity_fn: SparsityFn | None = None,
             prune_filter: specs_lib.PruneFilter | None = None,
             mask_rule: MaskRule | None = None) -> optax.GradientTransformation:
   """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
+
+  Chain it after the optimizer: `optax.chain(optax.adam(1e-3), pruning(hparams))`.
+  `pruned(optax.adam(1e-3), hparams)` gives the same masks and params and is
+  cheaper on steps without a mask update (see its docstring).
 
   Args:
     hparams: from `get_pruning_hparams()` / `parse_hparams(...)`; validated and
@@ -197,126 +291,88 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams, *,
     mask_rule: optional `MaskRule` that picks the pruned leaves and computes
       their masks at each mask update, e.g. `jaxprune.channels.ChannelRule`
       for whole coupled channels; the schedule, gating and the application of
-      the masks stay as above.
+      the masks stay as above. The default is `jaxprune.magnitude.MagnitudeRule`.
 
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
   """
-  hparams = hparams_lib.freeze(hparams)
-  if sparsity_fn is not None and hparams.sparsity_entries:
-    raise ValueError(
-        f'weight_sparsity_map={[f"{r}:{v}" for r, v in hparams.sparsity_entries]!r} cannot be '
-        'combined with sparsity_fn: per-variable targets follow the polynomial schedule. '
-        'Drop one of them.')
-  if mask_rule is not None:
-    if prune_filter is not None:
-      raise ValueError('prune_filter cannot be combined with mask_rule: the mask rule picks '
-                       'the pruned leaves. Drop one of them.')
-    mask_rule.check(hparams)
-
-  def specs_of(params, warn=False):
-    # Specs are rebuilt (from static shapes) at each trace; warn once, at init.
-    return specs_lib.leaf_specs(params, hparams, prune_filter, warn=warn)
-
-  def init_fn(params):
-    if mask_rule is not None:
-      masks, thresholds = mask_rule.init(params)
-      return PruningState(
-          step=jnp.zeros((), jnp.int32), last_update_step=jnp.zeros((), jnp.int32),
-          masks=masks, thresholds=thresholds, nonfinite_skips=jnp.zeros((), jnp.int32),
-          sparsity=jnp.zeros((), jnp.float32))
-    specs = specs_of(params, warn=True)
-    leaves, treedef = jax.tree.flatten(params)
-    spec_list = specs_lib.spec_leaves(specs)
-    for leaf, spec in zip(leaves, spec_list, strict=True):
-      if spec is not None and spec.nm is not None:  # a bad N:M shape fails now, not at step one
-        jax.eval_shape(lambda w, s=spec: nm_lib.nm_mask(w, *s.nm, axis=-2, name=s.name), leaf)
-    masks = [None if s is None else jnp.ones(p.shape, bool)
-             for p, s in zip(leaves, spec_list, strict=True)]
-    # One threshold per layer of a stacked leaf, a scalar otherwise.
-    thresholds = [None if s is None else jnp.zeros(p.shape[:s.layer_axes], jnp.float32)
-                  for p, s in zip(leaves, spec_list, strict=True)]
-    return PruningState(
-        step=jnp.zeros((), jnp.int32),
-        last_update_step=jnp.zeros((), jnp.int32),
-        masks=jax.tree.unflatten(treedef, masks),
-        thresholds=jax.tree.unflatten(treedef, thresholds),
-        nonfinite_skips=jnp.zeros((), jnp.int32),
-        sparsity=jnp.zeros((), jnp.float32))
+  engine = _Engine(hparams, sparsity_fn, prune_filter, mask_rule)
 
   def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError('jaxprune.pruning needs the params: call tx.update(grads, state, params).')
+    params = _need_params(params, 'jaxprune.pruning')
     _check_like_init(state, params, updates)
-    specs = specs_of(params) if mask_rule is None else None
-    step = state.step
-    global_sparsity = (schedule.sparsity_at(hparams, step) if sparsity_fn is None
-                       else jnp.asarray(sparsity_fn(step), jnp.float32))
-
-    def sparsity_of(spec):
-      if sparsity_fn is not None or spec is None or spec.target == hparams.target_sparsity:
-        return global_sparsity
-      return schedule.sparsity_at(hparams, step, target=spec.target)
-
-    do_update = schedule.should_update(hparams, step, state.last_update_step)
-    old_masks = jax.tree.leaves(state.masks)
-    old_thresholds = jax.tree.leaves(state.thresholds)
-    if mask_rule is None:
-      pruned = [i for i, spec in enumerate(specs_lib.spec_leaves(specs)) if spec is not None]
-    else:
-      mask_list = jax.tree.leaves(state.masks, is_leaf=lambda x: x is None)
-      pruned = [i for i, mask in enumerate(mask_list) if mask is not None]
+    pruned = _pruned_indices(state)
     param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
-    if hparams.mask_source == 'params':
+    if engine.hparams.mask_source == 'params':
       # The weights the step starts from: already in memory, so steps without an
       # update pay nothing for the update's conditional.
-      operands = [param_leaves[i] for i in pruned]
-
-      def values(operands):
-        return [functools.partial(counting.fresh, p) for p in operands]
+      operands, weights_of = [param_leaves[i] for i in pruned], _weights_of
     else:
       # The weights as they will be stored (SPEC 7): optax.apply_updates casts
       # params + updates to the params' dtype.
       operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
 
-      def values(operands):
+      def weights_of(operands):
         def stored(p, u, token):
           p, u = counting.fresh((p, u), token)
           return _as_stored(p + u, p.dtype)
         return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
+    masks, state = engine.step(state, params, operands, weights_of)
+    return _masked(masks, updates, params), state
 
-    def recompute(operands):
-      if mask_rule is not None:
-        def by_rule(operands, state, sparsities):
-          masks, thresholds, skips = mask_rule.new_masks(
-              hparams, values(operands), jax.tree.leaves(state.masks), state.thresholds,
-              sparsities[0])
-          return masks, jax.tree.leaves(thresholds), skips
-        return _new_masks_on_any_mesh(by_rule, operands, state, [global_sparsity])
-      # Sparsities by spec (None: the global one), as arguments for explicit meshes.
-      keys = [None] + [s for s in specs_lib.spec_leaves(specs) if s is not None]
+  return optax.GradientTransformation(engine.init, update_fn)
 
-      def by_leaf(operands, state, sparsities):
-        by_spec = dict(zip(keys, sparsities, strict=True))
-        return _new_masks(hparams, specs, values(operands), state, lambda spec: by_spec[spec])
-      return _new_masks_on_any_mesh(by_leaf, operands, state, [sparsity_of(k) for k in keys])
 
-    def keep(_):
-      return old_masks, old_thresholds, jnp.int32(0)
+def pruned(optimizer: optax.GradientTransformation,
+           hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
+           sparsity_fn: SparsityFn | None = None,
+           prune_filter: specs_lib.PruneFilter | None = None,
+           mask_rule: MaskRule | None = None) -> optax.GradientTransformation:
+  """`optimizer` followed by gradual magnitude pruning, as one optax transform.
 
-    new_masks, new_thresholds, skips = lax.cond(do_update, recompute, keep, operands)
-    treedef = jax.tree.structure(state.masks)
-    masks = jax.tree.unflatten(treedef, new_masks)
-    masked = jax.tree.map(
-        lambda mask, u, p: u if mask is None else jnp.where(mask, u, -p).astype(u.dtype),
-        masks, updates, params, is_leaf=lambda x: x is None)
-    new_state = PruningState(
-        step=schedule.next_step(step),
-        last_update_step=jnp.where(do_update, step, state.last_update_step),
-        masks=masks,
-        thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
-        nonfinite_skips=state.nonfinite_skips + skips,
-        sparsity=global_sparsity)
-    return masked, new_state
+  The same masks, thresholds and params, bit for bit, as
+  `optax.chain(optimizer, pruning(hparams, ...))`, and the same state (a tuple
+  `(optimizer state, PruningState)`, so checkpoints of either form restore into
+  the other). It is cheaper: the chained form must keep the optimizer's
+  updates in a buffer of their own for the mask update's conditional to read,
+  every step; here the conditional reads the gradients, the optimizer state and
+  the params, which are in memory anyway, and recomputes the updates only when
+  it runs. Steps without a mask update then cost what the optimizer alone costs
+  plus one read of the masks.
+
+  Args:
+    optimizer: any optax transform, e.g. `optax.adam(1e-3)`.
+    hparams, sparsity_fn, prune_filter, mask_rule: as in `pruning`.
+
+  Returns:
+    An `optax.GradientTransformation` whose `update(grads, state, params)` needs
+    `params`; apply its updates with `optax.apply_updates`.
+  """
+  engine = _Engine(hparams, sparsity_fn, prune_filter, mask_rule)
+
+  def init_fn(params):
+    return optimizer.init(params), engine.init(params)
+
+  def update_fn(grads, state, params=None):
+    params = _need_params(params, 'jaxprune.pruned')
+    inner, pruning_state = state
+    _check_like_init(pruning_state, params, grads)
+    pruned = _pruned_indices(pruning_state)
+    if engine.hparams.mask_source == 'params':
+      operands = [jax.tree.leaves(params)[i] for i in pruned]
+      weights_of = _weights_of
+    else:
+      operands = (grads, inner, params)
+
+      def weights_of(operands):
+        # Stored once: every counting pass then reads one array per leaf.
+        grads, inner, params = operands
+        updates = jax.tree.leaves(optimizer.update(grads, inner, params)[0])
+        leaves = jax.tree.leaves(params)
+        return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
+    masks, pruning_state = engine.step(pruning_state, params, operands, weights_of)
+    inner = _ordered_after(inner, pruning_state.nonfinite_skips)
+    updates, inner = optimizer.update(grads, inner, params)
+    return _masked(masks, updates, params), (inner, pruning_state)
 
   return optax.GradientTransformation(init_fn, update_fn)
