@@ -7,7 +7,9 @@ A 4-layer 1024-wide Flax MLP, batch 256, Adam. Every candidate runs the same
                       `lax.cond` is there, its update branch never runs);
   * freq 10 / 100     a mask update every 10 / 100 steps: the 100 steps hold 10 / 1
                       updates (at steps 10, 20, ... / at step 100), histogram rule;
-  * ... params        the same with `mask_source='params'` (masks from the params
+  * ... pruned        the same with `jaxprune.pruned(adam, hp)`, the wrapping form
+                      (the same masks as the chained form);
+  * ... params        the chained form with `mask_source='params'` (masks from the params
                       the step starts from instead of params + updates);
   * sort freq 10      masks from a full sort of each kernel every 10 steps, the way
                       sort-based pruners (jaxpruner, tfmot) compute them.
@@ -53,18 +55,24 @@ def loss_fn(params, x, y):
 
 
 def optimizers() -> dict[str, optax.GradientTransformation]:
-  def pruned(text):
+  def chained(text):
     return optax.chain(optax.adam(1e-3), jaxprune.pruning(jaxprune.parse_hparams(text)))
+
+  def wrapped(text):
+    return jaxprune.pruned(optax.adam(1e-3), jaxprune.parse_hparams(text))
 
   never = f'begin_pruning_step={100 * RUN},target_sparsity=0.9'
   every = 'target_sparsity=0.9,sparsity_function_end_step=1000,pruning_frequency={}'
   return {
       'plain': optax.adam(1e-3),
-      'non-update': pruned(never),
-      'freq 10': pruned(every.format(10)),
-      'freq 100': pruned(every.format(100)),
-      'non-update params': pruned(never + ',mask_source=params'),
-      'freq 10 params': pruned(every.format(10) + ',mask_source=params'),
+      'non-update': chained(never),
+      'freq 10': chained(every.format(10)),
+      'freq 100': chained(every.format(100)),
+      'non-update pruned': wrapped(never),
+      'freq 10 pruned': wrapped(every.format(10)),
+      'freq 100 pruned': wrapped(every.format(100)),
+      'non-update params': chained(never + ',mask_source=params'),
+      'freq 10 params': chained(every.format(10) + ',mask_source=params'),
       'sort freq 10': optax.chain(optax.adam(1e-3), sort_pruning(10, 0.9)),
   }
 

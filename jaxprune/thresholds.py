@@ -26,6 +26,7 @@ _GRID = 4096  # cells of [0, max] that bracket the exact search
 # Candidate thresholds per unit and pass. A pass costs about (1 + 0.4 * PROBES)
 # max passes on CPU; with the sampled estimate two settle most searches in one.
 PROBES = 2
+_EDGE_TABLE_MAX = 4096  # bins: larger counts compute each edge where it is used
 
 def _scales(value_max: Array) -> tuple[Array, Array]:
   """(exponent e, (units, 2) powers of two) with values * 2**-e in [0, 1), exactly.
@@ -162,12 +163,21 @@ def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], spars
   """
   scaling = _Scaling.of(layout, maxima)
 
-  def edges(k):
-    # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1); edges are
-    # >= max / nbins, far above numerics.TINY after scaling. Quotients a / max are
-    # the same after exact scaling, and in [0.5, 1) the error-free products of
-    # the edge search neither overflow nor underflow.
-    return bin_edge(k + 1, scaling.scaled_max[:, None], nbins)
+  # cdf[k] = count(bin <= k) / N, and bin <= k  <=>  a < edge(k + 1); edges are
+  # >= max / nbins, far above numerics.TINY after scaling. Quotients a / max are
+  # the same after exact scaling, and in [0.5, 1) the error-free products of
+  # the edge search neither overflow nor underflow. For the usual bin counts a
+  # (units, nbins + 1) table is made once: traced into every search body,
+  # `bin_edge` dominated compile time.
+  if nbins <= _EDGE_TABLE_MAX:
+    table = bin_edge(jnp.arange(nbins + 1, dtype=jnp.int32)[None, :],
+                     scaling.scaled_max[:, None], nbins)
+
+    def edges(k):
+      return jnp.take_along_axis(table, jnp.clip(k + 1, 0, nbins), axis=1)
+  else:
+    def edges(k):
+      return bin_edge(k + 1, scaling.scaled_max[:, None], nbins)
 
   def reaches_on(sample):
     total = jnp.asarray(layout.sizes(sample), jnp.int32)[:, None]

@@ -161,3 +161,24 @@ def test_pruned_needs_the_params():
   params = _params()
   with pytest.raises(ValueError, match='jaxprune.pruned needs the params'):
     tx.update(params, tx.init(params))
+
+
+def test_multisteps_around_pruning_counts_optimizer_steps():
+  """The README's gradient-accumulation recipe: the schedule counts optimizer steps and
+  pruned weights stay zero through the micro-steps."""
+  hparams = jaxprune.parse_hparams('target_sparsity=0.5,sparsity_function_end_step=2,'
+                                   'pruning_frequency=1')
+  params = _params()
+  tx = optax.MultiSteps(jaxprune.pruned(optax.sgd(0.1), hparams), every_k_schedule=3)
+  state = tx.init(params)
+  step = jax.jit(lambda p, s, g: (lambda u, s: (optax.apply_updates(p, u), s))(
+      *tx.update(g, s, p)))
+  for t in range(9):
+    params, state = step(params, state, _grads(params, t))
+  pruning_state = jaxprune.find_pruning_state(state)
+  assert int(pruning_state.step) == 3
+  for mask, leaf in zip(jax.tree.leaves(pruning_state.masks), jax.tree.leaves(
+      {'conv': params['conv'], 'h': {'kernel': params['h']['kernel']}, 'head': params['head']}),
+      strict=True):
+    assert np.all(np.asarray(leaf)[~np.asarray(mask)] == 0)
+    assert 0.4 <= np.mean(~np.asarray(mask)) <= 0.6
