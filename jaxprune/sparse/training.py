@@ -29,8 +29,7 @@ import optax
 from jax import Array, lax
 
 from jaxprune.names import named_leaves
-from jaxprune.sparse import distributions
-from jaxprune.sparse import select
+from jaxprune.sparse import distributions, select
 
 PyTree = Any
 RULES = ('static', 'set', 'rigl')
