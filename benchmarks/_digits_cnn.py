@@ -20,7 +20,7 @@ import optax
 STEPS, BATCH, LR = 1500, 64, 3e-3
 END_STEP, UPDATE_FREQ, DROP_FRACTION = int(0.75 * STEPS), 50, 0.3
 SEEDS, SPARSITIES = (0, 1, 2), (0.8, 0.9)
-TIMED_STEPS, ROUNDS = 50, 9
+TIMED_STEPS, ROUNDS = 50, 25
 _TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       'jaxprune', 'train')
 

@@ -15,7 +15,7 @@ kernels, 3 seeds each:
   * jaxpruner    jaxpruner.RigL with the same knobs, in its own virtual environment
                  (/work/venv-jaxpruner, or JAXPRUNER_PYTHON), if it is there.
 Step time: one jitted step per call, 50 consecutive steps per turn (one mask
-update for GMP/SET/RigL), the candidates interleaved, median of 9 turns, at 90%.
+update for GMP/SET/RigL), the candidates interleaved, median of 25 turns, at 90%.
 
 Run: python benchmarks/sparse_training.py
 """
