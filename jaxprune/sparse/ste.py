@@ -12,7 +12,6 @@ buffer per sparse leaf.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -25,7 +24,6 @@ from jaxprune import nm as nm_lib
 from jaxprune.masks import update_mask
 from jaxprune.names import named_leaves
 from jaxprune.sparse import distributions
-from jaxprune.sparse.training import SparseState
 
 PyTree = Any
 
@@ -139,20 +137,3 @@ def ste(inner: optax.GradientTransformation, sparsity: float = 0.5, *,
 
   return optax.GradientTransformation(init_fn, update_fn)
 
-
-def get_masks(state: PyTree) -> dict[str, Array]:
-  """`{leaf name: mask}` of the `SparseState` or `STEState` inside an optax state."""
-  kinds = (SparseState, STEState)
-  found = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, kinds))
-           if isinstance(x, kinds)]
-  if len(found) != 1:
-    raise ValueError(f'expected one jaxprune.sparse state in the optimizer state, found '
-                     f'{len(found)}; pass the SparseState or STEState itself.')
-  return {name: mask for name, mask in named_leaves(found[0].masks) if mask is not None}
-
-
-def sparsity(params: PyTree, state: PyTree) -> float:
-  """The fraction of zeros over the sparse leaves of `params` (host-side, for reports)."""
-  masks = get_masks(state)
-  zeros = sum(int(jnp.sum(p == 0)) for n, p in named_leaves(params) if n in masks)
-  return zeros / sum(math.prod(m.shape) for m in masks.values())
