@@ -9,6 +9,9 @@ fraction 0.3). Among equal scores the lower flat index is selected first, as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from jax import Array, lax
@@ -60,3 +63,24 @@ def drop_and_grow(mask: Array, drop_scores: Array, grow_scores: Array, n_drop: A
   _, grow_at = lax.top_k(candidates, max_drop)
   grown = jnp.zeros_like(flat).at[grow_at].set(selected)
   return (kept | grown).reshape(mask.shape)
+
+
+def _explicit_mesh(arrays: list[Array]) -> Any:
+  """The mesh of the first array typed with explicit mesh axes, else None."""
+  for array in arrays:
+    mesh = getattr(jax.typeof(array).sharding, 'mesh', None)
+    if mesh is not None and not mesh.empty and mesh.explicit_axes:
+      return mesh
+  return None
+
+
+def on_any_mesh(fn: Callable[..., Array], like: Array, *arrays: Array) -> Array:
+  """`fn(*arrays)`, also for arrays typed with explicit mesh axes (`jax.make_mesh`'s default).
+
+  `lax.top_k` and the block reshapes have no sharding rule for explicit axes;
+  there `fn` runs with automatic axes, which XLA's partitioner shards as under
+  `pjit`, and the result comes back sharded like `like`.
+  """
+  if _explicit_mesh([like, *arrays]) is None:
+    return fn(*arrays)
+  return jax.sharding.auto_axes(fn, out_sharding=jax.typeof(like).sharding)(*arrays)

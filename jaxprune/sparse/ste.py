@@ -12,6 +12,7 @@ buffer per sparse leaf.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -23,7 +24,7 @@ from jax import Array, lax
 from jaxprune import nm as nm_lib
 from jaxprune.masks import update_mask
 from jaxprune.names import named_leaves
-from jaxprune.sparse import distributions
+from jaxprune.sparse import distributions, select
 
 PyTree = Any
 
@@ -122,7 +123,8 @@ def ste(inner: optax.GradientTransformation, sparsity: float = 0.5, *,
     due = state.step % update_freq == 0
 
     def recompute(weights):
-      return [None if w is None else new_mask(n, w, targets[n])
+      return [None if w is None else
+              select.on_any_mesh(functools.partial(new_mask, n, target=targets[n]), w, w)
               for n, w in zip(names, weights, strict=True)]
 
     new = lax.cond(due, recompute, lambda _: old, new_dense)

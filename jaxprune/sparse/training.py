@@ -19,6 +19,7 @@ and `nu`, momentum) is zeroed at their positions.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -174,8 +175,9 @@ def sparse_training(inner: optax.GradientTransformation, sparsity: float, *, rul
                                max_drop)
           grow_scores = (jnp.abs(g) if rule == 'rigl' else
                          jax.random.uniform(jax.random.fold_in(subkey, i), m.shape))
-          masks.append(select.drop_and_grow(m, jnp.abs(_stored(p, u)), grow_scores, n_drop,
-                                            max_drop))
+          regrown = functools.partial(select.drop_and_grow, max_drop=max_drop)
+          masks.append(select.on_any_mesh(regrown, m, m, jnp.abs(_stored(p, u)), grow_scores,
+                                          n_drop))
         grown = [None if n is None else n & ~m for n, m in zip(masks, old, strict=True)]
         return masks, reset_at(inner_state, params, jax.tree.unflatten(treedef, grown))
 
