@@ -166,10 +166,12 @@ def test_reset_at_finds_param_shaped_subtrees():
     (dict(end_step=10, update_freq=0), 'update_freq=0'),
     (dict(end_step=10, drop_fraction=1.0), 'drop_fraction=1.0'),
     (dict(end_step=10, drop_fraction_decay='linear'), "drop_fraction_decay='linear'"),
+    (dict(end_step=10, sparsity=1.0), r'sparsity=1.0: must be in \[0, 1\)'),
+    (dict(end_step=10, distribution='ER'), "distribution='ER'"),
 ])
 def test_errors(kwargs, message):
   with pytest.raises(ValueError, match=message):
-    sparse.rigl(optax.sgd(0.1), 0.5, **kwargs)
+    sparse.rigl(optax.sgd(0.1), **{'sparsity': 0.5, **kwargs})
   tx = sparse.static(optax.sgd(0.1), 0.5)
   with pytest.raises(ValueError, match='needs the params'):
     tx.update(_params(), tx.init(_params()))

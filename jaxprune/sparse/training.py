@@ -109,6 +109,10 @@ def sparse_training(inner: optax.GradientTransformation, sparsity: float, *, rul
   """
   if rule not in RULES:
     raise ValueError(f'rule={rule!r}: use one of {RULES}.')
+  if not 0.0 <= sparsity < 1.0:
+    raise ValueError(f'sparsity={sparsity!r}: must be in [0, 1), e.g. 0.9.')
+  if distribution not in distributions.DISTRIBUTIONS:
+    raise ValueError(f'distribution={distribution!r}: use one of {distributions.DISTRIBUTIONS}.')
   if rule != 'static':
     if end_step is None or end_step <= begin_step:
       raise ValueError(f'end_step={end_step!r}: {rule} needs the last step of mask updates, '
