@@ -1,0 +1,20 @@
+"""The README's sparse-training example runs as written and does what it says."""
+
+import numpy as np
+from readme_blocks import python_blocks
+
+
+def test_readme_example(capsys):
+  blocks = python_blocks('<!-- section:sparse -->')
+  assert len(blocks) == 1
+  scope = {}
+  exec(blocks[0], scope)  # noqa: S102 - the README's own code
+  assert capsys.readouterr().out.split() == ['947', '9472']
+  # ERK by hand: density = eps * sum(shape) / prod(shape), eps = 0.1 * 9472 / (192 + 138).
+  eps = 0.1 * 9472 / 330
+  want = {'Dense_0/kernel': round(eps * 192), 'Dense_1/kernel': round(eps * 138)}
+  assert {n: int(m.sum()) for n, m in scope['masks'].items()} == want == {
+      'Dense_0/kernel': 551, 'Dense_1/kernel': 396}
+  for name, mask in scope['masks'].items():
+    kernel = np.asarray(scope['params'][name.split('/')[0]]['kernel'])
+    np.testing.assert_array_equal(kernel[~np.asarray(mask)], 0)

@@ -1,0 +1,177 @@
+"""jaxprune.sparse.static / set_ / rigl: mask updates against numpy, counts, moments, zeros."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxprune import sparse
+
+
+def _params(seed=0):
+  rng = np.random.default_rng(seed)
+  return {'a': {'kernel': jnp.asarray(rng.normal(size=(12, 20)), jnp.float32),
+                'bias': jnp.asarray(rng.normal(size=(20,)), jnp.float32)},
+          'b': {'kernel': jnp.asarray(rng.normal(size=(20, 8)), jnp.float32)}}
+
+
+def _grads(params, seed):
+  rng = np.random.default_rng(100 + seed)
+  return jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+
+
+def _reference_regrow(mask, weights, grow, n_drop):
+  """Drop the n_drop kept entries of smallest |weights| (ties: lower index), grow the n_drop
+  highest |grow| among the entries not kept after the drop."""
+  mask, weights, grow = mask.reshape(-1), np.abs(weights.reshape(-1)), np.abs(grow.reshape(-1))
+  active = np.flatnonzero(mask)
+  kept = mask.copy()
+  kept[active[np.lexsort((active, weights[active]))][:n_drop]] = False
+  others = np.flatnonzero(~kept)
+  new = kept.copy()
+  new[others[np.lexsort((others, -grow[others]))][:n_drop]] = True
+  return new
+
+
+@pytest.mark.parametrize('rule', ['rigl', 'set'])
+def test_one_mask_update_against_numpy(rule):
+  params = _params()
+  adam = optax.adam(0.1)
+  fn = sparse.rigl if rule == 'rigl' else sparse.set_
+  tx = fn(adam, 0.75, end_step=8, update_freq=2, drop_fraction=0.5, distribution='uniform')
+  state = tx.init(params)
+  masks = {n: np.asarray(m) for n, m in sparse.get_masks(state).items()}
+  assert {n: int(m.sum()) for n, m in masks.items()} == {'a/kernel': 60, 'b/kernel': 40}
+  # Two steps without an update (steps 0 and 1), then the update at step 2.
+  step = jax.jit(tx.update)
+  for i in range(2):
+    updates, state = step(_grads(params, i), state, params)
+    params = optax.apply_updates(params, updates)
+    for name, m in masks.items():
+      np.testing.assert_array_equal(np.asarray(params[name.split('/')[0]]['kernel'])[~m], 0.0)
+  grads = _grads(params, 10)
+  old_inner = state.inner_state
+  masked = {k: {kk: jnp.where(masks[f'{k}/kernel'], g, 0) if kk == 'kernel' else g
+                for kk, g in v.items()} for k, v in grads.items()}
+  ref_updates, ref_inner = jax.jit(adam.update)(masked, old_inner, params)
+  assert int(state.step) == 2
+  updates, new_state = step(grads, state, params)
+  new_params = optax.apply_updates(params, updates)
+  # Cosine decay: 0.5 * (1 + cos(pi * 2 / 8)) / 2, of 60 and 40 kept entries.
+  fraction = np.float32(0.5) * (1 + np.cos(np.float32(np.pi) * np.float32(0.25))) / 2
+  n_drops = {'a/kernel': int(np.floor(np.float32(60) * fraction)),
+             'b/kernel': int(np.floor(np.float32(40) * fraction))}
+  assert n_drops == {'a/kernel': 25, 'b/kernel': 17}
+  new_masks = sparse.get_masks(new_state)
+  for name, old in masks.items():
+    layer = name.split('/')[0]
+    new = np.asarray(new_masks[name])
+    assert new.sum() == old.sum()
+    grown = new & ~old
+    if rule == 'rigl':
+      weights = np.asarray(params[layer]['kernel']) + np.asarray(ref_updates[layer]['kernel'])
+      want = _reference_regrow(old, weights, np.asarray(grads[layer]['kernel']), n_drops[name])
+      np.testing.assert_array_equal(new.reshape(-1), want)
+    else:
+      dropped = old & ~new
+      assert dropped.sum() == grown.sum() <= n_drops[name]
+    assert grown.sum() > 0
+    w = np.asarray(new_params[layer]['kernel'])
+    np.testing.assert_array_equal(w[~new], 0.0)
+    np.testing.assert_array_equal(w[grown], 0.0)  # regrown weights start at zero
+    stay = new & old
+    want_w = np.asarray(params[layer]['kernel']) + np.asarray(ref_updates[layer]['kernel'])
+    # Equal up to XLA's fusion of adam inside the larger jitted update (1 ulp).
+    np.testing.assert_allclose(w[stay], want_w[stay], rtol=1e-6)
+    for moment, ref in (('mu', ref_inner[0].mu), ('nu', ref_inner[0].nu)):
+      got = np.asarray(getattr(new_state.inner_state[0], moment)[layer]['kernel'])
+      np.testing.assert_array_equal(got[grown], 0.0)
+      np.testing.assert_allclose(got[~grown], np.asarray(ref[layer]['kernel'])[~grown],
+                                 rtol=1e-6)
+  np.testing.assert_allclose(new_params['a']['bias'],
+                             params['a']['bias'] + ref_updates['a']['bias'], rtol=1e-6)
+
+
+def _run(tx, steps, params=None):
+  params = _params() if params is None else params
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  history = []
+  for i in range(steps):
+    updates, state = step(_grads(params, i), state, params)
+    params = optax.apply_updates(params, updates)
+    history.append(({n: np.asarray(m) for n, m in sparse.get_masks(state).items()}, params))
+  return history, state
+
+
+@pytest.mark.parametrize('rule', ['static', 'set', 'rigl'])
+def test_counts_constant_and_masked_weights_zero(rule):
+  adam = optax.chain(optax.add_decayed_weights(1e-2), optax.sgd(0.05, momentum=0.9))
+  kwargs = dict(distribution='erk') if rule == 'static' else dict(
+      end_step=12, update_freq=3, distribution='erk')
+  tx = {'static': sparse.static, 'set': sparse.set_, 'rigl': sparse.rigl}[rule](
+      adam, 0.8, **kwargs)
+  history, _ = _run(tx, 16)
+  density = sparse.densities(_params(), 0.8, 'erk')
+  counts = {n: sparse.kept_count(math.prod(_params()[n.split('/')[0]]['kernel'].shape), d)
+            for n, d in density.items()}
+  changes = []
+  for i, (masks, params) in enumerate(history):
+    assert {n: int(m.sum()) for n, m in masks.items()} == counts
+    for name, m in masks.items():
+      np.testing.assert_array_equal(np.asarray(params[name.split('/')[0]]['kernel'])[~m], 0.0)
+    if i:
+      changes.append(any((m != history[i - 1][0][n]).any() for n, m in masks.items()))
+  # Updates at steps 3, 6, 9 and 12 (history index = step); at 12 = end_step the cosine
+  # drop fraction is 0, so the mask stays.
+  want = [] if rule == 'static' else [3, 6, 9]
+  assert [i for i, c in enumerate(changes, start=1) if c] == want
+
+
+def test_set_is_random_and_seeded():
+  kw = dict(end_step=10, update_freq=2, drop_fraction=0.5)
+  tx = sparse.set_(optax.sgd(0.1), 0.7, seed=1, **kw)
+  a, b = (_run(tx, 5)[0][-1][0] for _ in range(2))
+  c = _run(sparse.set_(optax.sgd(0.1), 0.7, seed=2, **kw), 5)[0][-1][0]
+  assert all((a[n] == b[n]).all() for n in a)
+  assert any((a[n] != c[n]).any() for n in a)
+
+
+def test_no_updates_after_end_step_and_reset_of_nested_state():
+  tx = sparse.rigl(optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.1)), 0.6,
+                   end_step=4, update_freq=2, distribution='uniform')
+  history, state = _run(tx, 9)
+  masks = [h[0] for h in history]
+  assert all((masks[4][n] == masks[i][n]).all() for i in range(4, 9) for n in masks[4])
+  assert int(state.step) == 9
+
+
+def test_reset_at_finds_param_shaped_subtrees():
+  params = {'w': jnp.ones((2, 3)), 'v': jnp.ones((4,))}
+  inner = optax.chain(optax.adam(0.1), optax.trace(0.9))
+  state = jax.tree.map(lambda x: x + 1 if x.ndim else x, inner.init(params))
+  grown = {'w': jnp.array([[True, False, False], [False, False, True]]), 'v': None}
+  out = sparse.reset_at(state, params, grown)
+  for tree in (out[0][0].mu, out[0][0].nu, out[1].trace):
+    np.testing.assert_array_equal(tree['w'], [[0, 1, 1], [1, 1, 0]])
+    np.testing.assert_array_equal(tree['v'], [1, 1, 1, 1])
+  assert int(out[0][0].count) == 0
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(end_step=None), 'end_step=None'),
+    (dict(end_step=10, update_freq=0), 'update_freq=0'),
+    (dict(end_step=10, drop_fraction=1.0), 'drop_fraction=1.0'),
+    (dict(end_step=10, drop_fraction_decay='linear'), "drop_fraction_decay='linear'"),
+    (dict(end_step=10, sparsity=1.0), r'sparsity=1.0: must be in \[0, 1\)'),
+    (dict(end_step=10, distribution='ER'), "distribution='ER'"),
+])
+def test_errors(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    sparse.rigl(optax.sgd(0.1), **{'sparsity': 0.5, **kwargs})
+  tx = sparse.static(optax.sgd(0.1), 0.5)
+  with pytest.raises(ValueError, match='needs the params'):
+    tx.update(_params(), tx.init(_params()))
