@@ -101,6 +101,18 @@ def measure(row: str, params, loss_fn, batch) -> dict[str, float]:
   return {**figures, **interleaved(runs, rounds=5)}
 
 
+def one_leaf_compile_seconds() -> dict[str, float]:
+  """CPU seconds to compile the optimizer step of a one-leaf model, per row and for Adam."""
+  params = {'kernel': jnp.ones((64, 64))}
+  seconds = {}
+  for row in ['Adam'] + list(ROWS):
+    tx = optimizer(row, False)
+    start = time.process_time()
+    train_step(tx).lower(params, tx.init(params), params).compile()
+    seconds[row] = time.process_time() - start
+  return seconds
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--layers', type=int, default=12)
@@ -128,6 +140,10 @@ def main() -> None:
           flush=True)
   print(table(['step', 'compile s (vs Adam)', 'temp / params', 'non-update', 'update',
                'freq 10 (computed)', 'freq 100 (computed)'], rows))
+  one_leaf = one_leaf_compile_seconds()
+  added = ', '.join(f'{row} +{s - one_leaf["Adam"]:.2f}' for row, s in one_leaf.items()
+                    if row != 'Adam')
+  print(f'One-leaf model, compile seconds added to Adam\'s {one_leaf["Adam"]:.2f} s: {added}')
 
 
 if __name__ == '__main__':
