@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import readme_blocks
 
 import jaxprune
 from jaxprune import hparams as hparams_lib
@@ -257,3 +258,13 @@ def test_few_bins_prune_nothing_on_normal_weights():
     hp = jaxprune.parse_hparams('nbins=4,target_sparsity=0.6')
   _, mask = jaxprune.update_mask(jnp.asarray(w), 0.0, 0.6, nbins=hp.nbins)
   assert bool(mask.all())
+
+
+def test_readme_hparams_example_runs_without_warnings():
+  block, = readme_blocks.python_blocks("Hyperparameters keep TF's names")
+  namespace = {'jaxprune': jaxprune}
+  assert _warnings_of(lambda: exec(block, namespace)) == []  # noqa: S102
+  frozen = hparams_lib.freeze(namespace['hp'])
+  assert frozen is hparams_lib.freeze(namespace['hp'])  # frozen once, by parse_hparams
+  assert frozen.sparsity_entries == (('conv1', 0.8), ('dense/kernel', 0.95))
+  assert frozen.block_entries == (('dense1', (4, 4)),)
