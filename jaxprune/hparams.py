@@ -350,11 +350,6 @@ def freeze(hparams: str | ml_collections.ConfigDict | Mapping[str, Any] | HParam
   return frozen
 
 
-def validate(hparams: Any) -> HParams:
-  """Raises ValueError naming the field and the value when a rule is broken."""
-  return freeze(hparams)
-
-
 def _warn(message: str) -> None:
   """Warns, attributing the warning to the first caller outside jaxprune."""
   package = os.path.dirname(os.path.abspath(__file__))

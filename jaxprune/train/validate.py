@@ -139,7 +139,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f'config.pruning={pruning!r}: must be a ConfigDict of pruning hparams, '
                       'e.g. jaxprune.train.defaults.pruning_config().')
   try:
-    hparams_lib.validate(pruning)
+    hparams_lib.freeze(pruning)
   except (ValueError, TypeError) as err:
     raise ConfigError(str(err)) from err
 
