@@ -28,8 +28,9 @@ def _pruned_state():
       'threshold_method=exact'))
   state = tx.init(params)
   grads = jax.tree.map(jnp.zeros_like, params)
+  update = jax.jit(tx.update)
   for _ in range(2):
-    _, state = tx.update(grads, state, params)
+    _, state = update(grads, state, params)
   return params, state
 
 

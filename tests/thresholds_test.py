@@ -1,5 +1,6 @@
 """Threshold rules at their boundaries: the keep-at-least-one rule and the last histogram bin."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,7 +29,8 @@ def test_exact_rule_keeps_the_largest_when_the_count_rounds_to_zero():
   mask is `a >= max` either way. `keep_count` itself is tested above.
   """
   w = jnp.asarray([[0.5, -3.0, 2.0]], jnp.float32)
-  threshold, mask = jaxprune.update_mask(w, 0.0, 0.9, threshold_method='exact')
+  threshold, mask = jax.jit(
+      lambda w: jaxprune.update_mask(w, 0.0, 0.9, threshold_method='exact'))(w)
   assert float(threshold) == 3.0
   np.testing.assert_array_equal(mask, [[False, True, False]])
 
@@ -42,8 +44,8 @@ def test_histogram_answer_in_the_last_bin():
   s < 1), so whether its CDF is taken as 1 or counted cannot change a result:
   writing `k >= nbins` for `k >= nbins - 1` there is an equivalent program.
   """
-  threshold, mask = jaxprune.update_mask(jnp.asarray(LINSPACE), 0.0, 0.99, nbins=4)
+  threshold, mask = jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.99, nbins=4))(LINSPACE)
   assert float(threshold) == 75.0
   assert int(mask.sum()) == 25
-  cdf = thresholds.histogram_cdf(LINSPACE, 100.0, 4)
+  cdf = jax.jit(lambda w: thresholds.histogram_cdf(w, 100.0, 4))(LINSPACE)
   np.testing.assert_array_equal(np.asarray(cdf), np.float32([0.24, 0.49, 0.74, 1.0]))
