@@ -2,11 +2,12 @@
 
 The fields and defaults are those of TensorFlow's graph-style `model_pruning`
 (Zhu & Gupta 2017, "To prune, or not to prune", arXiv:1710.01878), plus the
-jaxprune additions listed at the end of `get_pruning_hparams`.
+jaxprune additions at the end of `HParams`, which is the one list of them.
 
-Users edit a `ml_collections.ConfigDict`; the engine works from `HParams`, the
-frozen result of `freeze`, which checks every field once (type, range, maps)
-and parses the maps once.
+Users edit a `ml_collections.ConfigDict` (`get_pruning_hparams`,
+`parse_hparams`); the engine works from `HParams`, the frozen result of
+`freeze`, which checks every field (type, range, maps), parses the maps and
+warns about settings that cannot do what they seem to ask, once per config.
 """
 
 from __future__ import annotations
@@ -14,66 +15,101 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
+import sys
 import warnings
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
 import numpy as np
 
-from jaxprune import maps, nm
+from jaxprune import maps, nm, schedule
 from jaxprune.maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
+from jaxprune.numerics import INT32_MAX, MAX_NBINS, SMALLEST_NORMAL
 
 POOLING = ('AVG', 'MAX')
 THRESHOLD_METHODS = ('histogram', 'exact')
 MASK_SOURCES = ('updated', 'params')
 # Which leaves are pruned by default: Dense/Conv kernels and embeddings (SPEC section 6).
 DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
-# Steps and sizes live in int32 arrays inside jit.
-INT32_MAX = maps.INT32_MAX
-# Bin indices, counts and k / nbins stay exact in float32 up to 2**24.
-MAX_NBINS = 2 ** 24
+_NO_ENTRIES = ('',)
 
 
-def get_pruning_hparams() -> ml_collections.ConfigDict:
-  """Returns the default hyperparameters (SPEC section 1).
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  """Validated hyperparameters: the one list of the fields, their types and defaults.
 
-  Returns:
-    A locked ConfigDict: field types are fixed by their defaults (an int field
-    rejects `2.5`), and a misspelled field (`hp.target_sparisty = 0.9`) is an
-    error that suggests the right name instead of a silently ignored new field.
+  `get_pruning_hparams()` is a ConfigDict of the first group of fields (map
+  fields as lists there); `freeze` turns one into an `HParams`. Making one
+  checks every field: a bad value is a ValueError naming the field, the value
+  and the rule. The maps are parsed once:
+
+  Attributes:
+    sparsity_entries: ((regex, sparsity), ...) from `weight_sparsity_map`.
+    block_entries: ((regex, (height, width)), ...) from `block_dims_map`.
+    nm_entries: ((regex, (n, m)), ...) from `nm_sparsity_map`.
+    layer_entries: ((regex, number of leading layer axes), ...) from `layer_axes_map`.
+    nm: `nm_sparsity` as (n, m), or None.
+    block_dims: (block_height, block_width).
   """
-  config = ml_collections.ConfigDict(_DEFAULTS)
-  config.lock()
-  return config
+  name: str = 'model_pruning'
+  begin_pruning_step: int = 0
+  end_pruning_step: int = -1
+  weight_sparsity_map: tuple[str, ...] = _NO_ENTRIES
+  block_dims_map: tuple[str, ...] = _NO_ENTRIES
+  threshold_decay: float = 0.0
+  pruning_frequency: int = 10
+  nbins: int = 256
+  block_height: int = 1
+  block_width: int = 1
+  block_pooling_function: str = 'AVG'
+  initial_sparsity: float = 0.0
+  target_sparsity: float = 0.5
+  sparsity_function_begin_step: int = 0
+  sparsity_function_end_step: int = 100
+  sparsity_function_exponent: float = 3.0
+  use_tpu: bool = False
+  # jaxprune additions.
+  threshold_method: str = 'histogram'
+  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX
+  global_pruning: bool = False
+  nm_sparsity: str = ''
+  nm_sparsity_map: tuple[str, ...] = _NO_ENTRIES
+  layer_axes_map: tuple[str, ...] = _NO_ENTRIES
+  mask_source: str = 'updated'
+  # Parsed from the fields above.
+  sparsity_entries: tuple[tuple[str, float], ...] = dataclasses.field(init=False, repr=False)
+  block_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False,
+                                                                             repr=False)
+  nm_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False, repr=False)
+  layer_entries: tuple[tuple[str, int], ...] = dataclasses.field(init=False, repr=False)
+  nm: tuple[int, int] | None = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self) -> None:
+    for field in _DEFAULTS:
+      object.__setattr__(self, field, check_value(field, getattr(self, field)))
+    _check_window(self)
+    parsed = {'sparsity_entries': tuple(sparsity_map(self)),
+              'block_entries': tuple(block_dims_map(self)),
+              'nm_entries': tuple(nm_map(self)),
+              'layer_entries': tuple(layer_axes_map(self)),
+              'nm': _parse_global_nm(self.nm_sparsity)}
+    for field, value in parsed.items():
+      object.__setattr__(self, field, value)
+    if self.global_pruning and self.sparsity_entries:
+      raise ValueError(f'weight_sparsity_map={list(self.weight_sparsity_map)!r}: per-variable '
+                       'targets cannot be combined with global_pruning=True; drop one of them.')
+    _warn_about(self)
+
+  @property
+  def block_dims(self) -> tuple[int, int]:
+    return self.block_height, self.block_width
 
 
-_DEFAULTS = {
-    'name': 'model_pruning',
-    'begin_pruning_step': 0,
-    'end_pruning_step': -1,
-    'weight_sparsity_map': [''],
-    'block_dims_map': [''],
-    'threshold_decay': 0.0,
-    'pruning_frequency': 10,
-    'nbins': 256,
-    'block_height': 1,
-    'block_width': 1,
-    'block_pooling_function': 'AVG',
-    'initial_sparsity': 0.0,
-    'target_sparsity': 0.5,
-    'sparsity_function_begin_step': 0,
-    'sparsity_function_end_step': 100,
-    'sparsity_function_exponent': 3.0,
-    'use_tpu': False,
-    # jaxprune additions.
-    'threshold_method': 'histogram',
-    'weight_name_regex': DEFAULT_WEIGHT_NAME_REGEX,
-    'global_pruning': False,
-    'nm_sparsity': '',
-    'nm_sparsity_map': [''],
-    'layer_axes_map': [''],
-    'mask_source': 'updated',
-}
+# The ConfigDict's fields and defaults, in HParams' order.
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(HParams) if f.init}
 
 # tfmot's `sparsity_m_by_n=(m, n)` zeroes m of every n; ours keeps N of every M.
 _RENAMED = {
@@ -84,95 +120,18 @@ _RENAMED = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class HParams:
-  """Validated hyperparameters, parsed once (see `freeze`).
+def get_pruning_hparams() -> ml_collections.ConfigDict:
+  """Returns the default hyperparameters (SPEC section 1).
 
-  The scalar fields have the ConfigDict's names, so code that reads
-  `hparams.target_sparsity` works with either. The maps are parsed:
-
-  Attributes:
-    sparsity_entries: ((regex, sparsity), ...) from `weight_sparsity_map`.
-    block_entries: ((regex, (height, width)), ...) from `block_dims_map`.
-    nm_entries: ((regex, (n, m)), ...) from `nm_sparsity_map`.
-    layer_entries: ((regex, number of leading layer axes), ...) from `layer_axes_map`.
-    block_dims: (block_height, block_width).
-    nm: `nm_sparsity` as (n, m), or None.
+  Returns:
+    A locked ConfigDict: field types are fixed by their defaults (an int field
+    rejects `2.5`), and a misspelled field (`hp.target_sparisty = 0.9`) is an
+    error that suggests the right name instead of a silently ignored new field.
   """
-  name: str
-  begin_pruning_step: int
-  end_pruning_step: int
-  threshold_decay: float
-  pruning_frequency: int
-  nbins: int
-  block_height: int
-  block_width: int
-  block_pooling_function: str
-  initial_sparsity: float
-  target_sparsity: float
-  sparsity_function_begin_step: int
-  sparsity_function_end_step: int
-  sparsity_function_exponent: float
-  use_tpu: bool
-  threshold_method: str
-  mask_source: str
-  weight_name_regex: str
-  global_pruning: bool
-  sparsity_entries: tuple[tuple[str, float], ...]
-  block_entries: tuple[tuple[str, tuple[int, int]], ...]
-  nm_entries: tuple[tuple[str, tuple[int, int]], ...]
-  layer_entries: tuple[tuple[str, int], ...]
-  nm: tuple[int, int] | None
-
-  @property
-  def block_dims(self) -> tuple[int, int]:
-    return self.block_height, self.block_width
-
-
-def _split_top_level(text: str) -> list[str]:
-  """Splits 'a=1,b=[x,y],c=2' on the commas that are outside brackets."""
-  parts, depth, current = [], 0, []
-  for char in text:
-    if char == '[':
-      depth += 1
-    elif char == ']':
-      depth -= 1
-      if depth < 0:
-        raise ValueError(f'parse_hparams: unbalanced "]" in {text!r}.')
-    if char == ',' and depth == 0:
-      parts.append(''.join(current))
-      current = []
-    else:
-      current.append(char)
-  if depth != 0:
-    raise ValueError(f'parse_hparams: unbalanced "[" in {text!r}.')
-  parts.append(''.join(current))
-  return [p.strip() for p in parts if p.strip()]
-
-
-def _convert(name: str, raw: str, default: Any) -> Any:
-  """Converts the text of one value to the type of the field's default."""
-  if isinstance(default, (list, tuple)):
-    if not (raw.startswith('[') and raw.endswith(']')):
-      raise ValueError(
-          f'parse_hparams: {name}={raw!r} must be a bracketed list, e.g. {name}=[regex:value].')
-    return [item.strip() for item in raw[1:-1].split(',') if item.strip()] or ['']
-  if isinstance(default, bool):
-    lowered = raw.lower()
-    if lowered not in ('true', 'false', '1', '0'):
-      raise ValueError(f'parse_hparams: {name}={raw!r} must be true or false.')
-    return lowered in ('true', '1')
-  if isinstance(default, int):
-    try:
-      return int(raw)
-    except ValueError:
-      raise ValueError(f'parse_hparams: {name}={raw!r} must be an integer.') from None
-  if isinstance(default, float):
-    try:
-      return float(raw)
-    except ValueError:
-      raise ValueError(f'parse_hparams: {name}={raw!r} must be a number.') from None
-  return raw
+  config = ml_collections.ConfigDict(
+      {k: list(v) if isinstance(v, tuple) else v for k, v in _DEFAULTS.items()})
+  config.lock()
+  return config
 
 
 def _unknown(name: str) -> ValueError:
@@ -196,14 +155,15 @@ def parse_hparams(text: str, base: ml_collections.ConfigDict | None = None
     base: the hyperparameters to override; not modified.
 
   Returns:
-    A new, validated, locked ConfigDict.
+    A new, validated, locked ConfigDict. It is frozen here, so `pruning(...)`
+    of it, unchanged, neither checks it again nor repeats a warning.
   """
   hparams = get_pruning_hparams()
   if base is not None:
     _check_keys(base)
     hparams.update(base.to_dict() if isinstance(base, ml_collections.ConfigDict) else base)
   assigned: dict[str, str] = {}
-  for item in _split_top_level(text):
+  for item in maps.split_top_level(text):
     if '=' not in item:
       raise ValueError(f'parse_hparams: {item!r} is not of the form name=value.')
     name, raw = (s.strip() for s in item.split('=', 1))
@@ -213,14 +173,9 @@ def parse_hparams(text: str, base: ml_collections.ConfigDict | None = None
       raise ValueError(f'parse_hparams: {name} is assigned twice ({name}={assigned[name]} and '
                        f'{name}={raw}); give it once.')
     assigned[name] = raw
-    hparams[name] = _convert(name, raw, hparams[name])
+    hparams[name] = maps.convert(name, raw, hparams[name])
   freeze(hparams)
   return hparams
-
-
-def _check(condition: bool, field: str, value: Any, rule: str) -> None:
-  if not condition:
-    raise ValueError(f'{field}={value!r}: {rule}.')
 
 
 def _check_keys(hparams: Any) -> None:
@@ -253,42 +208,90 @@ def _typed(field: str, value: Any) -> Any:
       return value
     raise ValueError(f'{field}={value!r}: must be a string (default {default!r}).')
   if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-    return list(value)
+    return tuple(value)
   raise ValueError(f'{field}={value!r}: must be a list of "regex:value" strings '
-                   f'(default {default!r}).')
+                   f'(default {list(default)!r}).')
 
 
-def freeze(hparams: Any) -> HParams:
-  """Validates `hparams` once and returns the frozen, parsed `HParams`.
+def _check(condition: bool, field: str, value: Any, rule: str) -> None:
+  if not condition:
+    raise ValueError(f'{field}={value!r}: {rule}.')
 
-  Accepts a ConfigDict (missing fields take their defaults), a mapping, or an
-  `HParams` (returned as is). Raises ValueError naming the field, the value and
-  the rule when anything is wrong; warns when `end_pruning_step` stops the
-  mask updates before the schedule reaches its target.
+
+# The rules of single fields (SPEC section 1, and the limits of int32 / float32
+# arithmetic); the rules between fields are in `_check_window`.
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    'begin_pruning_step': ((lambda v: v >= 0), 'must be >= 0'),
+    'sparsity_function_begin_step': ((lambda v: v >= 0), 'must be >= 0'),
+    'sparsity_function_exponent': (
+        (lambda v: v > 0), "must be > 0 (1 is linear, 3 is Zhu & Gupta's; 0 would never leave "
+        'initial_sparsity and a negative exponent diverges)'),
+    'threshold_decay': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+    'initial_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+    'target_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+    'nbins': ((lambda v: 2 <= v <= MAX_NBINS),
+              'must be in [2, 2**24] (bin indices stay exact in float32)'),
+    'pruning_frequency': ((lambda v: v >= 1), 'must be >= 1'),
+    'block_height': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
+    'block_width': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
+    'block_pooling_function': ((lambda v: v.upper() in POOLING), f'must be one of {POOLING}'),
+    'threshold_method': ((lambda v: v in THRESHOLD_METHODS),
+                         f'must be one of {THRESHOLD_METHODS}'),
+    'mask_source': ((lambda v: v in MASK_SOURCES),
+                    f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
+                    "rule), 'params' the params the step starts from (no cost on other steps)"),
+}
+
+
+def check_value(field: str, value: Any, where: str = '') -> Any:
+  """Checks one field's type and range; returns the value as the field's type.
+
+  The one definition of each field's rule, for `HParams` and for functions
+  that take the same values as arguments (`masks.update_mask`).
+
+  Args:
+    field: an `HParams` field, e.g. 'nbins'.
+    value: its value.
+    where: prefix of the error message, e.g. 'update_mask'.
+
+  Raises:
+    ValueError: '<where>: <field>=<value>: <rule>.', naming the fix.
   """
-  if isinstance(hparams, HParams):
-    return hparams
-  _check_keys(hparams)
-  h = {field: _typed(field, maps.field(hparams, field) if field in hparams else default)
-       for field, default in _DEFAULTS.items()}
-  _check_ranges(h)
-  frozen = HParams(
-      **{k: v for k, v in h.items() if not isinstance(v, list) and k != 'nm_sparsity'},
-      sparsity_entries=tuple(sparsity_map(h)),
-      block_entries=tuple(block_dims_map(h)),
-      nm_entries=tuple(nm_map(h)),
-      layer_entries=tuple(layer_axes_map(h)),
-      nm=_parse_global_nm(h['nm_sparsity']))
-  if frozen.global_pruning:
-    _check(not frozen.sparsity_entries, 'weight_sparsity_map', h['weight_sparsity_map'],
-           'per-variable targets cannot be combined with global_pruning=True; drop one of them')
-  _warn_if_target_unreached(frozen)
-  return frozen
+  try:
+    value = _typed(field, value)
+    if field in _RULES:
+      check, rule = _RULES[field]
+      _check(check(value), field, value, rule)
+    if field == 'sparsity_function_exponent':
+      # The schedule runs in float32, where XLA flushes subnormals to zero: then
+      # (1 - p) ** 0 == 1 and the sparsity never leaves initial_sparsity.
+      _check(value >= SMALLEST_NORMAL, field, value,
+             f'must be >= {np.float32(SMALLEST_NORMAL)} (the smallest normal float32): the '
+             'schedule computes in float32, where a smaller exponent is 0 and nothing is ever '
+             'pruned; for a jump to target_sparsity at sparsity_function_end_step, 1e-3 does')
+    if field == 'weight_name_regex':
+      maps.check_regex(field, value)
+  except ValueError as err:
+    if where:
+      raise ValueError(f'{where}: {err}') from None
+    raise
+  return value
 
 
-def validate(hparams: Any) -> HParams:
-  """Raises ValueError naming the field and the value when a rule is broken."""
-  return freeze(hparams)
+def _check_window(h: HParams) -> None:
+  """The rules between fields: the pruning window and the schedule's steps."""
+  _check(h.end_pruning_step == -1 or h.end_pruning_step > h.begin_pruning_step,
+         'end_pruning_step', h.end_pruning_step,
+         f'must be -1 (never stop) or > begin_pruning_step ({h.begin_pruning_step})')
+  _check(h.sparsity_function_end_step > h.sparsity_function_begin_step,
+         'sparsity_function_end_step', h.sparsity_function_end_step,
+         f'must be > sparsity_function_begin_step ({h.sparsity_function_begin_step})')
+  first_update = schedule.first_update_step(h)
+  _check(h.end_pruning_step == -1 or h.end_pruning_step >= first_update,
+         'end_pruning_step', h.end_pruning_step,
+         f'comes before the first mask update, at step max(begin_pruning_step, '
+         f'pruning_frequency) = {first_update}, so masks would never change; raise '
+         'end_pruning_step or lower pruning_frequency')
 
 
 def _parse_global_nm(text: str) -> tuple[int, int] | None:
@@ -298,53 +301,99 @@ def _parse_global_nm(text: str) -> tuple[int, int] | None:
     raise ValueError(f'nm_sparsity={text!r}: {err}') from None
 
 
-def _check_ranges(h: dict[str, Any]) -> None:
-  """SPEC section 1's rules, and the limits of int32 / float32 arithmetic."""
-  _check(h['begin_pruning_step'] >= 0, 'begin_pruning_step', h['begin_pruning_step'],
-         'must be >= 0')
-  _check(h['end_pruning_step'] == -1 or h['end_pruning_step'] > h['begin_pruning_step'],
-         'end_pruning_step', h['end_pruning_step'],
-         f'must be -1 (never stop) or > begin_pruning_step ({h["begin_pruning_step"]})')
-  _check(h['sparsity_function_begin_step'] >= 0, 'sparsity_function_begin_step',
-         h['sparsity_function_begin_step'], 'must be >= 0')
-  _check(h['sparsity_function_end_step'] > h['sparsity_function_begin_step'],
-         'sparsity_function_end_step', h['sparsity_function_end_step'],
-         f'must be > sparsity_function_begin_step ({h["sparsity_function_begin_step"]})')
-  _check(h['sparsity_function_exponent'] > 0, 'sparsity_function_exponent',
-         h['sparsity_function_exponent'],
-         'must be > 0 (1 is linear, 3 is Zhu & Gupta\'s; 0 would never leave '
-         'initial_sparsity and a negative exponent diverges)')
-  for field in ('threshold_decay', 'initial_sparsity', 'target_sparsity'):
-    _check(0.0 <= h[field] < 1.0, field, h[field], 'must be in [0, 1)')
-  _check(2 <= h['nbins'] <= MAX_NBINS, 'nbins', h['nbins'],
-         'must be in [2, 2**24] (bin indices stay exact in float32)')
-  _check(h['pruning_frequency'] >= 1, 'pruning_frequency', h['pruning_frequency'],
-         'must be >= 1')
-  first_update = max(h['begin_pruning_step'], h['pruning_frequency'])
-  _check(h['end_pruning_step'] == -1 or h['end_pruning_step'] >= first_update,
-         'end_pruning_step', h['end_pruning_step'],
-         f'comes before the first mask update, at step max(begin_pruning_step, '
-         f'pruning_frequency) = {first_update}, so masks would never change; raise '
-         'end_pruning_step or lower pruning_frequency')
-  for field in ('block_height', 'block_width'):
-    _check(h[field] >= 1 or h[field] == -1, field, h[field], 'must be >= 1 or -1 (whole dim)')
-  _check(h['block_pooling_function'].upper() in POOLING, 'block_pooling_function',
-         h['block_pooling_function'], f'must be one of {POOLING}')
-  _check(h['threshold_method'] in THRESHOLD_METHODS, 'threshold_method', h['threshold_method'],
-         f'must be one of {THRESHOLD_METHODS}')
-  _check(h['mask_source'] in MASK_SOURCES, 'mask_source', h['mask_source'],
-         f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
-         "rule), 'params' the params the step starts from (no cost on other steps)")
-  maps.check_regex('weight_name_regex', h['weight_name_regex'])
+# Configs already frozen, by identity: (a weak reference, their values, the result).
+_FROZEN: dict[int, tuple[weakref.ref, dict[str, Any], HParams]] = {}
 
 
-def _warn_if_target_unreached(h: HParams) -> None:
-  end = h.end_pruning_step
-  if end == -1 or end >= h.sparsity_function_end_step:
+def _snapshot(hparams: Any) -> dict[str, Any]:
+  """The config's values, with lists copied (a list edited in place is a change)."""
+  _check_keys(hparams)
+  return {field: tuple(value) if isinstance(value, list) else value
+          for field, value in ((f, maps.field(hparams, f)) for f in _DEFAULTS if f in hparams)}
+
+
+def freeze(hparams: str | ml_collections.ConfigDict | Mapping[str, Any] | HParams) -> HParams:
+  """Validates `hparams` and returns the frozen, parsed `HParams`.
+
+  A config is checked, and warned about, once: freezing the same ConfigDict
+  again while its values are unchanged returns the first result (so
+  `pruning(parse_hparams(...))` prints each warning once).
+
+  Args:
+    hparams: a ConfigDict (missing fields take their defaults), a mapping, a
+      string in TF's syntax (see `parse_hparams`), or an `HParams` (returned as is).
+
+  Returns:
+    The `HParams`.
+
+  Raises:
+    ValueError: naming the field, the value and the rule when anything is wrong.
+  """
+  if isinstance(hparams, HParams):
+    return hparams
+  if isinstance(hparams, str):
+    hparams = parse_hparams(hparams)
+  if not isinstance(hparams, (Mapping, ml_collections.ConfigDict)):
+    raise TypeError(f'hparams={hparams!r}: expected jaxprune.get_pruning_hparams() or '
+                    "jaxprune.parse_hparams('target_sparsity=0.9,...') (a ConfigDict), a dict "
+                    f'of fields, a string in that syntax, or an HParams; got {type(hparams)}.')
+  values = _snapshot(hparams)
+  known = _FROZEN.get(id(hparams))
+  if known is not None and known[0]() is hparams and known[1] == values:
+    return known[2]
+  frozen = HParams(**values)
+  key = id(hparams)
+  try:
+    _FROZEN[key] = (weakref.ref(hparams, lambda _: _FROZEN.pop(key, None)), values, frozen)
+  except TypeError:  # a plain dict cannot be referred to weakly: it is checked each time
+    pass
+  return frozen
+
+
+def _warn(message: str) -> None:
+  """Warns, attributing the warning to the first caller outside jaxprune."""
+  package = os.path.dirname(os.path.abspath(__file__))
+  frame, level = sys._getframe(1), 2
+  while frame is not None and (frame.f_code.co_filename.startswith(package)
+                               or frame.f_code.co_filename == '<string>'):  # dataclass __init__
+    frame, level = frame.f_back, level + 1
+  warnings.warn(f'jaxprune: {message}', UserWarning, stacklevel=level)
+
+
+def _warn_about(h: HParams) -> None:
+  """Warns about settings that are valid but cannot do what they seem to ask."""
+  for message in schedule.window_problems(h):
+    _warn(message)
+  _warn_about_bins(h)
+
+
+def lowest_bin_share(nbins: int, max_in_stds: float) -> float:
+  """P(|z| < max_in_stds / nbins): the share of normal weights in the lowest bin [0, max/nbins)."""
+  return math.erf(max_in_stds / (nbins * math.sqrt(2.0)))
+
+
+def _warn_about_bins(h: HParams) -> None:
+  """Warns when the histogram rule prunes nothing at a target, for normal weights.
+
+  A histogram threshold is a multiple of max|w| / nbins (SPEC section 4): 0, so
+  nothing pruned, while the lowest bin holds the target share of the weights.
+  The largest of 10**4 normal weights is about 4 standard deviations, of 10**6
+  about 5; with 5, nbins <= 7 prune nothing at 50%, nbins <= 3 nothing at 90%.
+  """
+  targets = sorted({s for s in (h.target_sparsity, *(s for _, s in h.sparsity_entries)) if s > 0})
+  if h.threshold_method != 'histogram' or not targets:
     return
-  warnings.warn(
-      f'jaxprune: end_pruning_step={end} stops mask updates before '
-      f'sparsity_function_end_step={h.sparsity_function_end_step}: the last update is at or '
-      f'before step {end}, so the sparsity stays below target_sparsity={h.target_sparsity}. '
-      'Set end_pruning_step >= sparsity_function_end_step (or -1) to reach the target.',
-      stacklevel=3)
+  low, high = lowest_bin_share(h.nbins, 4.0), lowest_bin_share(h.nbins, 5.0)
+  unreached = [s for s in targets if s <= high]
+  if not unreached:
+    return
+  needed = h.nbins
+  while lowest_bin_share(needed, 5.0) >= unreached[0]:
+    needed += 1
+  _warn(f'nbins={h.nbins}: a histogram threshold is a multiple of max|w|/{h.nbins}, and it '
+        f'prunes nothing while the lowest bin [0, max|w|/{h.nbins}) holds the target share of '
+        f"a layer's weights. For normally distributed weights (10**4 to 10**6 of them, max 4 "
+        f'to 5 standard deviations) that bin holds {low:.1%} to {high:.1%}, so target '
+        f'sparsity {", ".join(f"{s:g}" for s in unreached)} can prune nothing, and larger '
+        f"ones fall short by up to a bin's share. Use nbins >= {needed} (TF's default is 256) "
+        "or threshold_method='exact'.")

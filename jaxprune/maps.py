@@ -1,7 +1,9 @@
-"""The per-variable maps of the hyperparameters: 'regex:value' entries (SPEC section 1).
+"""The hyperparameters as text: TF's HParams string and the per-variable maps (SPEC section 1).
 
-The value is the text after the LAST ':' (TF split on every ':'; we allow ':'
-inside a regex); empty entries are dropped; every regex must compile.
+A string is comma-separated `name=value` pairs, list values in brackets. A
+map is a list of 'regex:value' entries: the value is the text after the LAST
+':' (TF split on every ':'; we allow ':' inside a regex); empty entries are
+dropped; every regex must compile.
 """
 
 from __future__ import annotations
@@ -11,8 +13,53 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxprune import nm
+from jaxprune.numerics import INT32_MAX
 
-INT32_MAX = 2 ** 31 - 1
+
+def split_top_level(text: str) -> list[str]:
+  """Splits 'a=1,b=[x,y],c=2' on the commas that are outside brackets."""
+  parts, depth, current = [], 0, []
+  for char in text:
+    if char == '[':
+      depth += 1
+    elif char == ']':
+      depth -= 1
+      if depth < 0:
+        raise ValueError(f'parse_hparams: unbalanced "]" in {text!r}.')
+    if char == ',' and depth == 0:
+      parts.append(''.join(current))
+      current = []
+    else:
+      current.append(char)
+  if depth != 0:
+    raise ValueError(f'parse_hparams: unbalanced "[" in {text!r}.')
+  parts.append(''.join(current))
+  return [p.strip() for p in parts if p.strip()]
+
+
+def convert(name: str, raw: str, default: Any) -> Any:
+  """Converts the text of one value to the type of the field's default."""
+  if isinstance(default, (list, tuple)):
+    if not (raw.startswith('[') and raw.endswith(']')):
+      raise ValueError(
+          f'parse_hparams: {name}={raw!r} must be a bracketed list, e.g. {name}=[regex:value].')
+    return [item.strip() for item in raw[1:-1].split(',') if item.strip()] or ['']
+  if isinstance(default, bool):
+    lowered = raw.lower()
+    if lowered not in ('true', 'false', '1', '0'):
+      raise ValueError(f'parse_hparams: {name}={raw!r} must be true or false.')
+    return lowered in ('true', '1')
+  if isinstance(default, int):
+    try:
+      return int(raw)
+    except ValueError:
+      raise ValueError(f'parse_hparams: {name}={raw!r} must be an integer.') from None
+  if isinstance(default, float):
+    try:
+      return float(raw)
+    except ValueError:
+      raise ValueError(f'parse_hparams: {name}={raw!r} must be a number.') from None
+  return raw
 
 
 def _entries(field: str, values: Any) -> list[tuple[str, str]]:
@@ -30,6 +77,7 @@ def _entries(field: str, values: Any) -> list[tuple[str, str]]:
 
 
 def check_regex(where: str, regex: str) -> None:
+  """ValueError naming `where` when `regex` does not compile."""
   try:
     re.compile(regex)
   except re.error as err:
@@ -115,4 +163,5 @@ def layer_axes_map(hparams: Any) -> list[tuple[str, int]]:
 
 
 def field(hparams: Any, name: str) -> Any:
+  """A field of a mapping (dict, ConfigDict) or of an object (`HParams`)."""
   return hparams[name] if isinstance(hparams, Mapping) else getattr(hparams, name)

@@ -1,9 +1,13 @@
-"""Exact float32 building blocks for thresholds.
+"""Exact float32 building blocks for thresholds, and the limits of the engine's arithmetic.
 
 SPEC section 4 defines thresholds on correctly rounded float32 quotients, but
 XLA's float32 division is not guaranteed to be correctly rounded, and values on
 a bin edge decide the result. These helpers give exact answers at scalar or
 small-vector cost; `thresholds` builds its exact searches on them.
+
+The limits below are where the hyperparameters' checks come from: steps and
+sizes are int32 arrays inside jit, and counts, bin indices and the schedule
+are float32.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from jax import Array, lax
 
 _SPLITTER = 4097.0  # 2**12 + 1: Veltkamp's split of a 24-bit significand.
 SMALLEST_NORMAL = 2.0 ** -126
+# Steps, sizes and block dims live in int32 arrays inside jit.
+INT32_MAX = 2 ** 31 - 1
+# Bin indices, counts and k / nbins stay exact in float32 up to 2**24.
+MAX_NBINS = 2 ** 24
 
 
 def _split(x: Array) -> tuple[Array, Array]:

@@ -14,10 +14,12 @@ import numpy as np
 
 from jaxprune import blocks
 from jaxprune import hparams as hparams_lib
-from jaxprune.names import leaf_name
+from jaxprune.names import leaf_name, named_leaves
 
 PyTree = Any
 PruneFilter = Callable[[str, Any], bool]
+# Leaf names listed in a warning before the rest are counted.
+_SHOWN_NAMES = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +76,16 @@ def leaf_specs(params: PyTree, hparams: Any, prune_filter: PruneFilter | None = 
     params: the params tree (arrays or shape/dtype structs).
     hparams: a ConfigDict or `HParams`.
     prune_filter: `(name, leaf) -> bool` replacing `weight_name_regex`.
-    warn: warn about map entries that match no pruned leaf and about block
-      dims that fall back to elementwise masks.
+    warn: warn, naming leaves, when no leaf is pruned, about map entries that
+      match no pruned leaf and about block dims that fall back to elementwise masks.
 
   Raises:
     ValueError: when one leaf matches several entries of a map, when a pruned
-      leaf is not floating point, or when it has fewer axes than its layer axes.
+      leaf is not floating point, or when its layer axes leave each layer fewer
+      than 2 axes (1 with a `prune_filter`, which may prune vectors).
   """
   h = hparams_lib.freeze(hparams)
+  by_default_filter = prune_filter is None
   prune_filter = prune_filter or default_filter(h)
   used: set[tuple[str, str]] = set()
   elementwise: list[str] = []
@@ -95,9 +99,7 @@ def leaf_specs(params: PyTree, hparams: Any, prune_filter: PruneFilter | None = 
     dims = _single_match('block_dims_map', name, h.block_entries, used) or h.block_dims
     nm = _single_match('nm_sparsity_map', name, h.nm_entries, used) or h.nm
     layer_axes = _single_match('layer_axes_map', name, h.layer_entries, used) or 0
-    if layer_axes >= len(leaf.shape):
-      raise ValueError(f'layer_axes_map: leaf {name!r} of shape {tuple(leaf.shape)} has no '
-                       f'axes left after its {layer_axes} layer axes.')
+    _check_layer_axes(name, tuple(leaf.shape), layer_axes, by_default_filter)
     layer_shape = tuple(leaf.shape)[layer_axes:]
     resolved = blocks.resolve_block_dims(layer_shape, dims)
     if resolved is None and tuple(dims) != (1, 1) and nm is None:
@@ -111,13 +113,48 @@ def leaf_specs(params: PyTree, hparams: Any, prune_filter: PruneFilter | None = 
 
   specs = jax.tree_util.tree_map_with_path(spec, params)
   if warn:
-    _warn_unused(h, used, [s.name for s in spec_leaves(specs) if s is not None])
+    pruned = [s.name for s in spec_leaves(specs) if s is not None]
+    if not pruned:
+      _warn_nothing_pruned(h, params, by_default_filter)
+    _warn_unused(h, used, pruned)
     if elementwise:
       warnings.warn(
           f'jaxprune: block dims apply to 2-D weights (after squeezing size-1 axes); these '
           f'pruned leaves are not 2-D and get elementwise masks: {elementwise}. Give them '
           '1x1 in block_dims_map, or leave them out of the block rule.', stacklevel=3)
   return specs
+
+
+def _check_layer_axes(name: str, shape: tuple[int, ...], layer_axes: int,
+                      by_default_filter: bool) -> None:
+  """A leaf's layer axes must leave each layer a leaf that could be pruned on its own.
+
+  `layer_axes_map` is for stacked leaves (`nn.scan`'s (layers, in, out)
+  kernels): each layer is pruned as a separate variable would be. The default
+  filter prunes leaves of 2 or more axes, so a layer of fewer is a mistake (an
+  entry matching ordinary 2-D kernels, whose rows would each get a threshold).
+  """
+  left = len(shape) - layer_axes
+  if left < 1 or (by_default_filter and left < 2):
+    raise ValueError(
+        f'layer_axes_map: leaf {name!r} of shape {shape} has {left} axes left after its '
+        f'{layer_axes} layer axes, but each layer must be a weight of at least 2 axes: the '
+        'map is for leaves stacked by nn.scan or nn.vmap, such as a (layers, in, out) '
+        "kernel. Narrow the entry's regex to the stacked leaves.")
+
+
+def _warn_nothing_pruned(h: hparams_lib.HParams, params: PyTree, by_default_filter: bool) -> None:
+  """Warns, naming the leaves, when a params tree with weights gets no pruned leaf."""
+  weights = [name for name, leaf in named_leaves(params) if getattr(leaf, 'ndim', 0) >= 2]
+  if not weights:
+    return
+  shown = weights[:_SHOWN_NAMES] + ([f'... {len(weights) - _SHOWN_NAMES} more']
+                                     if len(weights) > _SHOWN_NAMES else [])
+  selector = (f'weight_name_regex={h.weight_name_regex!r} (matched with re.search)'
+              if by_default_filter else 'prune_filter')
+  warnings.warn(f'jaxprune: {selector} selects none of the leaves, so nothing is pruned; the '
+                f'leaves with 2 or more axes are {shown}. Make it match the names of the '
+                'weights to prune.', stacklevel=3)
 
 
 def _warn_unused(h: hparams_lib.HParams, used: set[tuple[str, str]], pruned: list[str]) -> None:

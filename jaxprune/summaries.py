@@ -1,4 +1,16 @@
-"""TF's accessors: masks, thresholds, sparsities and a flat summary dict (SPEC section 8)."""
+"""TF's accessors: masks, thresholds, sparsities and a flat summary dict (SPEC section 8).
+
+Each accessor takes the `PruningState` or any optax state that holds exactly
+one (a state without one is a ValueError), and returns one of two shapes, by
+what its values are for:
+
+- `get_masks` returns the state's mask tree, parallel to the params (None for
+  unpruned leaves), because masks are applied to params: `apply_masks`,
+  `export.strip`, `structured.select(masks=...)`.
+- The reports (`get_thresholds`, `get_weight_sparsity`, `count_nonfinite`,
+  `summaries`) return flat dicts keyed by leaf name ('Dense_0/kernel'), the
+  names `jaxprune.named_leaves` gives, ready to log.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax import Array
 
+from jaxprune.hparams import HParams
 from jaxprune.names import leaf_name
 from jaxprune.transform import PruningState
 
@@ -22,18 +35,35 @@ def _is_state(x: Any) -> bool:
 def find_pruning_state(state: Any) -> PruningState:
   """Returns the PruningState inside an optax state (or the state itself).
 
-  Raises ValueError when there is none, or several (pass the one you mean).
+  Raises:
+    ValueError: when there is none (the state of an optimizer without
+      `jaxprune.pruning`), or several (pass the one you mean).
   """
   if _is_state(state):
     return state
   found = [x for x in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(x)]
-  if len(found) != 1:
+  if not found:
+    raise ValueError(
+        'expected exactly one jaxprune PruningState in the optimizer state, found 0: pass the '
+        'state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its tx.init(params)), or '
+        'the PruningState itself.')
+  if len(found) > 1:
     raise ValueError(f'expected exactly one jaxprune PruningState in the optimizer state, found '
                      f'{len(found)}; pass the PruningState itself.')
   return found[0]
 
 
+def _is_named_tuple(x: Any) -> bool:
+  return isinstance(x, tuple) and hasattr(x, '_fields')
+
+
+def _is_optimizer_state(tree: Any) -> bool:
+  """Whether `tree` holds optax states (NamedTuples such as ScaleByAdamState) rather than params."""
+  return any(_is_named_tuple(x) for x in jax.tree.leaves(tree, is_leaf=_is_named_tuple))
+
+
 def contains_pruning_state(state: Any) -> bool:
+  """Whether `state` is or holds a PruningState."""
   return any(_is_state(x) for x in jax.tree.leaves(state, is_leaf=_is_state))
 
 
@@ -44,12 +74,29 @@ def _named(tree: PyTree) -> dict[str, Any]:
 
 
 def get_masks(state: Any) -> PyTree:
-  """The bool mask tree (True = kept), parallel to the params, None for unpruned leaves."""
+  """The masks of a pruning state, as a tree.
+
+  Args:
+    state: a PruningState or an optax state that holds one.
+
+  Returns:
+    The bool mask tree (True = kept), parallel to the params, None for
+    unpruned leaves: what `apply_masks(params, masks)` takes.
+  """
   return find_pruning_state(state).masks
 
 
 def get_thresholds(state: Any) -> dict[str, Array]:
-  """{leaf name: float32 threshold} for each pruned leaf."""
+  """The thresholds of a pruning state, by leaf name.
+
+  Args:
+    state: a PruningState or an optax state that holds one.
+
+  Returns:
+    {leaf name: float32 threshold} for each pruned leaf: a scalar, or one per
+    layer of a leaf with layer axes (`layer_axes_map`). With a mask rule
+    (`mask_rule=`), the rule's own names (channel groups for `ChannelRule`).
+  """
   return _named(find_pruning_state(state).thresholds)
 
 
@@ -59,13 +106,26 @@ def _fraction(flags: Array) -> Array:
 
 
 def get_weight_sparsity(state_or_params: Any) -> dict[str, Array]:
-  """Fraction of zeros per leaf, as float32 scalars.
+  """The fraction of each weight's entries that are zero, by leaf name.
 
-  For a PruningState (or an optax state containing one): the fraction of
-  pruned entries in each mask. For params: the fraction of exact zeros in each
-  leaf with ndim >= 2. A NaN is never counted as a zero; see `count_nonfinite`.
+  Given a pruning state, the zeros the masks put in the params (the entries
+  they prune: after `optax.apply_updates` these are exactly the zeros of the
+  pruned weights); given params, the zeros they hold. A NaN is never counted
+  as a zero; see `count_nonfinite`.
+
+  Args:
+    state_or_params: a PruningState or an optax state that holds one; or a
+      params tree (dicts, Flax `variables['params']`, an NNX state).
+
+  Returns:
+    {leaf name: float32 fraction}: for a state each pruned leaf, for params
+    each leaf of 2 or more axes.
+
+  Raises:
+    ValueError: for an optax state without a PruningState (its moments are
+      not weights), or with several.
   """
-  if contains_pruning_state(state_or_params):
+  if contains_pruning_state(state_or_params) or _is_optimizer_state(state_or_params):
     masks = _named(find_pruning_state(state_or_params).masks)
     return {name: _fraction(~mask) for name, mask in masks.items()}
   return {name: _fraction(leaf == 0) for name, leaf in _named(state_or_params).items()
@@ -96,7 +156,8 @@ def apply_masks(params: PyTree, state: Any) -> PyTree:
     ValueError: if the masks are not a tree parallel to `params`, or a mask's
       shape differs from its leaf's (a mask is never broadcast), naming the leaf.
   """
-  masks = get_masks(state) if contains_pruning_state(state) else state
+  holds_state = contains_pruning_state(state) or _is_optimizer_state(state)
+  masks = get_masks(state) if holds_state else state
   is_none = lambda x: x is None  # None marks a leaf without a mask
   flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_none)
   mask_leaves, mask_treedef = jax.tree_util.tree_flatten(masks, is_leaf=is_none)
@@ -117,7 +178,8 @@ def apply_masks(params: PyTree, state: Any) -> PyTree:
   return jax.tree_util.tree_unflatten(treedef, zeroed)
 
 
-def summaries(state: Any, hparams: ml_collections.ConfigDict | None = None) -> dict[str, Array]:
+def summaries(state: Any, hparams: ml_collections.ConfigDict | HParams | None = None
+              ) -> dict[str, Array]:
   """The scalars TF wrote as summaries, as a flat dict.
 
   Keys: '<name>/sparsity' (the target at the last step), '<name>/last_mask_update_step',

@@ -36,7 +36,7 @@ def pruning_config(base: ml_collections.ConfigDict | None = None,
   values.update(overrides)
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
   hparams = ml_collections.ConfigDict(values)
-  hparams_lib.validate(hparams)
+  hparams_lib.freeze(hparams)
   return hparams
 
 

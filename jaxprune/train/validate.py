@@ -18,6 +18,7 @@ import ml_collections
 
 import jaxprune
 from jaxprune import hparams as hparams_lib
+from jaxprune import schedule
 from jaxprune.train import defaults
 from jaxprune.train.errors import ConfigError
 
@@ -138,31 +139,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f'config.pruning={pruning!r}: must be a ConfigDict of pruning hparams, '
                       'e.g. jaxprune.train.defaults.pruning_config().')
   try:
-    hparams_lib.validate(pruning)
+    hparams_lib.freeze(pruning)
   except (ValueError, TypeError) as err:
     raise ConfigError(str(err)) from err
-
-
-def _first_update(hparams: ml_collections.ConfigDict) -> int:
-  # SPEC section 3: last_update_step starts at 0 and updates need
-  # step - last_update_step >= pruning_frequency.
-  return max(hparams.begin_pruning_step, hparams.pruning_frequency)
-
-
-def _last_update(hparams: ml_collections.ConfigDict, num_steps: int) -> int | None:
-  """The step of the run's last mask update, or None if there is none.
-
-  The job makes one update call per train step, at steps 0 .. num_steps - 1;
-  updates start at `_first_update` and follow every `pruning_frequency`
-  steps (counted from the last one) up to `end_pruning_step`.
-  """
-  first = _first_update(hparams)
-  last_allowed = num_steps - 1
-  if hparams.end_pruning_step >= 0:
-    last_allowed = min(last_allowed, hparams.end_pruning_step)
-  if first > last_allowed:
-    return None
-  return first + (last_allowed - first) // hparams.pruning_frequency * hparams.pruning_frequency
 
 
 def schedule_shortfall(config: ml_collections.ConfigDict) -> str | None:
@@ -178,7 +157,8 @@ def schedule_shortfall(config: ml_collections.ConfigDict) -> str | None:
   if not config.prune:
     return None
   hparams, num_steps = config.pruning, config.num_steps
-  first, last = _first_update(hparams), _last_update(hparams, num_steps)
+  first = schedule.first_update_step(hparams)
+  last = schedule.final_update_step(hparams, num_steps)
   if last is None:
     return (f'config.num_steps={num_steps}: the run ends before its first mask update (at '
             f'step max(begin_pruning_step, pruning_frequency) = {first}), so nothing is '

@@ -1,0 +1,271 @@
+"""Hyperparameters: TF names and defaults, string parsing, validation errors and warnings."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+import readme_blocks
+
+import jaxprune
+from jaxprune import hparams as hparams_lib
+
+TF_DEFAULTS = {
+    'name': 'model_pruning', 'begin_pruning_step': 0, 'end_pruning_step': -1,
+    'weight_sparsity_map': [''], 'block_dims_map': [''], 'threshold_decay': 0.0,
+    'pruning_frequency': 10, 'nbins': 256, 'block_height': 1, 'block_width': 1,
+    'block_pooling_function': 'AVG', 'initial_sparsity': 0.0, 'target_sparsity': 0.5,
+    'sparsity_function_begin_step': 0, 'sparsity_function_end_step': 100,
+    'sparsity_function_exponent': 3.0, 'use_tpu': False,
+}
+
+
+def test_defaults_are_tfs():
+  hp = jaxprune.get_pruning_hparams()
+  assert isinstance(hp, ml_collections.ConfigDict)
+  for name, value in TF_DEFAULTS.items():
+    assert hp[name] == value, name
+  assert hp.threshold_method == 'histogram'
+  assert hp.weight_name_regex == '(kernel|embedding)$'
+
+
+def test_types_are_fixed_by_defaults():
+  hp = jaxprune.get_pruning_hparams()
+  with pytest.raises(TypeError):
+    hp.nbins = 2.5
+
+
+def test_parse_tf_string_syntax():
+  hp = jaxprune.parse_hparams(
+      'target_sparsity=0.9,pruning_frequency=100,'
+      'weight_sparsity_map=[conv1:0.8,dense/kernel:0.95],block_dims_map=[dense1:4x4],'
+      'use_tpu=true')
+  assert hp.target_sparsity == 0.9
+  assert hp.pruning_frequency == 100
+  assert hp.use_tpu is True
+  assert hparams_lib.sparsity_map(hp) == [('conv1', 0.8), ('dense/kernel', 0.95)]
+  assert hparams_lib.block_dims_map(hp) == [('dense1', (4, 4))]
+
+
+def test_parse_on_top_of_base_does_not_modify_it():
+  base = jaxprune.parse_hparams('target_sparsity=0.7')
+  hp = jaxprune.parse_hparams('nbins=64', base=base)
+  assert (hp.target_sparsity, hp.nbins) == (0.7, 64)
+  assert base.nbins == 256
+
+
+def test_map_value_is_after_the_last_colon():
+  hp = jaxprune.parse_hparams('weight_sparsity_map=[a:b/kernel:0.3],block_dims_map=[x:y:-1x2]')
+  assert hparams_lib.sparsity_map(hp) == [('a:b/kernel', 0.3)]
+  assert hparams_lib.block_dims_map(hp) == [('x:y', (-1, 2))]
+
+
+def test_empty_map_entries_are_dropped():
+  hp = jaxprune.parse_hparams('weight_sparsity_map=[]')
+  assert hparams_lib.sparsity_map(hp) == []
+
+
+def test_unknown_name_lists_known_names():
+  with pytest.raises(ValueError, match="unknown hyperparameter 'target_sparsty'.*target_sparsity"):
+    jaxprune.parse_hparams('target_sparsty=0.9')
+
+
+@pytest.mark.parametrize('text, field', [
+    ('begin_pruning_step=-1', 'begin_pruning_step'),
+    ('begin_pruning_step=5,end_pruning_step=5', 'end_pruning_step'),
+    ('end_pruning_step=-2', 'end_pruning_step'),
+    ('sparsity_function_begin_step=-1', 'sparsity_function_begin_step'),
+    ('sparsity_function_begin_step=100', 'sparsity_function_end_step'),
+    ('threshold_decay=1.0', 'threshold_decay'),
+    ('initial_sparsity=-0.1', 'initial_sparsity'),
+    ('target_sparsity=1.0', 'target_sparsity'),
+    ('weight_sparsity_map=[conv1:1.2]', 'weight_sparsity_map'),
+    ('weight_sparsity_map=[conv1:abc]', 'weight_sparsity_map'),
+    ('weight_sparsity_map=[conv1]', 'weight_sparsity_map'),
+    ('weight_sparsity_map=[(:0.5]', 'weight_sparsity_map'),
+    ('nbins=1', 'nbins'),
+    ('pruning_frequency=0', 'pruning_frequency'),
+    ('block_height=0', 'block_height'),
+    ('block_width=-2', 'block_width'),
+    ('block_dims_map=[dense:0x2]', 'block_dims_map'),
+    ('block_dims_map=[dense:2]', 'block_dims_map'),
+    ('block_pooling_function=MIN', 'block_pooling_function'),
+    ('threshold_method=sort', 'threshold_method'),
+    ('weight_name_regex=(', 'weight_name_regex'),
+    ('nm_sparsity=4:2', 'nm_sparsity'),
+    ('nm_sparsity_map=[dense:2]', 'nm_sparsity_map'),
+])
+def test_each_validation_rule_names_its_field(text, field):
+  with pytest.raises(ValueError, match=field):
+    jaxprune.parse_hparams(text)
+
+
+def test_bad_value_type_names_the_field():
+  with pytest.raises(ValueError, match='nbins'):
+    jaxprune.parse_hparams('nbins=2.5')
+
+
+def test_pooling_is_case_insensitive():
+  assert jaxprune.parse_hparams('block_pooling_function=max').block_pooling_function == 'max'
+
+
+def test_validation_through_pruning():
+  hp = jaxprune.get_pruning_hparams()
+  hp.target_sparsity = 1.5
+  with pytest.raises(ValueError, match='target_sparsity=1.5'):
+    jaxprune.pruning(hp)
+
+
+def test_global_pruning_rejects_per_variable_targets():
+  with pytest.raises(ValueError, match='global_pruning'):
+    jaxprune.parse_hparams('global_pruning=true,weight_sparsity_map=[a:0.5]')
+
+
+def _warnings_of(make):
+  """The jaxprune warnings that `make()` emits, each time (no de-duplication)."""
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    make()
+  return [str(w.message) for w in record if 'jaxprune' in str(w.message)]
+
+
+def test_parse_then_pruning_checks_and_warns_once():
+  # The README's path: before, parse_hparams and pruning each validated and warned.
+  def make():
+    hp = jaxprune.parse_hparams('end_pruning_step=50')
+    jaxprune.pruning(hp)
+    jaxprune.pruning(hp)
+  messages = _warnings_of(make)
+  assert len(messages) == 1
+  assert 'end_pruning_step=50 stops mask updates' in messages[0]
+
+
+def test_a_config_changed_after_freezing_is_checked_again():
+  hp = jaxprune.parse_hparams('target_sparsity=0.8')
+  hp.target_sparsity = 1.5
+  with pytest.raises(ValueError, match='target_sparsity=1.5'):
+    jaxprune.pruning(hp)
+  hp = jaxprune.parse_hparams('weight_sparsity_map=[a:0.5]')
+  hp.weight_sparsity_map.append('b:1.5')  # a list edited in place is a change too
+  with pytest.raises(ValueError, match="weight_sparsity_map entry b:1.5"):
+    jaxprune.pruning(hp)
+  with pytest.warns(UserWarning, match='end_pruning_step=50'):
+    hp = jaxprune.parse_hparams('end_pruning_step=50')
+  hp.end_pruning_step = 40
+  assert len(_warnings_of(lambda: jaxprune.pruning(hp))) == 1
+
+
+def test_pruning_accepts_a_string():
+  # Before: AttributeError: 'str' object has no attribute 'keys'.
+  params = {'d': {'kernel': jnp.asarray(np.linspace(1, 100, 100, dtype=np.float32)
+                                        .reshape(10, 10))}}
+  tx = jaxprune.pruning('target_sparsity=0.9,pruning_frequency=1,sparsity_function_end_step=1')
+  state = tx.init(params)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  update = jax.jit(tx.update)
+  for _ in range(2):
+    _, state = update(zeros, state, params)
+  # SPEC reference: linspace(1, 100, 100) at s = 0.9 keeps 11 weights (threshold 89.84375).
+  assert int(state.masks['d']['kernel'].sum()) == 11
+  assert hparams_lib.freeze('nbins=64').nbins == 64
+
+
+def test_a_value_that_is_not_hparams_is_a_type_error():
+  with pytest.raises(TypeError, match="parse_hparams"):
+    jaxprune.pruning(0.9)
+
+
+def test_hparams_made_directly_are_checked():
+  assert hparams_lib.HParams(target_sparsity=0.8).target_sparsity == 0.8
+  with pytest.raises(ValueError, match='nbins=1: must be in'):
+    hparams_lib.HParams(nbins=1)
+  with pytest.raises(ValueError, match='block_dims_map entry'):
+    hparams_lib.HParams(block_dims_map=('a:2',))
+
+
+def test_check_value_prefixes_where():
+  with pytest.raises(ValueError, match=r'^update_mask: nbins=1: must be in \[2, 2\*\*24\]'):
+    hparams_lib.check_value('nbins', 1, where='update_mask')
+  assert hparams_lib.check_value('threshold_decay', 0) == 0.0
+
+
+def test_begin_after_the_schedule_ends_warns_one_shot():
+  # Before: silently one-shot, the first update (step 1000) already at the target.
+  messages = _warnings_of(lambda: jaxprune.parse_hparams('begin_pruning_step=1000'))
+  assert len(messages) == 1
+  assert 'first mask update is at step max(begin_pruning_step, pruning_frequency) = 1000' in (
+      messages[0])
+  assert 'sparsity_function_end_step=100' in messages[0]
+  # The same through a frequency longer than the schedule.
+  assert len(_warnings_of(lambda: jaxprune.parse_hparams('pruning_frequency=101'))) == 1
+
+
+@pytest.mark.parametrize('text', [
+    '',  # first update at 10, schedule ends at 100
+    'pruning_frequency=1,sparsity_function_end_step=1',  # one-shot on purpose
+    'begin_pruning_step=1000,sparsity_function_begin_step=1000,sparsity_function_end_step=2000',
+    'begin_pruning_step=1000,sparsity_function_end_step=1000',  # the fix the warning names
+])
+def test_schedules_inside_the_window_do_not_warn(text):
+  assert _warnings_of(lambda: jaxprune.parse_hparams(text)) == []
+
+
+def test_exponent_that_float32_flushes_to_zero_is_refused():
+  # Before: 1e-39 passed the > 0 check; inside jit the float32 schedule flushes it
+  # to 0, (1 - p) ** 0 == 1, and the sparsity never leaves initial_sparsity.
+  smallest_normal = float(np.finfo(np.float32).tiny)  # 2**-126
+  for exponent in (1e-39, 1e-45, smallest_normal / 2):
+    with pytest.raises(ValueError, match=r'sparsity_function_exponent=.*smallest normal float32'):
+      jaxprune.pruning({'sparsity_function_exponent': exponent})
+  frozen = hparams_lib.freeze({'sparsity_function_exponent': smallest_normal})
+  # At the smallest normal exponent the schedule still reaches the target at its end.
+  assert float(jax.jit(lambda t: jaxprune.sparsity_at(frozen, t))(100)) == 0.5
+
+
+# P(|z| < 5 / nbins) for a standard normal z, the share of the weights in the
+# lowest histogram bin when the largest weight is 5 standard deviations (about
+# 10**6 normal weights): erf(5 / (nbins * sqrt(2))), from a table of erf.
+LOWEST_BIN_AT_5_STD = {2: 0.988, 3: 0.904, 4: 0.789, 5: 0.683, 6: 0.595, 7: 0.525, 8: 0.468}
+
+
+@pytest.mark.parametrize('nbins', range(2, 9))
+def test_few_bins_warn_when_a_target_cannot_prune(nbins):
+  """nbins 2-7 leave more than half of such weights in the lowest bin: a 50% target prunes none."""
+  messages = _warnings_of(lambda: jaxprune.parse_hparams(f'nbins={nbins},target_sparsity=0.5'))
+  assert len(messages) == (1 if LOWEST_BIN_AT_5_STD[nbins] >= 0.5 else 0)
+  at_90 = _warnings_of(lambda: jaxprune.parse_hparams(f'nbins={nbins},target_sparsity=0.9'))
+  assert len(at_90) == (1 if LOWEST_BIN_AT_5_STD[nbins] >= 0.9 else 0)
+  exact = f'nbins={nbins},target_sparsity=0.5,threshold_method=exact'
+  assert _warnings_of(lambda: jaxprune.parse_hparams(exact)) == []
+
+
+def test_few_bins_warning_states_the_shares_and_a_fix():
+  message, = _warnings_of(lambda: jaxprune.parse_hparams('nbins=4,target_sparsity=0.6'))
+  # P(|z| < 1) = 68.3% (max 4 std), P(|z| < 1.25) = 78.9% (max 5 std).
+  assert 'that bin holds 68.3% to 78.9%' in message
+  assert 'target sparsity 0.6 can prune nothing' in message
+  # nbins=6 is the first with P(|z| < 5/6) = 59.5% < 60%.
+  assert 'Use nbins >= 6' in message
+
+
+def test_few_bins_prune_nothing_on_normal_weights():
+  """The warning's claim, on 10**4 normal weights: nbins=4 at 60% prunes nothing."""
+  w = np.random.default_rng(0).standard_normal((100, 100)).astype(np.float32)
+  a = np.abs(w)
+  assert np.mean(a < a.max() / 4) >= 0.6  # the lowest bin holds the target share
+  with pytest.warns(UserWarning, match='nbins=4'):
+    hp = jaxprune.parse_hparams('nbins=4,target_sparsity=0.6')
+  _, mask = jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.6, nbins=hp.nbins))(w)
+  assert bool(mask.all())
+
+
+def test_readme_hparams_example_runs_without_warnings():
+  block, = readme_blocks.python_blocks("Hyperparameters keep TF's names")
+  namespace = {'jaxprune': jaxprune}
+  assert _warnings_of(lambda: exec(block, namespace)) == []  # noqa: S102
+  frozen = hparams_lib.freeze(namespace['hp'])
+  assert frozen is hparams_lib.freeze(namespace['hp'])  # frozen once, by parse_hparams
+  assert frozen.sparsity_entries == (('conv1', 0.8), ('dense/kernel', 0.95))
+  assert frozen.block_entries == (('dense1', (4, 4)),)

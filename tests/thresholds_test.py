@@ -1,0 +1,51 @@
+"""Threshold rules at their boundaries: the keep-at-least-one rule and the last histogram bin."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxprune
+from jaxprune import thresholds
+
+LINSPACE = np.linspace(1, 100, 100, dtype=np.float32).reshape(10, 10)
+
+
+@pytest.mark.parametrize('total, sparsity, kept', [
+    (3, 0.9, 1),  # round(0.3) = 0: at least one is kept
+    (100, 0.999, 1),  # round(0.1) = 0
+    (100, 0.5, 50), (13, 0.5, 6), (10, 0.0, 10),
+])
+def test_keep_count_keeps_at_least_one(total, sparsity, kept):
+  assert int(thresholds.keep_count(total, jnp.float32(sparsity))) == kept
+
+
+def test_exact_rule_keeps_the_largest_when_the_count_rounds_to_zero():
+  """N(1 - s) = 0.3 rounds to 0 kept; tfmot's rule keeps max(round(N(1 - s)), 1) = 1.
+
+  Through `update_mask` keeping 0 and keeping 1 cannot be told apart: the search
+  for the largest value with count(a >= value) >= k ends at max|w| in both cases
+  (for k = 0 every value qualifies and the bracket's top is the maximum), so the
+  mask is `a >= max` either way. `keep_count` itself is tested above.
+  """
+  w = jnp.asarray([[0.5, -3.0, 2.0]], jnp.float32)
+  threshold, mask = jax.jit(
+      lambda w: jaxprune.update_mask(w, 0.0, 0.9, threshold_method='exact'))(w)
+  assert float(threshold) == 3.0
+  np.testing.assert_array_equal(mask, [[False, True, False]])
+
+
+def test_histogram_answer_in_the_last_bin():
+  """s = 0.99 on 1..100 with 4 bins: the CDF is 0.24, 0.49, 0.74, 1.0, so 3 bins lie below.
+
+  The threshold is 3/4 of the maximum, 75, and 25 weights are kept. The last
+  bin's CDF is 1 by definition (values at the maximum land in it); the search
+  never decides on that bin (it is the bracket's upper end, known to reach any
+  s < 1), so whether its CDF is taken as 1 or counted cannot change a result:
+  writing `k >= nbins` for `k >= nbins - 1` there is an equivalent program.
+  """
+  threshold, mask = jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.99, nbins=4))(LINSPACE)
+  assert float(threshold) == 75.0
+  assert int(mask.sum()) == 25
+  cdf = jax.jit(lambda w: thresholds.histogram_cdf(w, 100.0, 4))(LINSPACE)
+  np.testing.assert_array_equal(np.asarray(cdf), np.float32([0.24, 0.49, 0.74, 1.0]))
