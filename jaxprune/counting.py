@@ -188,11 +188,3 @@ def part_maxima(layout: Layout) -> list[Array]:
     maxima.append(jnp.max(values, axis=tuple(range(part.unit_axes, values.ndim))).reshape(-1))
   return maxima
 
-
-def maxima(layout: Layout) -> Array:
-  """max(values) per unit, float32 (units,); NaN when a unit holds a NaN."""
-  per_part = part_maxima(layout)
-  if layout.shared:
-    # jnp.max propagates NaN, so a NaN anywhere reaches the unit's maximum.
-    return jnp.max(jnp.concatenate(per_part), keepdims=True)
-  return jnp.concatenate(per_part)

@@ -18,7 +18,7 @@ import numpy as np
 from jax import Array
 
 from jaxprune import blocks, counting, thresholds
-from jaxprune.hparams import MAX_NBINS, POOLING, THRESHOLD_METHODS
+from jaxprune import hparams as hparams_lib
 
 
 def _pool_layers(magnitudes: Array, layer_axes: int, block_dims: tuple[int, int],
@@ -205,22 +205,18 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
 
 
 def _check_arguments(sparsity, nbins, threshold_decay, block_dims, pooling, method) -> None:
-  """ValueErrors naming the argument of `update_mask` that is out of its range."""
-  def check(ok, what, rule):
-    if not ok:
-      raise ValueError(f'update_mask: {what}: {rule}.')
-
-  check(method in THRESHOLD_METHODS, f'threshold_method={method!r}',
-        f'must be one of {THRESHOLD_METHODS}')
-  check(isinstance(pooling, str) and pooling.upper() in POOLING,
-        f'block_pooling_function={pooling!r}', f'must be one of {POOLING}')
-  check(isinstance(nbins, int) and 2 <= nbins <= MAX_NBINS, f'nbins={nbins!r}',
-        'must be an integer in [2, 2**24]')
-  check(0.0 <= threshold_decay < 1.0, f'threshold_decay={threshold_decay!r}', 'must be in [0, 1)')
+  """ValueErrors naming the argument of `update_mask` that is out of its range (the
+  hparams' own rules, `hparams.check_value`)."""
+  for field, value in (('threshold_method', method), ('block_pooling_function', pooling),
+                       ('nbins', nbins), ('threshold_decay', threshold_decay)):
+    hparams_lib.check_value(field, value, where='update_mask')
   dims = tuple(block_dims)
-  check(len(dims) == 2 and all(isinstance(d, int) and (d >= 1 or d == -1) for d in dims),
-        f'block_dims={block_dims!r}', 'must be (height, width), each >= 1 or -1 (whole dim)')
+  if len(dims) != 2:
+    raise ValueError(f'update_mask: block_dims={block_dims!r}: must be (height, width), each '
+                     '>= 1 or -1 (whole dim).')
+  for field, value in zip(('block_height', 'block_width'), dims, strict=True):
+    hparams_lib.check_value(field, value, where=f'update_mask: block_dims={block_dims!r}')
   if not isinstance(sparsity, jax.core.Tracer):  # a traced sparsity cannot be checked here
     values = np.asarray(sparsity, np.float64)
-    check(bool(np.all((values >= 0) & (values < 1))), f'sparsity={sparsity!r}',
-          'must be in [0, 1)')
+    if not np.all((values >= 0) & (values < 1)):
+      raise ValueError(f'update_mask: sparsity={sparsity!r}: must be in [0, 1).')

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
-import optax
 from jax import Array
 from jax.typing import ArrayLike
 
@@ -124,13 +123,3 @@ def window_problems(hparams: ml_collections.ConfigDict | HParams) -> list[str]:
         f'sparsity_function_end_step > {first}); for one-shot pruning on purpose, set '
         f'sparsity_function_end_step={first}.')
   return problems
-
-
-def next_step(step: Array) -> Array:
-  """step + 1, saturating at the dtype's maximum (2**31 - 1) instead of wrapping.
-
-  From there the step no longer advances, so masks freeze after one last update:
-  at a thousand steps a second that is 24 days of training. This is
-  `optax.safe_increment`; callers may use that directly.
-  """
-  return optax.safe_increment(step)
