@@ -10,6 +10,7 @@ so that no full-size copy of them is ever stored.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -158,7 +159,7 @@ def _part_counts(part: Part, scale: Array, thresholds: Array, sample: bool,
 
 
 def counts(layout: Layout, scales: Sequence[Array], thresholds: Array, sample: bool = False,
-            below_tiny: bool = False) -> Array:
+            below_tiny: bool = False, active: Array | None = None) -> Array:
   """Exact int32 `count(values * scale >= threshold)` per unit and candidate.
 
   Args:
@@ -169,14 +170,24 @@ def counts(layout: Layout, scales: Sequence[Array], thresholds: Array, sample: b
       (below it with `below_tiny`).
     sample: count every 16th row only.
     below_tiny: count at thresholds below numerics.TINY.
+    active: optional (units,) bools: a part none of whose units is active is not
+      read (its rows of the result are then meaningless). A search skips the
+      units it has settled, most of them after its first pass.
 
   Returns:
     (units, J) int32.
   """
-  below = layout.join([
-      _part_counts(part, scale, probes, sample, below_tiny)
-      for part, scale, probes in zip(layout.parts, scales, layout.pieces(thresholds),
-                                     strict=True)])
+  pieces = layout.pieces(thresholds)
+  flags = [None] * len(layout.parts) if active is None else layout.pieces(active[:, None])
+
+  def part_counts(part, scale, probes, flag):
+    count = functools.partial(_part_counts, part, scale, probes, sample, below_tiny)
+    if flag is None:
+      return count()
+    return lax.cond(jnp.any(flag), count,
+                    lambda: jnp.zeros((part.num_units, probes.shape[-1]), jnp.int32))
+  below = layout.join([part_counts(*args) for args in zip(
+      layout.parts, scales, pieces, flags, strict=True)])
   return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
 
 

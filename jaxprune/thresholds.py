@@ -83,19 +83,20 @@ def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
 
 
 def _first_reaching(thresholds_of: Callable[[Array], Array],
-                    reaches: Callable[[Array, Array], Array], lo: Array, hi: Array,
+                    reaches: Callable[[Array, Array, Array], Array], lo: Array, hi: Array,
                     guess: Array | None = None,
                     finish: tuple[Callable[[Array], Array], counting.Layout] | None = None
                     ) -> Array | list[Array]:
   """Per unit, the first k in (lo, hi] with reaches(k), given not reaches(lo), reaches(hi).
 
   Candidates k are (units, J) int32; `thresholds_of(k)` maps them to the
-  float32 values to count at, and `reaches(thresholds, k)` to (units, J) bools
-  with one counting pass over all parts. With a guess, the first pass probes
-  the J candidates ending at the guess (a right guess finishes there), and the
-  next ones gallop away from it by 1, 2, 3 ... then 3, 6, 9 ... candidates;
-  otherwise (and once the gallop spans the bracket) each pass splits (lo, hi)
-  into J + 1 parts.
+  float32 values to count at, and `reaches(thresholds, k, active)` to (units, J)
+  bools with one counting pass over the parts that hold an `active` unit (one
+  still searching; the others' answers are ignored, as their bracket is closed).
+  With a guess, the first pass probes the J candidates ending at the guess (a
+  right guess finishes there), and the next ones gallop away from it by 1, 2,
+  3 ... then 3, 6, 9 ... candidates; otherwise (and once the gallop spans the
+  bracket) each pass splits (lo, hi) into J + 1 parts.
 
   The next pass's thresholds are computed at the end of a pass and carried by
   the loop, so every part reads one stored array (XLA would otherwise copy
@@ -127,7 +128,7 @@ def _first_reaching(thresholds_of: Callable[[Array], Array],
 
   def step(state):
     lo, hi, reach, candidates, thresholds, _ = state
-    ok = reaches(thresholds, candidates)
+    ok = reaches(thresholds, candidates, hi - lo > 1)
     lo = jnp.maximum(lo, jnp.max(jnp.where(ok, lo[:, None], candidates), axis=1))
     hi = jnp.minimum(hi, jnp.min(jnp.where(ok, candidates, hi[:, None]), axis=1))
     candidates = candidates_of(lo, hi, reach, False)
@@ -182,8 +183,9 @@ def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], spars
   def reaches_on(sample):
     total = jnp.asarray(layout.sizes(sample), jnp.int32)[:, None]
 
-    def reaches(thresholds, k):
-      count_le = total - counting.counts(layout, scaling.part_scales, thresholds, sample)
+    def reaches(thresholds, k, active):
+      count_le = total - counting.counts(layout, scaling.part_scales, thresholds, sample,
+                                         active=active)
       count_le = jnp.where(k >= nbins - 1, total, count_le)
       cdf = numerics.div_rn(count_le.astype(jnp.float32), total.astype(jnp.float32))
       return (k >= 0) & (cdf >= sparsity[:, None])
@@ -233,7 +235,8 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
     return jnp.where(j <= 0, jnp.float32(0.0), value)
 
   def fewer_than(needed, sample):
-    return lambda values, _: counting.counts(layout, part_scales, values, sample) < needed[:, None]
+    return lambda values, _, active: counting.counts(
+        layout, part_scales, values, sample, active=active) < needed[:, None]
 
   lo = jnp.zeros((layout.num_units,), jnp.int32)
   hi = jnp.full((layout.num_units,), _GRID + 1, jnp.int32)
@@ -248,8 +251,8 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
   upper = jnp.where(cell > _GRID, numerics.as_key(scaled_max) + 1,
                     numerics.as_key(grid(cell[:, None])[:, 0]))
 
-  def fewer_keys(values, _):
-    return counting.counts(layout, part_scales, values) < kept[:, None]
+  def fewer_keys(values, _, active):
+    return counting.counts(layout, part_scales, values, active=active) < kept[:, None]
 
   def value(first_fewer):
     # The first key with count < kept, minus one, is the largest key with count >=
@@ -272,8 +275,9 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
 def _slow_search(layout: counting.Layout, part_scales: Sequence[Array], kept: Array,
                  exponent: Array) -> Array:
   """The k-th largest value of each unit, given that it lies below TINY after scaling."""
-  def fewer_keys(values, _):
-    return counting.counts(layout, part_scales, values, below_tiny=True) < kept[:, None]
+  def fewer_keys(values, _, active):
+    return counting.counts(layout, part_scales, values, below_tiny=True,
+                           active=active) < kept[:, None]
 
   lo = jnp.zeros((layout.num_units,), jnp.int32)
   hi = jnp.full((layout.num_units,), numerics.as_key(jnp.float32(numerics.TINY)))
