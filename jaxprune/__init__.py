@@ -3,12 +3,17 @@
 The public API (see README.md):
   * the core engine (TF model_pruning semantics): get_pruning_hparams, parse_hparams,
     sparsity_at, update_mask, pruning, PruningState and the accessors;
-  * functional pruning (torch.nn.utils.prune counterpart): jaxprune.functional, jaxprune.methods;
   * N:M masks, export (strip, BCOO, size report), sharding helpers;
-  * structured channel pruning: jaxprune.structured.
+  * namespaces loaded on first use, so that `import jaxprune` needs only jax, optax, numpy
+    and ml_collections: jaxprune.functional and jaxprune.methods (torch.nn.utils.prune
+    counterpart), jaxprune.sparse (sparse training from scratch), jaxprune.structured
+    (structured channel pruning; needs flax and scipy), jaxprune.channels (gradual channel
+    pruning) and jaxprune.train (the main job; needs the `examples` extra).
 """
 
-from jaxprune import channels, functional, methods, structured
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from jaxprune.export import check_sparse_outputs, size_report, sparse_apply, strip, to_bcoo
 from jaxprune.hparams import get_pruning_hparams, parse_hparams
 from jaxprune.masks import update_mask
@@ -26,3 +31,52 @@ from jaxprune.summaries import (
     summaries,
 )
 from jaxprune.transform import PruningState, pruned, pruning
+
+if TYPE_CHECKING:
+  from jaxprune import channels, functional, methods, sparse, structured, train
+
+# Namespaces, as in optax (`optax.contrib`), are attributes of the package rather than
+# entries of `__all__`: `from jaxprune import *` then stays as light as `import jaxprune`.
+_NAMESPACES = ('channels', 'functional', 'methods', 'sparse', 'structured', 'train')
+
+__all__ = [
+    'PruningState',
+    'abstract_with_shardings',
+    'apply_masks',
+    'check_sparse_outputs',
+    'count_nonfinite',
+    'find_pruning_state',
+    'get_masks',
+    'get_pruning_hparams',
+    'get_thresholds',
+    'get_weight_sparsity',
+    'is_nm_sparse',
+    'leaf_name',
+    'named_leaves',
+    'nm_mask',
+    'parse_hparams',
+    'parse_nm',
+    'pruned',
+    'pruning',
+    'pruning_state_shardings',
+    'size_report',
+    'sparse_apply',
+    'sparsity_at',
+    'state_shardings',
+    'strip',
+    'summaries',
+    'to_bcoo',
+    'tree_names',
+    'update_mask',
+]
+
+
+def __getattr__(name: str) -> Any:
+  """Imports a namespace on first use (PEP 562): `jaxprune.structured.trace(...)`."""
+  if name in _NAMESPACES:
+    return importlib.import_module(f'{__name__}.{name}')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *_NAMESPACES})

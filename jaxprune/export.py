@@ -23,7 +23,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import sparse
 
 from jaxprune.names import leaf_name
 from jaxprune.summaries import apply_masks, contains_pruning_state, get_masks
@@ -47,7 +46,10 @@ def _is_none(x: Any) -> bool:
   return x is None
 
 
+# `jax.experimental.sparse` is imported where it is used: it loads scipy, which
+# `import jaxprune` does not need.
 def _is_bcoo(x: Any) -> bool:
+  from jax.experimental import sparse
   return isinstance(x, sparse.BCOO)
 
 
@@ -126,6 +128,7 @@ def to_bcoo(params: PyTree, masks: Any = None, *, names: str | None = None,
   Returns:
     A pytree like params with BCOO leaves in place of the converted ones.
   """
+  from jax.experimental import sparse
   stripped, convert = _to_convert(params, masks, names)
   leaves, treedef = jax.tree_util.tree_flatten(stripped, is_leaf=_is_none)
   out = [sparse.BCOO.fromdense(leaf, index_dtype=index_dtype) if c else leaf
@@ -157,6 +160,7 @@ def sparse_apply(fn: Callable[..., Any]) -> Callable[..., Any]:
   Returns:
     A function with the same signature accepting BCOO leaves.
   """
+  from jax.experimental import sparse
   return sparse.sparsify(fn, use_tracer=True)
 
 

@@ -17,3 +17,8 @@ from jaxprune.channels.shrink import (
     plan,
     shrink,
 )
+
+__all__ = [
+    'ChannelRule', 'Shrunk', 'channel_masks', 'leaf_masks', 'masked_outputs', 'masked_variables',
+    'plan', 'shrink',
+]

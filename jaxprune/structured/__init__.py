@@ -33,3 +33,15 @@ from jaxprune.structured.rules import elementwise
 from jaxprune.structured.selectors import by_cost, global_, select, uniform
 from jaxprune.structured.shrink import apply_plan, pruned_callable, shrink_variables, zero_removed
 from jaxprune.structured.trace import retrace, trace
+
+__all__ = [
+    'APPROXIMATE_RTOL', 'AxisPart', 'ChannelGroup', 'Constraint', 'DependencyGraph', 'KINDS',
+    'Member', 'Plan', 'PruneResult', 'VarKey', 'VerifyReport', 'activation_importance',
+    'apply_plan', 'bn_scale_importance', 'by_cost', 'check_linen_shapes', 'dense_reference',
+    'density_importance', 'elementwise', 'global_', 'linen_feature_sizes', 'linen_resized',
+    'linen_update_fn', 'magnitude_importance', 'make_plan', 'plan_flops', 'plan_for', 'prune',
+    'pruned_callable', 'random_importance', 'recalibrate', 'recalibrate_nnx', 'register_primitive',
+    'register_rule', 'register_shrink_rule', 'retrace', 'score_channels', 'select',
+    'shrink_variables', 'taylor_importance', 'trace', 'uniform', 'update_nnx',
+    'update_nnx_attributes', 'verify', 'zero_removed',
+]

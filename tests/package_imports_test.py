@@ -1,0 +1,148 @@
+"""The public line of the package: what `import jaxprune` loads, what each `__init__` exports,
+and which way the imports between the packages go."""
+
+import ast
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / 'jaxprune'
+PACKAGES = sorted(p.parent for p in PACKAGE.rglob('__init__.py'))
+SUBPACKAGES = sorted(p.name for p in PACKAGES if p.parent == PACKAGE)
+CORE = sorted(p for p in PACKAGE.glob('*.py') if p.name != '__init__.py')
+
+# Heavy dependencies, and jaxprune's own packages, that `import jaxprune` must not load.
+NOT_LOADED = ['flax', 'scipy', 'orbax', 'transformers', 'sklearn',
+              *(f'jaxprune.{p}' for p in SUBPACKAGES)]
+
+IMPORT_SCRIPT = """
+import json, sys
+import jaxprune
+loaded = sorted(sys.modules)
+trace = jaxprune.structured.trace
+from jaxprune import channels
+print(json.dumps({'loaded': loaded, 'dir': dir(jaxprune), 'trace': trace.__module__,
+                  'channels': channels.ChannelRule.__module__,
+                  'after': 'jaxprune.structured' in sys.modules}))
+"""
+
+
+def module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def imported_modules(source: str, name: str, is_package: bool) -> set[str]:
+  """Every module an `import` anywhere in `source` (functions and `if` blocks included)
+  may load, as absolute names; `from a import b` counts both `a` and `a.b`."""
+  package = name if is_package else name.rpartition('.')[0]
+  found = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      found.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ''
+      if node.level:
+        anchor = package.split('.')[:len(package.split('.')) - node.level + 1]
+        base = '.'.join(anchor + ([base] if base else []))
+      found.add(base)
+      found.update(f'{base}.{alias.name}' for alias in node.names)
+  return found
+
+
+def within(module: str, packages: list[str]) -> bool:
+  return any(module == p or module.startswith(p + '.') for p in packages)
+
+
+def violations(paths: list[pathlib.Path], forbidden: list[str]) -> list[str]:
+  out = []
+  for path in paths:
+    name = module_name(path)
+    for module in sorted(imported_modules(path.read_text(), name, path.name == '__init__.py')):
+      if within(module, forbidden):
+        out.append(f'{path.relative_to(ROOT)} imports {module}')
+  return out
+
+
+def test_import_jaxprune_loads_only_the_core():
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+  result = subprocess.run([sys.executable, '-c', IMPORT_SCRIPT], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300, check=True)
+  report = json.loads(result.stdout.splitlines()[-1])
+  loaded = [m for m in report['loaded'] if within(m, NOT_LOADED)]
+  assert {'jaxprune.structured', 'jaxprune.channels', 'jaxprune.train'} <= set(NOT_LOADED)
+  assert loaded == []
+  assert {'structured', 'channels', 'train', 'sparse', 'functional', 'methods'} <= set(
+      report['dir'])
+  assert report['trace'] == 'jaxprune.structured.trace'
+  assert report['channels'] == 'jaxprune.channels.rule'
+  assert report['after']
+
+
+def test_unknown_attribute_is_an_attribute_error():
+  import jaxprune
+  with pytest.raises(AttributeError, match="'jaxprune' has no attribute 'strcutured'"):
+    jaxprune.strcutured  # noqa: B018
+  assert not hasattr(jaxprune, 'strcutured')
+
+
+def test_every_subpackage_is_a_namespace_of_jaxprune():
+  import jaxprune
+  assert set(SUBPACKAGES) <= set(jaxprune._NAMESPACES)
+  for name in jaxprune._NAMESPACES:
+    assert getattr(jaxprune, name) is importlib.import_module(f'jaxprune.{name}')
+
+
+@pytest.mark.parametrize('package', [module_name(p / '__init__.py') for p in PACKAGES])
+def test_init_exports_exactly_its_all(package):
+  """Each `__init__` holds a docstring, imports and `__all__`; the names it imports from
+  jaxprune are `__all__`, and every one resolves."""
+  path = ROOT.joinpath(*package.split('.'), '__init__.py')
+  tree = ast.parse(path.read_text())
+  imported = set()
+  for node in tree.body:
+    if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('jaxprune'):
+      imported.update(alias.asname or alias.name for alias in node.names)
+    elif package != 'jaxprune':  # the top level also holds the lazy `__getattr__`
+      is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+      is_all = isinstance(node, ast.Assign) and [t.id for t in node.targets] == ['__all__']
+      assert is_docstring or is_all, f'{package}/__init__.py line {node.lineno}'
+  module = importlib.import_module(package)
+  assert len(module.__all__) == len(set(module.__all__))
+  assert set(module.__all__) == imported
+  for name in module.__all__:
+    assert getattr(module, name) is not None
+
+
+def test_core_imports_no_package():
+  """The core (jaxprune/*.py) is what every package builds on: it imports none of them."""
+  assert len(CORE) > 10
+  assert violations(CORE, [f'jaxprune.{p}' for p in SUBPACKAGES]) == []
+
+
+def test_structured_imports_neither_channels_nor_train():
+  files = sorted((PACKAGE / 'structured').rglob('*.py'))
+  assert len(files) > 10
+  assert violations(files, ['jaxprune.channels', 'jaxprune.train']) == []
+
+
+def test_the_direction_check_sees_nested_and_relative_imports():
+  source = '\n'.join([
+      'import jaxprune.masks',
+      'from jaxprune import channels as c',
+      'def f():',
+      '  if True:',
+      '    from ..train import loop',
+      '  from . import trace',
+  ])
+  found = imported_modules(source, 'jaxprune.structured.api', is_package=False)
+  assert {'jaxprune.masks', 'jaxprune.channels', 'jaxprune.train.loop',
+          'jaxprune.structured.trace'} <= found
+  assert within('jaxprune.channels.rule', ['jaxprune.channels'])
+  assert not within('jaxprune.channelsx', ['jaxprune.channels'])
