@@ -18,16 +18,18 @@ them all. What each process does:
   plots and `pruned_model.bin`; the other processes print one line and stay
   quiet unless they fail.
 
-A process that dies (`kill -9`, a lost host) stops the others with one line:
-at once when they are in a collective with it (the connection closes), else
-once the coordination service misses its heartbeats
-(`--heartbeat_timeout_seconds`).
+A process that dies (`kill -9`, a lost host) stops the others. Those in a
+collective with it fail at once (its connections close) and print one line;
+JAX's coordination service stops the rest itself, with its own message, at
+once when process 0 (the service) died, else once the dead process has missed
+its heartbeats for `--heartbeat_timeout_seconds`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,8 +48,10 @@ _MESSAGE_BYTES = 2048  # how much of process 0's lock error the others receive
 
 
 def _lost(reason: str) -> str:
+  # XLA repeats its prefix once per device: 'Error dispatching computation: ' x 4.
+  reason = re.sub(r'(Error dispatching computation: )+', '', one_line(reason))
   return (f'{PROGRAM}: process {jax.process_index()} of {jax.process_count()}: the job lost '
-          f'another process ({one_line(reason)[:300]}); stopping. Launch the same '
+          f'another process ({reason[:300]}); stopping. Launch the same '
           f'{jax.process_count()} commands again to resume from the newest checkpoint.')
 
 
@@ -56,12 +60,6 @@ def stop_lost(reason: str) -> None:
   sys.stdout.flush()
   print(_lost(reason), file=sys.stderr, flush=True)
   os._exit(1)  # a normal exit would wait for the dead process at JAX's shutdown barrier
-
-
-def _on_service_error(status: Any) -> None:
-  # Called by JAX's coordination client (on its own thread) when a heartbeat is
-  # missed or the service reports a dead task; the default aborts with a C++ trace.
-  stop_lost(str(status))
 
 
 def _detected_cluster() -> str | None:
@@ -102,14 +100,6 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
     return
   # CPU devices need a collectives library to reach other processes.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  from jax._src import distributed as jax_distributed
-  real_client = jax_distributed._jax.get_distributed_runtime_client  # noqa: SLF001
-
-  def client(*args: Any, **kwargs: Any) -> Any:
-    return real_client(*args, missed_heartbeat_callback=_on_service_error, **kwargs)
-
-  # The one way to replace the client's abort on a dead process with a line.
-  jax_distributed._jax.get_distributed_runtime_client = client  # noqa: SLF001
   try:
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                initialization_timeout=initialization_timeout,
@@ -121,8 +111,6 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
         f'--process_id={process_id}: the processes could not join ({one_line(str(err))}); '
         'give every process the same address of process 0 and number of processes, and '
         'each its own id from 0.') from err
-  finally:
-    jax_distributed._jax.get_distributed_runtime_client = real_client  # noqa: SLF001
 
 
 def is_primary() -> bool:

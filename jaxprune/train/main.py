@@ -143,12 +143,12 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value '
           f'({PROGRAM} --help lists them).')
-  _join_processes(defined)
   if not flags.FLAGS['verbosity'].present:
     # Orbax logs every checkpoint step, and its failures at length; the job
     # reports them itself, in one line. --verbosity=0 shows the logs.
     logging.set_verbosity(logging.FATAL)
   warnings.showwarning = _show_warning
+  _join_processes(defined)  # first thing that touches JAX
   config, hparams_text = defined.config.value, defined.pruning_hparams.value
   # A config without a pruning block is reported by train(), with the other fields.
   if isinstance(config.get('pruning'), ml_collections.ConfigDict):
