@@ -8,6 +8,7 @@ channel-pruning CNN on a 2x4 mesh, 60 steps with mask updates at steps 20-50.
 import json
 import os
 import re
+import shutil
 import sys
 import time
 
@@ -129,3 +130,28 @@ def test_kill_one_process_then_relaunch_resumes_bit_for_bit(tmp_path, runs):
   for name in ('metrics.jsonl', 'report.txt'):
     with open(os.path.join(workdir, name)) as ours, open(os.path.join(reference, name)) as ref:
       assert ours.read() == ref.read(), name
+
+
+def test_relaunch_with_another_layout_restores_or_refuses(tmp_path, runs):
+  (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(runs['two'] / 'mlp', workdir)  # the 2-process run, at step 60
+  command = [sys.executable, '-m', 'jaxprune.train', '--config', str(tmp_path / 'tiny.py'),
+             f'--workdir={workdir}']
+  # Another mesh: refused before anything is written, in one line naming it.
+  with mp.processes([[*command, '--config.mesh_shape=(4,2)']], 8, str(tmp_path),
+                    'mesh') as started:
+    assert mp.wait_all(started, TIMEOUT) == [1]
+  [line] = mp.read(str(tmp_path), 'mesh', 0).strip().splitlines()
+  assert line.startswith(f"jaxprune-train: --workdir={workdir!r} holds a run with a different "
+                         'config'), line
+  assert 'config.mesh_shape: [2, 4] in the saved run, [4, 2] now' in line
+  # One process with all 8 devices: the two processes' shards are read back into its
+  # devices (each array checked against its checksum) and the run goes on.
+  with mp.processes([[*command, '--config.num_steps=70', '--num_processes=1',
+                      f'--coordinator_address=127.0.0.1:{mp.free_port()}']], 8,
+                    str(tmp_path), 'one') as started:
+    assert mp.wait_all(started, TIMEOUT) == [0], mp.read(str(tmp_path), 'one', 0)[-3000:]
+  out = mp.read(str(tmp_path), 'one', 0, 'out')
+  assert f'Resuming from the checkpoint of step 60 in {workdir}.' in out
+  assert 'final (step 70)' in out

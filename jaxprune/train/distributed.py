@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -62,6 +63,46 @@ def stop_lost(reason: str) -> None:
   os._exit(1)  # a normal exit would wait for the dead process at JAX's shutdown barrier
 
 
+# JAX's coordination client ends a process itself, from C++, when process 0
+# (which runs the coordination service) dies or another process misses its
+# heartbeats: this message, a stack trace, then SIGABRT. Nothing in the
+# process runs after it, so a child forked before JAX starts passes stderr on
+# and puts the job's line in place of the message and everything after it.
+_JAX_FATAL = b'Terminating process because the JAX distributed service detected fatal errors'
+_SET_LINE = b'\0jaxprune-lost-line:'  # how the process tells the child its line
+
+
+def _pass_stderr_on(source: int, target: int) -> None:
+  """The child: copies `source` to `target` until every writer is gone, then exits."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the job, not for this copy
+  line, lost = b'', False
+  while chunk := os.read(source, 65536):
+    if lost:
+      continue
+    start = chunk.find(_SET_LINE)
+    if start >= 0:  # written in one piece, before anything JAX could stop
+      end = chunk.index(b'\n', start)
+      line, chunk = chunk[start + len(_SET_LINE):end], chunk[:start] + chunk[end + 1:]
+    at = chunk.find(_JAX_FATAL)
+    if at >= 0:
+      lost = True
+      chunk = chunk[:chunk.rfind(b'\n', 0, at) + 1] + line + b'\n'
+    os.write(target, chunk)
+  os._exit(0)
+
+
+def _guard_stderr() -> None:
+  """Routes this process's stderr through `_pass_stderr_on` in a forked child."""
+  sys.stderr.flush()
+  source, sink = os.pipe()
+  if os.fork() == 0:
+    os.close(sink)
+    _pass_stderr_on(source, os.dup(2))
+  os.close(source)
+  os.dup2(sink, 2)
+  os.close(sink)
+
+
 def _detected_cluster() -> str | None:
   """The name of the cluster JAX's auto-detection finds (SLURM, Open MPI, a TPU pod), or None."""
   try:
@@ -80,9 +121,11 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
   """Joins the job's processes with `jax.distributed.initialize`, if this is one.
 
   Must run before anything touches JAX's devices. With none of the three
-  arguments and no cluster detected (or `num_processes=1`), it does nothing:
-  a one-process run. Arguments left None are found by JAX's cluster
-  auto-detection (SLURM, Open MPI, Cloud TPU pod slices).
+  arguments and no cluster detected (or `num_processes=1` without an
+  address), it does nothing: a one-process run. Arguments left None are found
+  by JAX's cluster auto-detection (SLURM, Open MPI, Cloud TPU pod slices).
+  One process with an address is a job of one: its devices then sum across
+  each other with gloo, as a job of several does, and so end bit for bit as it.
 
   Args:
     coordinator_address: 'host:port' of process 0, reachable from every process.
@@ -96,10 +139,12 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
     ConfigError: the arguments do not describe a job, or the processes cannot join.
   """
   given = (coordinator_address, num_processes, process_id)
-  if num_processes == 1 or (given == (None, None, None) and _detected_cluster() is None):
+  if ((num_processes == 1 and coordinator_address is None)
+      or (given == (None, None, None) and _detected_cluster() is None)):
     return
   # CPU devices need a collectives library to reach other processes.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  _guard_stderr()
   try:
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                initialization_timeout=initialization_timeout,
@@ -111,6 +156,9 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
         f'--process_id={process_id}: the processes could not join ({one_line(str(err))}); '
         'give every process the same address of process 0 and number of processes, and '
         'each its own id from 0.') from err
+  sys.stderr.flush()
+  os.write(2, _SET_LINE + _lost("JAX's coordination service stopped this process").encode()
+           + b'\n')
 
 
 def is_primary() -> bool:
