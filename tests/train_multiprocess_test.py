@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 
@@ -96,26 +97,39 @@ def _launch_cli(tmp_path, workdir, name, port, extra=()):
         *extra] for i in range(2)], 4, str(tmp_path), name)
 
 
-def test_kill_one_process_then_relaunch_resumes_bit_for_bit(tmp_path, runs):
-  (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
-  workdir = str(tmp_path / 'run')
-  reference = str(runs['two'] / 'mlp')
-  with _launch_cli(tmp_path, workdir, 'killed', mp.free_port()) as started:
-    newest = os.path.join(workdir, 'checkpoints', '40')
+def _kill_after_checkpoint(tmp_path, workdir, name, step, victim):
+  """Launches the 2 processes, kills `victim` (SIGKILL) once checkpoint `step` exists,
+  and returns the other's exit status and last stderr line once it has stopped."""
+  with _launch_cli(tmp_path, workdir, name, mp.free_port()) as started:
+    newest = os.path.join(workdir, 'checkpoints', str(step))
     deadline = time.monotonic() + TIMEOUT
     while not os.path.exists(newest) and time.monotonic() < deadline:
       assert started[0].poll() is None and started[1].poll() is None
       time.sleep(0.1)
-    started[1].kill()  # SIGKILL, as kill -9
+    started[victim].kill()
     killed_at = time.monotonic()
-    assert mp.wait_all(started, TIMEOUT)[0] == 1
-    # It stops within the heartbeat timeout (at once when it was in a collective with
-    # the dead process), with one line.
+    codes = mp.wait_all(started, TIMEOUT)
+    # Bounded: at once in a collective or when the coordinator is gone, else
+    # after the heartbeat timeout.
     assert time.monotonic() - killed_at < HEARTBEAT + 30
-  last = mp.read(str(tmp_path), 'killed', 0).strip().splitlines()[-1]
-  assert re.fullmatch(r'jaxprune-train: process 0 of 2: the job lost another process \(.+\); '
-                      r'stopping\. Launch the same 2 commands again to resume from the newest '
-                      r'checkpoint\.', last), last
+  survivor = 1 - victim
+  return codes[survivor], mp.read(str(tmp_path), name, survivor).strip().splitlines()[-1]
+
+
+def test_kill_one_process_then_relaunch_resumes_bit_for_bit(tmp_path, runs):
+  (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
+  workdir = str(tmp_path / 'run')
+  reference = str(runs['two'] / 'mlp')
+  line = (r'jaxprune-train: process {} of 2: the job lost another process \(.+\); stopping\. '
+          r'Launch the same 2 commands again to resume from the newest checkpoint\.')
+  # The survivor exits with status 1 when it fails in a collective with the dead
+  # process; when JAX's coordination service stops it first (at once when process 0,
+  # which runs the service, died), JAX aborts it and the job's line replaces JAX's
+  # message and stack trace.
+  for name, step, victim in (('kill0', 20, 0), ('kill1', 40, 1)):
+    code, last = _kill_after_checkpoint(tmp_path, workdir, name, step, victim)
+    assert code in (1, -signal.SIGABRT), (name, code, last)
+    assert re.fullmatch(line.format(1 - victim), last), (name, code, last)
 
   with _launch_cli(tmp_path, workdir, 'resumed', mp.free_port()) as started:
     assert mp.wait_all(started, TIMEOUT) == [0, 0], mp.read(str(tmp_path), 'resumed', 0)[-3000:]

@@ -142,6 +142,8 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
   if ((num_processes == 1 and coordinator_address is None)
       or (given == (None, None, None) and _detected_cluster() is None)):
     return
+  if num_processes == 1 and process_id is None:
+    process_id = 0
   # CPU devices need a collectives library to reach other processes.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   _guard_stderr()
