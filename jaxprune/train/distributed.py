@@ -18,11 +18,12 @@ them all. What each process does:
   plots and `pruned_model.bin`; the other processes print one line and stay
   quiet unless they fail.
 
-A process that dies (`kill -9`, a lost host) stops the others. Those in a
-collective with it fail at once (its connections close) and print one line;
-JAX's coordination service stops the rest itself, with its own message, at
-once when process 0 (the service) died, else once the dead process has missed
-its heartbeats for `--heartbeat_timeout_seconds`.
+A process that dies (`kill -9`, a lost host) stops the others, each with one
+line. Those in a collective with it fail at once (its connections close) and
+exit with status 1; JAX's coordination service aborts the rest itself, at once
+when process 0 (the service) died, else once the dead process has missed its
+heartbeats for `--heartbeat_timeout_seconds`, and the job's line replaces
+JAX's message and stack trace (`_guard_stderr`).
 """
 
 from __future__ import annotations
