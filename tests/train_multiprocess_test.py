@@ -5,6 +5,7 @@ the way out. The runs (`train_multiprocess.py`) are the tiny MLP and a tiny
 channel-pruning CNN on a 2x4 mesh, 60 steps with mask updates at steps 20-50.
 """
 
+import fcntl
 import json
 import os
 import re
@@ -17,10 +18,12 @@ import numpy as np
 import pytest
 import train_multiprocess as mp
 
+from jaxprune.train import files
+
 pytestmark = pytest.mark.slow
 
 SCRIPT = os.path.join(mp.HERE, 'train_multiprocess.py')
-TIMEOUT = 480  # seconds for any launch; the shared CI machine is slow, a hang is far slower
+TIMEOUT = 600  # seconds for any launch; the shared CI machine is slow, a hang is far slower
 HEARTBEAT = 10
 CONFIG_FILE = f'''
 import sys
@@ -169,3 +172,21 @@ def test_relaunch_with_another_layout_restores_or_refuses(tmp_path, runs):
   out = mp.read(str(tmp_path), 'one', 0, 'out')
   assert f'Resuming from the checkpoint of step 60 in {workdir}.' in out
   assert 'final (step 70)' in out
+
+
+def test_a_workdir_in_use_is_refused_by_every_process(tmp_path):
+  (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  # Another run holds the lock (pid 4242): process 0 finds it, and tells the other.
+  with open(workdir / files.LOCK_FILE, 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    lock.write('4242\n')
+    lock.flush()
+    with _launch_cli(tmp_path, str(workdir), 'busy', mp.free_port()) as started:
+      assert mp.wait_all(started, TIMEOUT) == [1, 1]
+  expected = (f"jaxprune-train: --workdir={str(workdir)!r} is in use by another jaxprune-train "
+              'run (pid 4242); wait for it to end, or give this run another --workdir.')
+  for i in range(2):
+    assert mp.read(str(tmp_path), 'busy', i).strip().splitlines()[-1] == expected
+  assert sorted(os.listdir(workdir)) == [files.LOCK_FILE]  # nothing written
