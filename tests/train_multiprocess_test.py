@@ -190,3 +190,30 @@ def test_a_workdir_in_use_is_refused_by_every_process(tmp_path):
   for i in range(2):
     assert mp.read(str(tmp_path), 'busy', i).strip().splitlines()[-1] == expected
   assert sorted(os.listdir(workdir)) == [files.LOCK_FILE]  # nothing written
+
+
+def test_a_damaged_checkpoint_is_set_aside_by_the_job(tmp_path, runs):
+  (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
+  workdir = str(tmp_path / 'run')
+  reference = str(runs['two'] / 'mlp')
+  shutil.copytree(reference, workdir)  # the 2-process run: checkpoints 40 and 60
+  data_dir = os.path.join(workdir, 'checkpoints', '60', 'state', 'd')
+  path = max((os.path.join(data_dir, name) for name in os.listdir(data_dir)),
+             key=os.path.getsize)
+  with open(path, 'r+b') as f:  # one flipped bit in the arrays' data file
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0x10]))
+  with _launch_cli(tmp_path, workdir, 'damaged', mp.free_port()) as started:
+    assert mp.wait_all(started, TIMEOUT) == [0, 0], mp.read(str(tmp_path), 'damaged', 0)[-3000:]
+  warned = [line for line in mp.read(str(tmp_path), 'damaged', 0).splitlines()
+            if 'is damaged' in line]
+  assert len(warned) == 1 and warned[0].startswith(
+      f'jaxprune-train: warning: the checkpoint {workdir}/checkpoints/60 is damaged: ')
+  assert warned[0].endswith(f'moved it to {workdir}/damaged_checkpoints/60 and resumed from '
+                            'the checkpoint of step 40.')
+  assert 'is damaged' not in mp.read(str(tmp_path), 'damaged', 1)  # said once, by process 0
+  assert 'Resuming from the checkpoint of step 40' in mp.read(str(tmp_path), 'damaged', 0, 'out')
+  # Trained again from step 40: the step-60 checkpoint is the uninterrupted run's.
+  assert _meta(workdir, 60)['checksums'] == _meta(reference, 60)['checksums']
