@@ -5,8 +5,11 @@
     jaxprune-train --config.pruning.target_sparsity=0.95
     jaxprune-train --config.pruning.weight_sparsity_map="['Dense_0/kernel:0.5']"
     jaxprune-train --pruning_hparams="target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]"
-    jaxprune-train --config.mesh_shape="(2,4)" --coordinator_address=10.0.0.1:1234 \
-        --num_processes=2 --process_id=0     # one of the N processes of a multi-host job
+
+In every process of a multi-process job (README: "Running on many hosts"):
+
+    jaxprune-train --config.mesh_shape="(2,4)" --coordinator_address=HOST0:1234
+                   --num_processes=2 --process_id=0      # 1 in the other process
 
 Rerunning with the `--workdir` of an earlier run resumes it from its newest
 checkpoint (the config must be the same, up to `num_steps` and how often it
