@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxprune.train import files
+from jaxprune.train import distributed, files
 from jaxprune.train.errors import DamagedCheckpointError, IncompatibleWorkdirError, one_line
 
 CHECKPOINTS_DIR = 'checkpoints'
@@ -43,13 +43,17 @@ class _Damaged(Exception):
 def state_checksums(state: Any) -> dict[str, int]:
   """The CRC-32 of each array of `state` (with its dtype and shape), by key path.
 
+  With several processes the arrays are gathered whole first (a collective:
+  every process calls it), so a checksum does not depend on the mesh or on
+  how many processes wrote the checkpoint.
+
   Args:
-    state: a pytree of arrays, fully addressable from this process.
+    state: a pytree of arrays.
 
   Returns:
     `{jax.tree_util.keystr(path): crc}`, e.g. `{".params['Dense_0']['kernel']": ...}`.
   """
-  flat, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(state))
+  flat, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(distributed.host_copy(state)))
   sums = {}
   for path, leaf in flat:
     array = np.asarray(leaf)
@@ -134,11 +138,13 @@ class Checkpointer:
       self._manager.wait_until_finished()
 
   def _read_meta(self, step: int) -> dict[str, Any]:
+    error = None
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
       meta = dict(restored.meta)
     except Exception as err:  # noqa: BLE001 -- any failure to read means a damaged file
-      raise _Damaged(f'its meta item cannot be read: {type(err).__name__}: {err}') from err
+      error = err
+    _agree(error, 'meta item')
     if _META_CHECKSUM not in meta or _CHECKSUMS not in meta:
       raise _Damaged('its meta item has no checksums')
     if meta[_META_CHECKSUM] != _meta_checksum(meta):
@@ -149,11 +155,13 @@ class Checkpointer:
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)),
         like)
+    error = None
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract)))
     except Exception as err:  # noqa: BLE001 -- any failure to read means a damaged file
-      raise _Damaged(f'its state cannot be read: {type(err).__name__}: {err}') from err
+      error = err
+    _agree(error, 'state')
     _verify(restored.state, meta)
     return restored.state
 
@@ -226,18 +234,31 @@ class Checkpointer:
     return one_line(f'the checkpoint {path} is damaged: {err}')[:600]
 
   def _set_aside(self, step: int) -> str:
+    distributed.barrier(f'jaxprune_find_damaged_{step}')  # every process names the same target
     target_dir = os.path.join(self.workdir, DAMAGED_DIR)
     os.makedirs(target_dir, exist_ok=True)
     target, n = os.path.join(target_dir, str(step)), 1
     while os.path.exists(target):
       target, n = os.path.join(target_dir, f'{step}-{n}'), n + 1
-    os.rename(os.path.join(self.directory, str(step)), target)
+    # Process 0 moves it; every process then sees the checkpoints without it.
+    if distributed.is_primary():
+      os.rename(os.path.join(self.directory, str(step)), target)
+    distributed.barrier(f'jaxprune_set_aside_{step}')
     self._manager.reload()
     return target
 
   def close(self) -> None:
     """Waits for pending writes and releases the manager."""
     self._manager.close()
+
+
+def _agree(error: Exception | None, item: str) -> None:
+  """Raises `_Damaged` unless every process read `item` (each reads its own shards)."""
+  if distributed.agree(error is None):
+    return
+  if error is None:
+    raise _Damaged(f'another process of the job cannot read its {item}')
+  raise _Damaged(f'its {item} cannot be read: {type(error).__name__}: {error}') from error
 
 
 def _public(meta: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from jaxprune.train import (
     channels,
     checkpoints,
     data,
+    distributed,
     files,
     models,
     plots,
@@ -72,6 +73,7 @@ class _Job(NamedTuple):
   evaluate: Callable
   model: Any
   rule: channels.ChannelRule | None  # with config.channels.enabled
+  feed: Callable[[int], Any]  # step -> the batch (this process's rows of it)
 
 
 def _build(config: ml_collections.ConfigDict) -> _Job:
@@ -80,6 +82,7 @@ def _build(config: ml_collections.ConfigDict) -> _Job:
     dataset = data.load_dataset(config.data.name, config.data.path,
                                 config.data.seed, config.data.test_fraction)
     data.steps_per_epoch(len(dataset.y_train), config.batch_size)
+    distributed.check_mesh(config.mesh_shape)
     mesh = sharding.make_mesh(config.mesh_shape)
     sharding.check_batch(mesh, config.batch_size)
   except (ValueError, OSError) as err:
@@ -96,7 +99,8 @@ def _build(config: ml_collections.ConfigDict) -> _Job:
   # The one place the step is jitted: everything it needs is in its arguments.
   train_step = sharding.jit_train_step(make_train_step(model.apply, tx), mesh, state,
                                        config.batch_size)
-  return _Job(config, dataset, state, train_step, make_evaluate(model.apply), model, rule)
+  feed = distributed.batch_feed(dataset, config.seed, config.batch_size, mesh)
+  return _Job(config, dataset, state, train_step, make_evaluate(model.apply), model, rule, feed)
 
 
 @jax.jit
@@ -131,7 +135,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   job = _build(config)
   if workdir is None:
     return _Run(job, None).run(on_step)
-  with files.locked(workdir):
+  with distributed.locked(workdir):
     return _Run(job, workdir).run(on_step)
 
 
@@ -140,6 +144,8 @@ class _Run:
 
   def __init__(self, job: _Job, workdir: str | None):
     self.job, self.config, self.workdir = job, job.config, workdir
+    # With several processes, process 0 alone writes the run's files (the checkpoints: all).
+    self.writes = workdir is not None and distributed.is_primary()
     self.state = job.state
     self.hparams = self.config.pruning if self.config.prune else None
     self.dense_at = self.config.pruning.begin_pruning_step if self.config.prune else None
@@ -173,7 +179,7 @@ class _Run:
         print(f'Resuming from the checkpoint of step {self.saved_step} in {workdir}.')
     # Recorded only now that the run is known to be compatible, and only when
     # it trains: a finished run's record keeps the config it was trained with.
-    if int(self.state.step) < config.num_steps:
+    if int(self.state.step) < config.num_steps and self.writes:
       path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
       with self._writing('the run config', path):
         workdir_lib.record_config(workdir, config)
@@ -217,8 +223,8 @@ class _Run:
     start = int(self.state.step)
     metrics_path = os.path.join(self.workdir or '', METRICS_FILE)
     with self._writing('the metrics', metrics_path):
-      writer = MetricsWriter(self.workdir, resume_step=start,
-                             tensorboard=config.tensorboard and self.workdir is not None)
+      writer = MetricsWriter(self.workdir if self.writes else None, resume_step=start,
+                             tensorboard=config.tensorboard and self.writes)
 
     def write(step: int, scalars: dict[str, Any]) -> None:
       with self._writing('the metrics', metrics_path):
@@ -236,18 +242,18 @@ class _Run:
     measure_dense(start)
     completed = self.state  # the newest state whose step was fully logged
     bar = tqdm.tqdm(total=config.num_steps, initial=start, unit='step',
-                    disable=not config.progress_bar or start >= config.num_steps,
+                    disable=(not config.progress_bar or start >= config.num_steps
+                             or not distributed.is_primary()),
                     dynamic_ncols=True)
     try:
       for step in range(start, config.num_steps):
-        batch = data.get_batch(job.dataset, config.seed, step, config.batch_size)
-        self.state, metrics = job.train_step(self.state, batch)
+        self.state, metrics = job.train_step(self.state, job.feed(step))
         done = step + 1
         last = done == config.num_steps
         if done % config.log_every == 0 or last:
           scalars = {k: float(v) for k, v in metrics.items()}
           self._check_finite(done, scalars['loss'])
-          scalars.update(stats.pruning_scalars(self.state, self.hparams))
+          scalars.update(stats.pruning_scalars(distributed.host_copy(self.state), self.hparams))
           write(done, scalars)
           bar.set_postfix(loss=f'{scalars["loss"]:.3f}', acc=f'{scalars["accuracy"]:.3f}',
                           sparsity=f'{scalars.get("achieved_sparsity", 0.0):.3f}')
@@ -267,8 +273,10 @@ class _Run:
         self._shrink(write)
     except KeyboardInterrupt:
       # Keep the progress made so far, up to the last step whose metrics were
-      # all written, so that the resumed history has no gap.
-      self._save(completed)
+      # all written, so that the resumed history has no gap. (Not with several
+      # processes: the others go on training, so this one cannot save with them.)
+      if not distributed.multiprocess():
+        self._save(completed)
       raise
     finally:
       bar.close()
@@ -280,28 +288,30 @@ class _Run:
   def _shrink(self, write: Callable[[int, dict[str, Any]], None]) -> None:
     """Cuts the pruned channels out, writes pruned_model.bin, records what it gained."""
     job = self.job
+    params, opt_state = distributed.host_copy((self.state.params, self.state.opt_state))
+    if not distributed.is_primary():
+      return
     path = os.path.join(self.workdir or '', channels.MODEL_FILE)
     with self._writing('the pruned model', path):
-      self.shrunk = channels.finish(job.rule, job.model, self.state.params,
-                                    self.state.opt_state, job.dataset.x_test,
-                                    job.dataset.y_test, self.workdir)
+      self.shrunk = channels.finish(job.rule, job.model, params, opt_state,
+                                    job.dataset.x_test, job.dataset.y_test, self.workdir)
     write(int(self.state.step), self.shrunk.scalars())
 
   def _finish(self, history: list[dict[str, Any]]) -> TrainResult:
     """Evaluates the final state and writes the report and plots."""
     job, state = self.job, self.state
     final = job.evaluate(state.params, job.dataset.x_test, job.dataset.y_test)
-    hparams = self.hparams
+    hparams, host = self.hparams, distributed.host_copy(state)
     run_report = report.RunReport(
         # Channel runs report their groups instead (the thresholds are per group).
-        leaves=stats.leaf_reports(state, hparams) if job.rule is None else [],
-        **stats.param_counts(state.params),
+        leaves=stats.leaf_reports(host, hparams) if job.rule is None else [],
+        **stats.param_counts(host.params),
         dense_accuracy=self.meta['dense_accuracy'], dense_step=self.dense_at,
         final_accuracy=final['accuracy'], final_step=int(state.step),
         global_target=(hparams.target_sparsity
                        if hparams is not None and hparams.global_pruning else None),
         channels=tuple(self.shrunk.lines()) if self.shrunk is not None else ())
-    if self.workdir is not None:
+    if self.writes:
       path = os.path.join(self.workdir, REPORT_FILE)
       with self._writing('the report', path):
         files.atomic_write(path, report.format_report(run_report) + '\n')

@@ -6,6 +6,11 @@
     jaxprune-train --config.pruning.weight_sparsity_map="['Dense_0/kernel:0.5']"
     jaxprune-train --pruning_hparams="target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]"
 
+In every process of a multi-process job (README: "Running on many hosts"):
+
+    jaxprune-train --config.mesh_shape="(2,4)" --coordinator_address=HOST0:1234
+                   --num_processes=2 --process_id=0      # 1 in the other process
+
 Rerunning with the `--workdir` of an earlier run resumes it from its newest
 checkpoint (the config must be the same, up to `num_steps` and how often it
 logs, evaluates and checkpoints).
@@ -26,7 +31,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxprune.train import channels, defaults, errors, loop, plots, report, usage
+from jaxprune.train import channels, defaults, distributed, errors, loop, plots, report, usage
 from jaxprune.train.metrics import METRICS_FILE
 
 PROGRAM = 'jaxprune-train'
@@ -39,6 +44,12 @@ _HELP = {
                'The workdir of an earlier run resumes that run.',
     'pruning_hparams': 'TF model_pruning HParams string applied on top of config.pruning, '
                        'e.g. "target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]".',
+    'coordinator_address': 'Multi-process jobs: host:port of process 0, the same in every '
+                           'process (found by JAX on SLURM, Open MPI and TPU pod slices).',
+    'num_processes': 'Multi-process jobs: the number of processes (1: a one-process run).',
+    'process_id': 'Multi-process jobs: this process\'s index, 0 to num_processes - 1.',
+    'heartbeat_timeout_seconds': 'Multi-process jobs: how long a silent (dead) process is '
+                                 'waited for before the others stop (default 100).',
 }
 
 
@@ -46,6 +57,10 @@ class _Flags(NamedTuple):
   config: flags.FlagHolder
   workdir: flags.FlagHolder
   pruning_hparams: flags.FlagHolder
+  coordinator_address: flags.FlagHolder
+  num_processes: flags.FlagHolder
+  process_id: flags.FlagHolder
+  heartbeat_timeout_seconds: flags.FlagHolder
 
 
 def _define_flags() -> _Flags:
@@ -56,7 +71,12 @@ def _define_flags() -> _Flags:
       config_flags.DEFINE_config_file('config', usage.DEFAULT_CONFIG, _HELP['config'],
                                       lock_config=False),
       flags.DEFINE_string('workdir', None, _HELP['workdir']),
-      flags.DEFINE_string('pruning_hparams', '', _HELP['pruning_hparams']))
+      flags.DEFINE_string('pruning_hparams', '', _HELP['pruning_hparams']),
+      flags.DEFINE_string('coordinator_address', None, _HELP['coordinator_address']),
+      flags.DEFINE_integer('num_processes', None, _HELP['num_processes'], lower_bound=1),
+      flags.DEFINE_integer('process_id', None, _HELP['process_id'], lower_bound=0),
+      flags.DEFINE_integer('heartbeat_timeout_seconds', 100, _HELP['heartbeat_timeout_seconds'],
+                           lower_bound=1))
 
 
 def _fail(message: str) -> NoReturn:
@@ -131,6 +151,7 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     # reports them itself, in one line. --verbosity=0 shows the logs.
     logging.set_verbosity(logging.FATAL)
   warnings.showwarning = _show_warning
+  _join_processes(defined)  # first thing that touches JAX
   config, hparams_text = defined.config.value, defined.pruning_hparams.value
   # A config without a pruning block is reported by train(), with the other fields.
   if isinstance(config.get('pruning'), ml_collections.ConfigDict):
@@ -142,7 +163,7 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
   print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
   try:
-    result = loop.train(config, workdir)
+    result = distributed.guarded(loop.train, config, workdir)
   except errors.RunError as err:
     _fail(str(err))
   except KeyboardInterrupt:
@@ -161,6 +182,27 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     if result.report.leaves:
       outputs.append(plots.LAYERS_PNG)
   print(f'\nOutputs in {os.path.abspath(workdir)}: {", ".join(outputs)}')
+
+
+def _join_processes(defined: _Flags) -> None:
+  """Joins the other processes of a multi-process job (before JAX starts its devices).
+
+  Process 0 prints as one process does; the others print one line, then only
+  their errors.
+  """
+  try:
+    distributed.initialize(defined.coordinator_address.value, defined.num_processes.value,
+                           defined.process_id.value, defined.heartbeat_timeout_seconds.value)
+  except errors.RunError as err:
+    _fail(str(err))
+  if not distributed.multiprocess():
+    return
+  print(f'{PROGRAM}: {distributed.describe()}'
+        + ('' if distributed.is_primary() else '; process 0 prints the report and writes the '
+           'metrics, the report and the plots'), flush=True)
+  if not distributed.is_primary():
+    sys.stdout = open(os.devnull, 'w')  # noqa: SIM115 -- for the life of the process
+    warnings.simplefilter('ignore')  # process 0 shows the same warnings
 
 
 def run() -> None:
