@@ -261,3 +261,28 @@ def test_a_flipped_byte_in_the_newest_checkpoint_resumes_from_the_previous(tmp_p
       and m.endswith('and resumed from the checkpoint of step 20.')]
   assert len([m for m in messages if 'is damaged' in m]) == 1
   _assert_same_run(workdir, _arrays(result.state), reference)
+
+
+def test_ctrl_c_during_the_checkpoint_where_pruning_begins_keeps_the_dense_accuracy(
+    tmp_path, reference, monkeypatch):
+  # The dense accuracy is measured at begin_pruning_step (10), just before that
+  # step's checkpoint; Ctrl-C inside that save makes the job save step 9.
+  workdir = str(tmp_path / 'run')
+  config = train_faults.tiny_config()
+  config.checkpoint_every = 10
+  real_save = checkpoints.Checkpointer.save
+
+  def interrupted_save(self, step, state, meta):
+    if step == 10:
+      raise KeyboardInterrupt
+    real_save(self, step, state, meta)
+
+  monkeypatch.setattr(checkpoints.Checkpointer, 'save', interrupted_save)
+  with pytest.raises(KeyboardInterrupt):
+    loop.train(config, workdir)
+  monkeypatch.setattr(checkpoints.Checkpointer, 'save', real_save)
+  assert _committed(workdir) == ['9']
+  result = loop.train(train_faults.tiny_config(), workdir)
+  [dense] = [r for r in read_metrics(workdir) if 'dense_test_accuracy' in r]
+  assert dense['step'] == 10
+  _assert_same_run(workdir, _arrays(result.state), reference)

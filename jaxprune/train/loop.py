@@ -202,7 +202,12 @@ class _Run:
     if step != self.finite_step:
       self._check_finite(step)
     self.meta['config'] = workdir_lib.config_to_json(self.config)
-    self.checkpointer.save(step, state, self.meta)
+    meta = dict(self.meta)
+    if self.dense_at is not None and step < self.dense_at:
+      # Ctrl-C during the checkpoint of `dense_at` saves the step before it,
+      # whose resumed run drops the dense record and must measure it again.
+      meta['dense_accuracy'] = None
+    self.checkpointer.save(step, state, meta)
     self.saved_step = step
 
   def run(self, on_step: Callable[[int, TrainState], None] | None) -> TrainResult:
