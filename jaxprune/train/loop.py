@@ -89,10 +89,12 @@ def _build(config: ml_collections.ConfigDict) -> _Job:
   try:
     rule = channels.make_rule(config, model, params, tuple(dataset.x_train.shape[1:]))
     tx = make_optimizer(config, rule)
+    # tx.init checks the hparams that depend on the params' shapes (N:M, layer axes).
+    initial = create_train_state(params, tx)
   except (ValueError, TypeError) as err:
     raise ConfigError(one_line(str(err))) from err
   # Placed first, so that a checkpoint is restored straight into these shards.
-  state = sharding.place(create_train_state(params, tx), mesh)
+  state = sharding.place(initial, mesh)
   # The one place the step is jitted: everything it needs is in its arguments.
   train_step = sharding.jit_train_step(make_train_step(model.apply, tx), mesh, state,
                                        config.batch_size)
