@@ -1,10 +1,15 @@
 """The main job's inputs that only fail once the model exists: each is a one-line ConfigError."""
 
+import os
+
+import numpy as np
 import pytest
 import train_faults
 
-from jaxprune.train import defaults, loop
+from jaxprune.train import data, defaults, loop, usage
 from jaxprune.train.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize('hparams, message', [
@@ -25,3 +30,19 @@ def test_hparams_that_do_not_fit_the_model_are_config_errors(tmp_path, hparams, 
     loop.train(config, str(workdir))
   assert str(err.value).startswith(message) and '\n' not in str(err.value)
   assert not workdir.exists()
+
+
+def test_a_cnn_given_flat_inputs_names_the_shape_it_takes(tmp_path):
+  digits = data.load_digits()
+  path = str(tmp_path / 'flat.npz')
+  np.savez(path, x_train=digits.x_train.reshape(-1, 64), y_train=digits.y_train,
+           x_test=digits.x_test.reshape(-1, 64), y_test=digits.y_test)
+  config = usage.load_config(os.path.join(REPO, 'configs', 'digits_cnn_channels.py'))
+  config.data.name, config.data.path = 'npz', path
+  with pytest.raises(ConfigError) as err:
+    loop.train(config, str(tmp_path / 'run'))
+  assert str(err.value) == (
+      "model.name='cnn' takes images of shape (height, width) or (height, width, channels), "
+      'but the inputs have shape (64,); reshape x_train and x_test to images (e.g. '
+      "x.reshape(len(x), 8, 8, 1)), or use model.name='mlp'.")
+  assert not (tmp_path / 'run').exists()

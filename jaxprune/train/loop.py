@@ -85,8 +85,8 @@ def _build(config: ml_collections.ConfigDict) -> _Job:
   except (ValueError, OSError) as err:
     raise ConfigError(one_line(str(err))) from err
   model = models.create_model(config.model, dataset.num_classes)
-  params = models.init_params(model, dataset.x_train.shape[1:], config.seed)
   try:
+    params = models.init_params(model, dataset.x_train.shape[1:], config.seed)
     rule = channels.make_rule(config, model, params, tuple(dataset.x_train.shape[1:]))
     tx = make_optimizer(config, rule)
     # tx.init checks the hparams that depend on the params' shapes (N:M, layer axes).
