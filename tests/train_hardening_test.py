@@ -8,6 +8,7 @@ import train_faults
 
 from jaxprune.train import data, defaults, loop, usage
 from jaxprune.train.errors import ConfigError
+from jaxprune.train.metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,3 +47,33 @@ def test_a_cnn_given_flat_inputs_names_the_shape_it_takes(tmp_path):
       'but the inputs have shape (64,); reshape x_train and x_test to images (e.g. '
       "x.reshape(len(x), 8, 8, 1)), or use model.name='mlp'.")
   assert not (tmp_path / 'run').exists()
+
+
+def _channel_config():
+  config = usage.load_config(os.path.join(REPO, 'configs', 'digits_cnn_channels.py'))
+  config.model.features, config.model.dense = (8, 8), 16
+  config.num_steps = 40
+  config.pruning = defaults.pruning_config(
+      config.pruning, begin_pruning_step=10, end_pruning_step=30, pruning_frequency=10,
+      sparsity_function_begin_step=10, sparsity_function_end_step=30)
+  config.channels.round_to = 1
+  config.eval_every = config.checkpoint_every = 20
+  config.progress_bar = config.tensorboard = config.plots = False
+  return config
+
+
+def _read(path):
+  with open(path) as f:
+    return f.read()
+
+
+@pytest.mark.slow
+def test_rerunning_a_finished_channel_run_keeps_its_one_final_record(tmp_path):
+  workdir = str(tmp_path / 'run')
+  loop.train(_channel_config(), workdir)
+  first = read_metrics(workdir)
+  report = _read(os.path.join(workdir, loop.REPORT_FILE))
+  assert len([r for r in first if 'speedup' in r]) == 1
+  loop.train(_channel_config(), workdir)  # appended a second record before
+  assert read_metrics(workdir) == first
+  assert _read(os.path.join(workdir, loop.REPORT_FILE)) == report

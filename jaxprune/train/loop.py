@@ -271,7 +271,7 @@ class _Run:
         if on_step is not None:
           on_step(done, self.state)
       if job.rule is not None:
-        self._shrink(write)
+        self._shrink(write, writer.history)
     except KeyboardInterrupt:
       # Keep the progress made so far, up to the last step whose metrics were
       # all written, so that the resumed history has no gap.
@@ -284,15 +284,25 @@ class _Run:
         self.checkpointer.close()
     return self._finish(writer.history)
 
-  def _shrink(self, write: Callable[[int, dict[str, Any]], None]) -> None:
-    """Cuts the pruned channels out, writes pruned_model.bin, records what it gained."""
+  def _shrink(self, write: Callable[[int, dict[str, Any]], None],
+              history: list[dict[str, Any]]) -> None:
+    """Cuts the pruned channels out, writes pruned_model.bin, records what it gained.
+
+    A rerun of a finished run keeps the record (and the speedup reported) of
+    the run that trained it.
+    """
     job = self.job
     path = os.path.join(self.workdir or '', channels.MODEL_FILE)
     with self._writing('the pruned model', path):
       self.shrunk = channels.finish(job.rule, job.model, self.state.params,
                                     self.state.opt_state, job.dataset.x_test,
                                     job.dataset.y_test, self.workdir)
-    write(int(self.state.step), self.shrunk.scalars())
+    step = int(self.state.step)
+    recorded = [r for r in history if r['step'] == step and 'speedup' in r]
+    if recorded:
+      self.shrunk = self.shrunk._replace(speedup=recorded[-1]['speedup'])
+    else:
+      write(step, self.shrunk.scalars())
 
   def _finish(self, history: list[dict[str, Any]]) -> TrainResult:
     """Evaluates the final state and writes the report and plots."""
