@@ -77,3 +77,34 @@ def test_rerunning_a_finished_channel_run_keeps_its_one_final_record(tmp_path):
   loop.train(_channel_config(), workdir)  # appended a second record before
   assert read_metrics(workdir) == first
   assert _read(os.path.join(workdir, loop.REPORT_FILE)) == report
+
+
+@pytest.mark.parametrize('name, what', [
+    ('config.json', 'config'), ('metrics.jsonl', 'metrics'), ('report.txt', 'report'),
+    ('.jaxprune-train.lock', 'lock')])
+@pytest.mark.parametrize('kind', ['directory', 'dangling link'])
+def test_an_output_that_is_a_directory_or_a_dangling_link_is_one_line(tmp_path, name, what,
+                                                                      kind):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  path = workdir / name
+  if kind == 'directory':
+    path.mkdir()
+    (path / 'keep').write_text('user data')
+    expected = (f'{path} is a directory, where the run keeps its {what}; move it out of the '
+                'way, then run the same command again.')
+  else:
+    target = str(tmp_path / 'unmounted' / name)
+    path.symlink_to(target)
+    expected = (f'{path} is a symbolic link to {target!r}, which does not exist; restore its '
+                f'target, or remove the link to start the {what} afresh, then run the same '
+                'command again.')
+  with pytest.raises(ConfigError) as err:
+    loop.train(train_faults.tiny_config(5), str(workdir))
+  assert str(err.value) == expected
+  # Nothing written but the lock, nothing moved.
+  assert set(os.listdir(workdir)) - {'.jaxprune-train.lock'} == {name} - {'.jaxprune-train.lock'}
+  if kind == 'directory':
+    assert (path / 'keep').read_text() == 'user data'
+  else:
+    assert os.readlink(path) == target

@@ -162,6 +162,7 @@ class _Run:
   def _resume(self) -> None:
     """Checks the workdir's config, restores the newest good checkpoint, records the config."""
     config, workdir = self.config, self.workdir
+    self._check_outputs()
     workdir_lib.check_config(workdir, config)
     self.checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
     restored = self.checkpointer.restore_newest(
@@ -179,6 +180,21 @@ class _Run:
       path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
       with self._writing('the run config', path):
         workdir_lib.record_config(workdir, config)
+
+  def _check_outputs(self) -> None:
+    """ConfigError for an output file that is a directory or a dangling link.
+
+    Checked before training, so that a run cannot fail on one after it.
+    """
+    outputs = {workdir_lib.CONFIG_FILE: 'config', METRICS_FILE: 'metrics',
+               REPORT_FILE: 'report'}
+    if self.config.plots:
+      outputs.update(dict.fromkeys(
+          (plots.SPARSITY_PNG, plots.ACCURACY_PNG, plots.LAYERS_PNG), 'plots'))
+    if self.job.rule is not None:
+      outputs[channels.MODEL_FILE] = 'pruned model'
+    for name, what in outputs.items():
+      files.check_file(os.path.join(self.workdir, name), what)
 
   def _check_finite(self, step: int, loss: float | None = None) -> None:
     """Raises DivergedError unless the loss and every float of the state are finite."""
