@@ -127,6 +127,13 @@ def test_bad_values_are_clear_errors(tmp_path):
     (['--config', 'nope.py'],
      f'--config=nope.py: no such file (relative to {REPO}); give a config file such as '
      'configs/digits_cnn.py, or leave --config out for the default'),
+    (['--config='], '--config is empty; give a config file such as configs/digits_cnn.py'),
+    (['--config.prune=False', '--config.pruning.target_sparsity=0.5'],
+     '--config.pruning.target_sparsity=0.5 has no effect: config.prune=False trains the dense '
+     'model only; drop the pruning flags, or set --config.prune=True.'),
+    (['--config.prune=False', '--config.channels.enabled=True'],
+     'config.channels.enabled=True prunes whole channels, but config.prune=False trains the '
+     'dense model only; set one of them the other way.'),
     (['--config.num_step=5'],
      "--config.num_step=5: the config has no field 'num_step'; did you mean 'num_steps'?"),
     (['--config', 'configs/digits_cnn.py', '--config.pruning.target_sparisty=0.5'],

@@ -154,3 +154,13 @@ def test_updates_count_from_the_last_one_not_on_a_grid():
       'schedule is at 45.0% sparsity, short of target_sparsity=0.5 (reached at '
       'sparsity_function_end_step=1000, by the update at step 1200); set end_pruning_step=1200 '
       'or later, or end the schedule earlier.')
+
+
+def test_channels_without_pruning_is_refused():
+  config = defaults.get_config()
+  config.channels.enabled = True
+  validate.check_config(config)
+  config.prune = False
+  with pytest.raises(ConfigError, match=r'^config.channels.enabled=True prunes whole channels, '
+                     'but config.prune=False trains the dense model only'):
+    validate.check_config(config)

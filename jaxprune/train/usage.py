@@ -128,6 +128,12 @@ def describe_config_error(path: str, err: BaseException) -> str:
           'get_config() returning an ml_collections.ConfigDict')
 
 
+def pruning_flags(argv: Sequence[str]) -> list[str]:
+  """The flags of `argv` that set pruning hparams (`--config.pruning.*`, `--pruning_hparams`)."""
+  return [arg for arg in argv
+          if re.match(r'--?(?:no)?(?:config\.pruning\.|pruning_hparams(?:=|$))', arg)]
+
+
 def _missing_field(config: Any, dotted: str) -> str | None:
   """Says which part of `dotted` is not a field of `config`, with the closest one, or None."""
   node, walked = config, []
@@ -152,7 +158,8 @@ def describe_flag_error(err: BaseException, argv: Sequence[str]) -> str:
   Returns:
     A message naming the flag, the value and the fix.
   """
-  path = config_argument(argv) or DEFAULT_CONFIG
+  given = config_argument(argv)
+  path = DEFAULT_CONFIG if given is None else given
   try:
     config = load_config(path)
   except Exception as load_err:  # noqa: BLE001 -- every failure to load is described
