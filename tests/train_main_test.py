@@ -93,11 +93,17 @@ def test_help_lists_every_config_field_and_exits_0():
   assert fields['--config.num_steps=3000'] == [
       'training steps in all; rerun with a larger value to extend a run']
   assert fields["--config.optimizer.name='adam'"] == ["'adam', 'adamw' or 'sgd'"]
-  # Every pruning hparam, with the default config's value.
-  assert fields['--config.pruning.target_sparsity=0.9'] == []
-  assert fields["--config.pruning.threshold_method='exact'"] == []
-  assert len([f for f in fields if f.startswith('--config.pruning.')]) == len(
-      jaxprune.get_pruning_hparams())
+  # Every pruning hparam, with the default config's value and its meaning.
+  assert fields['--config.pruning.target_sparsity=0.9'] == [
+      'sparsity at and after sparsity_function_end_step, in [0, 1)']
+  assert fields["--config.pruning.threshold_method='exact'"] == [
+      "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)"]
+  # An empty map, as the flag that sets it (the hparams store it as ('',)).
+  assert fields['--config.pruning.weight_sparsity_map="[]"'] == [
+      'per-leaf targets, e.g. "[\'Dense_0/kernel:0.5\']"']
+  pruning = [f for f in fields if f.startswith('--config.pruning.')]
+  assert len(pruning) == len(jaxprune.get_pruning_hparams())
+  assert all(fields[f] for f in pruning)
   # With --config, that file's values.
   result = _run([SCRIPT, '--config', 'configs/digits_cnn.py', '-h'])
   assert result.returncode == 0

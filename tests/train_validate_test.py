@@ -2,6 +2,7 @@
 
 import pytest
 
+import jaxprune
 from jaxprune.train import defaults, validate
 from jaxprune.train.errors import ConfigError
 
@@ -65,6 +66,7 @@ def test_every_field_of_the_defaults_has_a_rule_and_a_meaning():
   fields = set(validate._flatten(defaults.get_config()))
   assert fields == set(validate.RULES) | {'pruning'}
   assert fields == set(defaults.FIELD_HELP)
+  assert set(defaults.PRUNING_HELP) == set(jaxprune.get_pruning_hparams())
   validate.check_config(defaults.get_config())
 
 
@@ -164,3 +166,8 @@ def test_channels_without_pruning_is_refused():
   with pytest.raises(ConfigError, match=r'^config.channels.enabled=True prunes whole channels, '
                      'but config.prune=False trains the dense model only'):
     validate.check_config(config)
+
+
+def test_an_empty_map_given_as_a_list_equals_the_default():
+  # --config.pruning.weight_sparsity_map="[]" gives (): the same run as the default ('',).
+  assert defaults.pruning_config(weight_sparsity_map=()).weight_sparsity_map == ('',)
