@@ -286,3 +286,26 @@ def test_ctrl_c_during_the_checkpoint_where_pruning_begins_keeps_the_dense_accur
   [dense] = [r for r in read_metrics(workdir) if 'dense_test_accuracy' in r]
   assert dense['step'] == 10
   _assert_same_run(workdir, _arrays(result.state), reference)
+
+
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+def test_a_cut_array_file_is_named_in_one_short_line(tmp_path):
+  workdir = str(tmp_path / 'run')
+  state = loop.train(train_faults.tiny_config(40), workdir).state
+  newest = os.path.join(workdir, 'checkpoints', '40')
+  _damage(os.path.join(newest, _data_file(newest)), 'cut')
+  reader = checkpoints.Checkpointer(workdir)
+  with warnings.catch_warnings(record=True) as warned:
+    warnings.simplefilter('always')
+    step, _, _ = reader.restore_newest(state, lambda meta: None)
+  reader.close()
+  assert step == 20
+  [message] = [str(w.message) for w in warned if 'is damaged' in str(w.message)]
+  # Tensorstore's root error names the array and the file; its spec repr is left out.
+  assert message.startswith(f'the checkpoint {newest} is damaged: its state cannot be read: '
+                            'ValueError: OUT_OF_RANGE: Error reading "'), message
+  assert 'in OCDBT database at local file "state/": Requested byte range' in message
+  assert message.endswith(f'moved it to {workdir}/damaged_checkpoints/40 and resumed from the '
+                          'checkpoint of step 20.')
+  assert 'TensorStore' not in message
+  assert len(message.replace(workdir, 'W')) < 400
