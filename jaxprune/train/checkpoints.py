@@ -244,8 +244,8 @@ class Checkpointer:
 # Tensorstore's errors: a repr of the whole TensorStore spec (dozens of lines)
 # and the drivers it went through say nothing the user can act on; the root
 # cause names the array and the file.
-_TENSORSTORE_NOISE = re.compile(r'\.? ?See full TensorStore details:.*|Error opening "\w+" driver: ',
-                                re.S)
+_TENSORSTORE_NOISE = re.compile(
+    r'\.? ?See full TensorStore details:.*|Error opening "\w+" driver: ', re.S)
 
 
 def _reason(err: BaseException, checkpoint: str) -> str:
