@@ -1,6 +1,8 @@
 """The main job's inputs that only fail once the model exists: each is a one-line ConfigError."""
 
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -108,3 +110,64 @@ def test_an_output_that_is_a_directory_or_a_dangling_link_is_one_line(tmp_path, 
     assert (path / 'keep').read_text() == 'user data'
   else:
     assert os.readlink(path) == target
+
+
+def _edit_json(path, **changes):
+  with open(path) as f:
+    saved = json.load(f)
+  saved.update(changes)
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+
+
+@pytest.fixture(scope='module')
+def finished_40(tmp_path_factory):
+  """A finished 40-step tiny run (checkpoints at 20 and 40), copied by each test."""
+  workdir = str(tmp_path_factory.mktemp('finished') / 'run')
+  loop.train(train_faults.tiny_config(40), workdir)
+  return workdir
+
+
+def _copy(finished, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(finished, workdir)
+  return workdir
+
+
+def test_a_config_json_changed_outside_the_job_is_repaired_from_the_checkpoint(finished_40,
+                                                                               tmp_path):
+  workdir = _copy(finished_40, tmp_path)
+  path = os.path.join(workdir, 'config.json')
+  _edit_json(path, seed=1)  # one bit: "seed": 0 -> 1, still valid JSON
+  # The run as it was trained resumes, with one warning, and the file is repaired.
+  with pytest.warns(UserWarning) as warned:
+    loop.train(train_faults.tiny_config(60), workdir)
+  assert [str(w.message) for w in warned if 'config.json' in str(w.message)] == [
+      f'{path} disagrees with the checksummed config of the checkpoint of step 40 '
+      '(config.seed: 1 in the file, 0 in the checkpoint), so it was changed outside the job; '
+      "rewrote it with the checkpoint's config."]
+  with open(path) as f:
+    assert json.load(f)['seed'] == 0
+  # The run with seed 1 is refused by the checkpoint, and says so the same way.
+  _edit_json(path, seed=1)
+  seed_1 = train_faults.tiny_config(80)
+  seed_1.seed = 1
+  with pytest.raises(ConfigError, match=r'config.seed: 0 in the saved run, 1 now'):
+    loop.train(seed_1, workdir)
+
+
+def test_a_missing_metrics_file_is_named_with_the_way_to_resume(finished_40, tmp_path):
+  workdir = _copy(finished_40, tmp_path)
+  path = os.path.join(workdir, 'metrics.jsonl')
+  os.remove(path)
+  with pytest.raises(ConfigError) as err:
+    loop.train(train_faults.tiny_config(60), workdir)
+  assert str(err.value) == (
+      f'{path} is missing, but the run resumes from its checkpoint of step 40: the history up '
+      'to that step would be lost. Restore the file from a backup, or create an empty one '
+      '(metrics.jsonl) to resume without it.')
+  assert not os.path.exists(path)
+  open(path, 'w').close()  # the way out the message gives
+  result = loop.train(train_faults.tiny_config(60), workdir)
+  assert int(result.state.step) == 60
+  assert min(r['step'] for r in read_metrics(workdir)) == 50

@@ -163,12 +163,16 @@ class _Run:
     """Checks the workdir's config, restores the newest good checkpoint, records the config."""
     config, workdir = self.config, self.workdir
     self._check_outputs()
-    workdir_lib.check_config(workdir, config)
+    recorded = workdir_lib.read_config(workdir)
     self.checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
+    # The checkpoints' config is checksummed: where there is one, it decides.
     restored = self.checkpointer.restore_newest(
         self.state, lambda meta: workdir_lib.check_compatible(meta['config'], config, workdir))
+    if restored is None and recorded is not None:
+      workdir_lib.check_compatible(recorded, config, workdir)
     if restored is not None:
       self.saved_step, self.state, self.meta = restored
+      self._check_records(recorded)
       self.finite_step = self.saved_step
       if self.saved_step >= config.num_steps:
         print(f'The run in {workdir} is complete (step {self.saved_step}); reporting it.')
@@ -180,6 +184,24 @@ class _Run:
       path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
       with self._writing('the run config', path):
         workdir_lib.record_config(workdir, config)
+
+  def _check_records(self, recorded: dict[str, Any] | None) -> None:
+    """Checks config.json and metrics.jsonl against the checkpoint resumed from.
+
+    Raises:
+      ConfigError: metrics.jsonl is missing, so the history up to the
+        checkpoint would be lost without a word.
+    """
+    workdir, step = self.workdir, self.saved_step
+    path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+    with self._writing('the run config', path):
+      workdir_lib.repair_config(workdir, recorded, self.meta['config'], step)
+    metrics_path = os.path.join(workdir, METRICS_FILE)
+    if step > 0 and not os.path.exists(metrics_path):
+      raise ConfigError(
+          f'{metrics_path} is missing, but the run resumes from its checkpoint of step {step}: '
+          'the history up to that step would be lost. Restore the file from a backup, or '
+          f'create an empty one ({os.path.basename(metrics_path)}) to resume without it.')
 
   def _check_outputs(self) -> None:
     """ConfigError for an output file that is a directory or a dangling link.
