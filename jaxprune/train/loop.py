@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -27,6 +28,7 @@ from jaxprune.train import (
     checkpoints,
     data,
     files,
+    interrupts,
     models,
     plots,
     report,
@@ -164,7 +166,8 @@ class _Run:
     config, workdir = self.config, self.workdir
     self._check_outputs()
     recorded = workdir_lib.read_config(workdir)
-    self.checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
+    with self._writing('the checkpoint directory', os.path.join(workdir, 'checkpoints')):
+      self.checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
     # The checkpoints' config is checksummed: where there is one, it decides.
     restored = self.checkpointer.restore_newest(
         self.state, lambda meta: workdir_lib.check_compatible(meta['config'], config, workdir))
@@ -283,6 +286,7 @@ class _Run:
     bar = tqdm.tqdm(total=config.num_steps, initial=start, unit='step',
                     disable=not config.progress_bar or start >= config.num_steps,
                     dynamic_ncols=True)
+    ctrl_c = interrupts.Interrupts.install()
     try:
       for step in range(start, config.num_steps):
         batch = data.get_batch(job.dataset, config.seed, step, config.batch_size)
@@ -308,6 +312,8 @@ class _Run:
         bar.update(1)
         if on_step is not None:
           on_step(done, self.state)
+        ctrl_c.check()
+      ctrl_c.restore()
       if job.rule is not None:
         self._shrink(write, writer.history)
     except KeyboardInterrupt:
@@ -316,11 +322,31 @@ class _Run:
       self._save(completed)
       raise
     finally:
+      ctrl_c.uninstall()
       bar.close()
-      writer.close()
-      if self.checkpointer is not None:
-        self.checkpointer.close()
+      self._close(writer, metrics_path)
     return self._finish(writer.history)
+
+  def _close(self, writer: MetricsWriter, metrics_path: str) -> None:
+    """Closes the writers; a failure is raised only if no error is on its way already.
+
+    On a full disk, closing the files fails again: that second error must not
+    replace the one that stopped the run.
+    """
+    failing = sys.exc_info()[1] is not None
+    try:
+      with self._writing('the metrics', metrics_path):
+        writer.close()
+    except Exception:
+      if not failing:
+        raise
+    finally:
+      if self.checkpointer is not None:
+        try:
+          self.checkpointer.close()
+        except Exception:
+          if not failing:
+            raise
 
   def _shrink(self, write: Callable[[int, dict[str, Any]], None],
               history: list[dict[str, Any]]) -> None:
