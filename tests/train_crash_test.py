@@ -49,6 +49,7 @@ def compilation_cache(tmp_path_factory):
   yield cache
   for name, value in before.items():
     jax.config.update(name, value)
+  jax.clear_caches()  # this module's compiled steps: the worker's next tests do not need them
 
 
 @pytest.fixture(scope='module')

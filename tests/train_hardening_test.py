@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 import train_faults
@@ -13,6 +14,12 @@ from jaxprune.train.errors import ConfigError
 from jaxprune.train.metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module', autouse=True)
+def free_compiled_steps():
+  yield
+  jax.clear_caches()  # this module's compiled steps: the worker's next tests do not need them
 
 
 @pytest.mark.parametrize('hparams, message', [
