@@ -395,11 +395,10 @@ def _can_mount_tmpfs():
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which('unshare') is None or not _can_mount_tmpfs(),
                     reason='needs a private tmpfs (unshare -rm, mount)')
-@pytest.mark.parametrize('size_kb', [8, 200])
-def test_a_truly_full_disk_is_one_line_and_the_run_resumes_once_there_is_space(tmp_path,
-                                                                               size_kb):
-  """A tmpfs of `size_kb` fills up in the metrics (8 kB) or in a checkpoint (200 kB), with
-  TensorBoard and plots on; grown to 4 MB, the same command finishes the run."""
+def test_a_truly_full_disk_is_one_line_and_the_run_resumes_once_there_is_space(tmp_path):
+  """A 200 kB tmpfs fills up in the first checkpoint, with TensorBoard and plots on (closing
+  the event file failed again: 196 lines); grown to 4 MB, the same command finishes the run."""
+  size_kb = 200
   disk = tmp_path / 'disk'
   disk.mkdir()
   command = [os.path.join(os.path.dirname(sys.executable), 'jaxprune-train'),
