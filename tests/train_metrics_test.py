@@ -6,6 +6,7 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxprune.train import metrics
 
@@ -88,7 +89,8 @@ def test_tensorboard_events_hold_the_scalars(tmp_path):
 
 def test_without_tensorboardx_only_jsonl_is_written(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, 'tensorboardX', None)  # makes the import fail
-  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=True)
+  with pytest.warns(UserWarning, match='tensorboardX is not installed; writing only '):
+    writer = metrics.MetricsWriter(str(tmp_path), tensorboard=True)
   writer.write(1, {'loss': 0.5})
   writer.close()
   assert sorted(os.listdir(tmp_path)) == ['metrics.jsonl']
