@@ -7,6 +7,7 @@ ends exactly as an uninterrupted one: the same final state, bit for bit, the
 same metrics history and the same report.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -48,6 +49,7 @@ def compilation_cache(tmp_path_factory):
   yield cache
   for name, value in before.items():
     jax.config.update(name, value)
+  jax.clear_caches()  # this module's compiled steps: the worker's next tests do not need them
 
 
 @pytest.fixture(scope='module')
@@ -261,3 +263,163 @@ def test_a_flipped_byte_in_the_newest_checkpoint_resumes_from_the_previous(tmp_p
       and m.endswith('and resumed from the checkpoint of step 20.')]
   assert len([m for m in messages if 'is damaged' in m]) == 1
   _assert_same_run(workdir, _arrays(result.state), reference)
+
+
+def test_ctrl_c_during_the_checkpoint_where_pruning_begins_keeps_the_dense_accuracy(
+    tmp_path, reference, monkeypatch):
+  # The dense accuracy is measured at begin_pruning_step (10), just before that
+  # step's checkpoint; Ctrl-C inside that save makes the job save step 9.
+  workdir = str(tmp_path / 'run')
+  config = train_faults.tiny_config()
+  config.checkpoint_every = 10
+  real_save = checkpoints.Checkpointer.save
+
+  def interrupted_save(self, step, state, meta):
+    if step == 10:
+      raise KeyboardInterrupt
+    real_save(self, step, state, meta)
+
+  monkeypatch.setattr(checkpoints.Checkpointer, 'save', interrupted_save)
+  with pytest.raises(KeyboardInterrupt):
+    loop.train(config, workdir)
+  monkeypatch.setattr(checkpoints.Checkpointer, 'save', real_save)
+  assert _committed(workdir) == ['9']
+  result = loop.train(train_faults.tiny_config(), workdir)
+  [dense] = [r for r in read_metrics(workdir) if 'dense_test_accuracy' in r]
+  assert dense['step'] == 10
+  _assert_same_run(workdir, _arrays(result.state), reference)
+
+
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+def test_a_cut_array_file_is_named_in_one_short_line(tmp_path):
+  workdir = str(tmp_path / 'run')
+  state = loop.train(train_faults.tiny_config(40), workdir).state
+  newest = os.path.join(workdir, 'checkpoints', '40')
+  _damage(os.path.join(newest, _data_file(newest)), 'cut')
+  reader = checkpoints.Checkpointer(workdir)
+  with warnings.catch_warnings(record=True) as warned:
+    warnings.simplefilter('always')
+    step, _, _ = reader.restore_newest(state, lambda meta: None)
+  reader.close()
+  assert step == 20
+  [message] = [str(w.message) for w in warned if 'is damaged' in str(w.message)]
+  # Tensorstore's root error names the array and the file; its spec repr is left out.
+  assert message.startswith(f'the checkpoint {newest} is damaged: its state cannot be read: '
+                            'ValueError: OUT_OF_RANGE: Error reading "'), message
+  assert 'in OCDBT database at local file "state/": Requested byte range' in message
+  assert message.endswith(f'moved it to {workdir}/damaged_checkpoints/40 and resumed from the '
+                          'checkpoint of step 20.')
+  assert 'TensorStore' not in message
+  assert len(message.replace(workdir, 'W')) < 400
+
+
+class _SigintInFinalizer:
+  """An object whose finalizer receives Ctrl-C: Python cannot raise out of a finalizer."""
+
+  def __del__(self):
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):  # the handler runs here, inside __del__
+      pass
+
+
+@pytest.fixture
+def default_sigint():
+  """Ctrl-C as in a terminal (a pytest worker may run with another handler)."""
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+@pytest.mark.parametrize('where', ['in the save', 'in a finalizer'])
+def test_ctrl_c_during_a_checkpoint_stops_after_it_and_is_never_lost(
+    tmp_path, reference, monkeypatch, default_sigint, where):
+  workdir = str(tmp_path / 'run')
+  real_save = checkpoints.Checkpointer.save
+
+  def save_with_ctrl_c(self, step, state, meta):
+    if step == 20:
+      if where == 'in the save':
+        os.kill(os.getpid(), signal.SIGINT)
+      else:
+        _SigintInFinalizer()  # collected at once
+    real_save(self, step, state, meta)
+
+  monkeypatch.setattr(checkpoints.Checkpointer, 'save', save_with_ctrl_c)
+  with pytest.raises(KeyboardInterrupt):
+    loop.train(train_faults.tiny_config(), workdir)
+  monkeypatch.setattr(checkpoints.Checkpointer, 'save', real_save)
+  # The save finished, and the run stopped right after it.
+  assert _committed(workdir) == ['20']
+  assert max(r['step'] for r in read_metrics(workdir)) == 20
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  _resume(workdir, reference)
+
+
+def test_a_full_disk_for_the_event_file_is_one_error_not_a_second_one_on_close(
+    tmp_path, monkeypatch):
+  from jaxprune.train import metrics
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'events.out.tfevents')
+
+  # The disk fills up at the third record; closing the file then fails too.
+  writes = {'n': 0}
+  real_write = metrics._EventFile.write
+
+  def write(self, step, scalars):
+    writes['n'] += 1
+    if writes['n'] == 3:
+      full()
+    real_write(self, step, scalars)
+
+  monkeypatch.setattr(metrics._EventFile, 'write', write)
+  monkeypatch.setattr(metrics._EventFile, 'close', full)
+  config = train_faults.tiny_config()
+  config.tensorboard = True
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(StorageError) as err:
+    loop.train(config, workdir)
+  assert str(err.value) == (
+      f'cannot write the metrics to {workdir}/metrics.jsonl: No space left on device '
+      '[errno 28]; no checkpoint was written yet; free some space, then run the same command '
+      'to resume.')
+
+
+def _can_mount_tmpfs():
+  probe = subprocess.run(['unshare', '-rm', 'sh', '-c', 'mount -t tmpfs -o size=4k tmpfs /mnt'],
+                         capture_output=True)
+  return probe.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which('unshare') is None or not _can_mount_tmpfs(),
+                    reason='needs a private tmpfs (unshare -rm, mount)')
+def test_a_truly_full_disk_is_one_line_and_the_run_resumes_once_there_is_space(tmp_path):
+  """A 200 kB tmpfs fills up in the first checkpoint, with TensorBoard and plots on (closing
+  the event file failed again: 196 lines); grown to 4 MB, the same command finishes the run."""
+  size_kb = 200
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  command = [os.path.join(os.path.dirname(sys.executable), 'jaxprune-train'),
+             f'--workdir={disk}/run', '--config.num_steps=60', '--config.checkpoint_every=30',
+             '--config.progress_bar=False', '--config.model.features=(32, 16)',
+             '--config.pruning.begin_pruning_step=10',
+             '--config.pruning.sparsity_function_begin_step=10',
+             '--config.pruning.end_pruning_step=40',
+             '--config.pruning.sparsity_function_end_step=40',
+             '--config.pruning.pruning_frequency=10']
+  run = ' '.join(f"'{arg}'" for arg in command)
+  script = (f'mount -t tmpfs -o size={size_kb}k tmpfs {disk} && cd {tmp_path} && '
+            f'{run} >/dev/null 2>first.err; echo "first $?"; '
+            f'mount -o remount,size=4m {disk} && {run} >/dev/null 2>second.err; echo "second $?"')
+  env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE='false')
+  result = subprocess.run(['unshare', '-rm', 'sh', '-c', script], capture_output=True,
+                          text=True, timeout=600, env=env)
+  assert result.stdout.split() == ["first", "1", "second", "0"], (
+      result.stdout, (tmp_path / "first.err").read_text(), (tmp_path / "second.err").read_text())
+  first = (tmp_path / 'first.err').read_text().splitlines()
+  assert len(first) == 1, first
+  assert first[0].startswith('jaxprune-train: cannot write the ')
+  assert 'No space left on device [errno 28]' in first[0]
+  assert (tmp_path / 'second.err').read_text() == ''

@@ -157,3 +157,30 @@ def test_a_directory_and_non_finite_inputs_are_named(tmp_path):
   arrays['x_train'][3, 1, 1] = 0.0
   with pytest.raises(ValueError, match='x_test has 1 NaN or infinite values'):
     data.load_npz(_save(tmp_path, **arrays))
+
+
+@pytest.mark.parametrize('label, dtype', [
+    (2**16, np.int64),         # one past the largest class id allowed (65,535)
+    (50_000_000, np.int64),    # an output layer of 50M logits: killed for memory before
+    (2**40, np.int64),         # int32 would wrap it silently
+    (2**63 + 5, np.uint64),    # beyond int64
+])
+def test_labels_beyond_the_class_limit_are_named(tmp_path, label, dtype):
+  arrays = _arrays()
+  arrays['y_train'] = (np.arange(20) % 3).astype(dtype)
+  arrays['y_train'][7] = label
+  path = _save(tmp_path, **arrays)
+  with pytest.raises(ValueError) as err:
+    data.load_npz(path)
+  assert str(err.value) == (
+      f'data.path={path!r}: y_train holds the class id {label}, so the model would need '
+      f'{label + 1:,} outputs (at most 65,536); labels are class indices 0..num_classes-1: '
+      'relabel them, e.g. with numpy.unique(y, return_inverse=True).')
+
+
+def test_the_largest_class_id_allowed_loads(tmp_path):
+  arrays = _arrays()
+  arrays['y_test'] = np.full(6, 2**16 - 1, np.uint64)
+  dataset = data.load_npz(_save(tmp_path, **arrays))
+  assert dataset.num_classes == 65_536 and dataset.y_test.dtype == np.int32
+  assert dataset.y_test.tolist() == [65_535] * 6

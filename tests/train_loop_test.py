@@ -51,6 +51,7 @@ def compilation_cache(tmp_path_factory):
   yield
   for name, value in before.items():
     jax.config.update(name, value)
+  jax.clear_caches()  # this module's compiled steps: the worker's next tests do not need them
 
 
 @pytest.fixture(scope='module')

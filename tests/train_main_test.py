@@ -93,11 +93,17 @@ def test_help_lists_every_config_field_and_exits_0():
   assert fields['--config.num_steps=3000'] == [
       'training steps in all; rerun with a larger value to extend a run']
   assert fields["--config.optimizer.name='adam'"] == ["'adam', 'adamw' or 'sgd'"]
-  # Every pruning hparam, with the default config's value.
-  assert fields['--config.pruning.target_sparsity=0.9'] == []
-  assert fields["--config.pruning.threshold_method='exact'"] == []
-  assert len([f for f in fields if f.startswith('--config.pruning.')]) == len(
-      jaxprune.get_pruning_hparams())
+  # Every pruning hparam, with the default config's value and its meaning.
+  assert fields['--config.pruning.target_sparsity=0.9'] == [
+      'sparsity at and after sparsity_function_end_step, in [0, 1)']
+  assert fields["--config.pruning.threshold_method='exact'"] == [
+      "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)"]
+  # An empty map, as the flag that sets it (the hparams store it as ('',)).
+  assert fields['--config.pruning.weight_sparsity_map="[]"'] == [
+      'per-leaf targets, e.g. "[\'Dense_0/kernel:0.5\']"']
+  pruning = [f for f in fields if f.startswith('--config.pruning.')]
+  assert len(pruning) == len(jaxprune.get_pruning_hparams())
+  assert all(fields[f] for f in pruning)
   # With --config, that file's values.
   result = _run([SCRIPT, '--config', 'configs/digits_cnn.py', '-h'])
   assert result.returncode == 0
@@ -127,6 +133,13 @@ def test_bad_values_are_clear_errors(tmp_path):
     (['--config', 'nope.py'],
      f'--config=nope.py: no such file (relative to {REPO}); give a config file such as '
      'configs/digits_cnn.py, or leave --config out for the default'),
+    (['--config='], '--config is empty; give a config file such as configs/digits_cnn.py'),
+    (['--config.prune=False', '--config.pruning.target_sparsity=0.5'],
+     '--config.pruning.target_sparsity=0.5 has no effect: config.prune=False trains the dense '
+     'model only; drop the pruning flags, or set --config.prune=True.'),
+    (['--config.prune=False', '--config.channels.enabled=True'],
+     'config.channels.enabled=True prunes whole channels, but config.prune=False trains the '
+     'dense model only; set one of them the other way.'),
     (['--config.num_step=5'],
      "--config.num_step=5: the config has no field 'num_step'; did you mean 'num_steps'?"),
     (['--config', 'configs/digits_cnn.py', '--config.pruning.target_sparisty=0.5'],

@@ -6,6 +6,7 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxprune.train import metrics
 
@@ -35,6 +36,20 @@ def test_resume_drops_records_after_the_checkpoint(tmp_path):
   assert [(r['step'], r['loss']) for r in _lines(tmp_path)] == [(10, 0.1), (20, 0.2), (30, 0.25)]
   assert resumed.history == _lines(tmp_path)
   assert metrics.read_metrics(str(tmp_path)) == _lines(tmp_path)
+
+
+def test_resume_keeps_the_records_of_the_restored_step_and_drops_the_next(tmp_path):
+  # A run checkpointed at step 20 resumes from it: the records of step 20 are
+  # its history, those of step 21 (logged before a crash) are redone and must
+  # not be kept twice.
+  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+  for step in (19, 20, 20, 21, 22):
+    writer.write(step, {'loss': step / 100})
+  writer.close()
+  resumed = metrics.MetricsWriter(str(tmp_path), resume_step=20, tensorboard=False)
+  resumed.close()
+  assert [r['step'] for r in _lines(tmp_path)] == [19, 20, 20]
+  assert [r['step'] for r in resumed.history] == [19, 20, 20]
 
 
 def test_memory_only_writer_keeps_history(tmp_path):
@@ -74,7 +89,8 @@ def test_tensorboard_events_hold_the_scalars(tmp_path):
 
 def test_without_tensorboardx_only_jsonl_is_written(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, 'tensorboardX', None)  # makes the import fail
-  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=True)
+  with pytest.warns(UserWarning, match='tensorboardX is not installed; writing only '):
+    writer = metrics.MetricsWriter(str(tmp_path), tensorboard=True)
   writer.write(1, {'loss': 0.5})
   writer.close()
   assert sorted(os.listdir(tmp_path)) == ['metrics.jsonl']

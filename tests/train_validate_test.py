@@ -2,6 +2,7 @@
 
 import pytest
 
+import jaxprune
 from jaxprune.train import defaults, validate
 from jaxprune.train.errors import ConfigError
 
@@ -65,6 +66,7 @@ def test_every_field_of_the_defaults_has_a_rule_and_a_meaning():
   fields = set(validate._flatten(defaults.get_config()))
   assert fields == set(validate.RULES) | {'pruning'}
   assert fields == set(defaults.FIELD_HELP)
+  assert set(defaults.PRUNING_HELP) == set(jaxprune.get_pruning_hparams())
   validate.check_config(defaults.get_config())
 
 
@@ -154,3 +156,18 @@ def test_updates_count_from_the_last_one_not_on_a_grid():
       'schedule is at 45.0% sparsity, short of target_sparsity=0.5 (reached at '
       'sparsity_function_end_step=1000, by the update at step 1200); set end_pruning_step=1200 '
       'or later, or end the schedule earlier.')
+
+
+def test_channels_without_pruning_is_refused():
+  config = defaults.get_config()
+  config.channels.enabled = True
+  validate.check_config(config)
+  config.prune = False
+  with pytest.raises(ConfigError, match=r'^config.channels.enabled=True prunes whole channels, '
+                     'but config.prune=False trains the dense model only'):
+    validate.check_config(config)
+
+
+def test_an_empty_map_given_as_a_list_equals_the_default():
+  # --config.pruning.weight_sparsity_map="[]" gives (): the same run as the default ('',).
+  assert defaults.pruning_config(weight_sparsity_map=()).weight_sparsity_map == ('',)

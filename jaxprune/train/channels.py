@@ -26,6 +26,7 @@ import numpy as np
 import jaxprune
 from jaxprune.channels import ChannelRule
 from jaxprune.structured import Constraint, trace
+from jaxprune.train import files
 
 MODEL_FILE = 'pruned_model.bin'
 # Images per call when timing the dense and the shrunk model against each other.
@@ -156,10 +157,9 @@ def finish(rule: ChannelRule, model: nn.Module, params: Any, opt_state: Any,
   path = None
   if workdir is not None:
     path = os.path.join(workdir, MODEL_FILE)
-    # Written whole, then renamed: a reader never sees half an artifact.
-    with open(path + '.tmp', 'wb') as f:
-      f.write(blob)
-    os.replace(path + '.tmp', path)
+    # Written whole, then renamed: a reader never sees half an artifact, and a
+    # full disk leaves no partial file behind.
+    files.atomic_write(path, blob)
   exported = jax.export.deserialize(bytearray(blob))
   logits = np.concatenate([np.asarray(exported.call(jnp.asarray(x_test[i:i + 1024])))
                            for i in range(0, len(x_test), 1024)])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 import zlib
 from collections.abc import Callable, Mapping
@@ -231,7 +232,7 @@ class Checkpointer:
 
   def _describe(self, step: int, err: Exception) -> str:
     path = os.path.join(self.directory, str(step))
-    return one_line(f'the checkpoint {path} is damaged: {err}')[:600]
+    return one_line(f'the checkpoint {path} is damaged: {_reason(err, path)}')[:600]
 
   def _set_aside(self, step: int) -> str:
     distributed.barrier(f'jaxprune_find_damaged_{step}')  # every process names the same target
@@ -259,6 +260,25 @@ def _agree(error: Exception | None, item: str) -> None:
   if error is None:
     raise _Damaged(f'another process of the job cannot read its {item}')
   raise _Damaged(f'its {item} cannot be read: {type(error).__name__}: {error}') from error
+
+
+# Tensorstore's errors: a repr of the whole TensorStore spec (dozens of lines)
+# and the drivers it went through say nothing the user can act on; the root
+# cause names the array and the file.
+_TENSORSTORE_NOISE = re.compile(
+    r'\.? ?See full TensorStore details:.*|Error opening "\w+" driver: ', re.S)
+
+
+def _reason(err: BaseException, checkpoint: str) -> str:
+  """Why a checkpoint could not be read: the root error, with paths inside `checkpoint`."""
+  root = err
+  while root.__cause__ is not None or root.__context__ is not None:
+    root = root.__cause__ or root.__context__
+  if root is err:
+    return str(err)
+  what = str(err).split(': ', 1)[0]  # 'its state cannot be read', ...
+  text = _TENSORSTORE_NOISE.sub('', str(root)).replace(checkpoint + os.sep, '')
+  return f'{what}: {type(root).__name__}: {text}'
 
 
 def _public(meta: Mapping[str, Any]) -> dict[str, Any]:

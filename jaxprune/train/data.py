@@ -14,6 +14,10 @@ from typing import NamedTuple
 import numpy as np
 
 NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')
+# The model has one output per class id up to the largest label; beyond this
+# many, a label is far more likely a raw id (or garbage) than a class index,
+# and the output layer would not fit in memory long before int32 runs out.
+MAX_CLASSES = 2**16
 _ZIP_MAGIC = b'PK\x03\x04'  # what numpy.savez writes first
 
 
@@ -91,7 +95,8 @@ def load_npz(path: str) -> Dataset:
   Args:
     path: a file with arrays `x_train`, `y_train`, `x_test`, `y_test`; inputs
       have shape (n, *input_shape) with the same input shape in both splits,
-      labels are integers in [0, num_classes) with shape (n,).
+      labels are integers in [0, num_classes) with shape (n,), num_classes at
+      most `MAX_CLASSES`.
 
   Returns:
     A `Dataset`; `num_classes` is one more than the largest label.
@@ -124,6 +129,12 @@ def load_npz(path: str) -> Dataset:
       raise ValueError(
           f'data.path={path!r}: y_{split} must hold non-negative integer class ids; got '
           f'dtype {y.dtype} and minimum {y.min()}.')
+    if int(y.max()) >= MAX_CLASSES:
+      raise ValueError(
+          f'data.path={path!r}: y_{split} holds the class id {int(y.max())}, so the model '
+          f'would need {int(y.max()) + 1:,} outputs (at most {MAX_CLASSES:,}); labels are '
+          'class indices 0..num_classes-1: relabel them, e.g. with '
+          'numpy.unique(y, return_inverse=True).')
     with np.errstate(over='ignore'):
       bad = int(np.sum(~np.isfinite(x.astype(np.float32))))
     if bad:

@@ -84,6 +84,23 @@ def writing(what: str, path: str, then: str) -> Iterator[None]:
                        f'[errno {code}]; {then}.') from err
 
 
+def check_file(path: str, what: str) -> None:
+  """Raises ConfigError unless `path` is absent or a regular file (or a link to one).
+
+  Args:
+    path: a file the run reads or replaces.
+    what: what the run keeps there, e.g. 'metrics'.
+  """
+  if os.path.islink(path) and not os.path.exists(path):
+    raise ConfigError(f'{path} is a symbolic link to {os.readlink(path)!r}, which does not '
+                      f'exist; restore its target, or remove the link to start the {what} '
+                      'afresh, then run the same command again.')
+  if os.path.lexists(path) and not os.path.isfile(path):
+    kind = 'a directory' if os.path.isdir(path) else 'not a regular file'
+    raise ConfigError(f'{path} is {kind}, where the run keeps its {what}; move it out of the '
+                      'way, then run the same command again.')
+
+
 @contextlib.contextmanager
 def locked(workdir: str) -> Iterator[None]:
   """Holds `workdir`'s lock for the block, creating the directory if needed.
@@ -94,11 +111,17 @@ def locked(workdir: str) -> Iterator[None]:
 
   Raises:
     WorkdirBusyError: another run holds the lock.
-    ConfigError: the workdir cannot be created or written to.
+    ConfigError: the workdir cannot be created or written to, or its lock file
+      is a directory or a dangling link.
   """
   path = os.path.join(workdir, LOCK_FILE)
   try:
     os.makedirs(workdir, exist_ok=True)
+  except OSError as err:
+    raise ConfigError(f'--workdir={workdir!r} cannot be used ({err.strerror}: '
+                      f'{err.filename!r}); pick a directory you can write to.') from err
+  check_file(path, 'lock')
+  try:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   except OSError as err:
     raise ConfigError(f'--workdir={workdir!r} cannot be used ({err.strerror}: '

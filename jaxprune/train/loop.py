@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ from jaxprune.train import (
     data,
     distributed,
     files,
+    interrupts,
     models,
     plots,
     report,
@@ -88,14 +90,16 @@ def _build(config: ml_collections.ConfigDict) -> _Job:
   except (ValueError, OSError) as err:
     raise ConfigError(one_line(str(err))) from err
   model = models.create_model(config.model, dataset.num_classes)
-  params = models.init_params(model, dataset.x_train.shape[1:], config.seed)
   try:
+    params = models.init_params(model, dataset.x_train.shape[1:], config.seed)
     rule = channels.make_rule(config, model, params, tuple(dataset.x_train.shape[1:]))
     tx = make_optimizer(config, rule)
+    # tx.init checks the hparams that depend on the params' shapes (N:M, layer axes).
+    initial = create_train_state(params, tx)
   except (ValueError, TypeError) as err:
     raise ConfigError(one_line(str(err))) from err
   # Placed first, so that a checkpoint is restored straight into these shards.
-  state = sharding.place(create_train_state(params, tx), mesh)
+  state = sharding.place(initial, mesh)
   # The one place the step is jitted: everything it needs is in its arguments.
   train_step = sharding.jit_train_step(make_train_step(model.apply, tx), mesh, state,
                                        config.batch_size)
@@ -166,12 +170,18 @@ class _Run:
   def _resume(self) -> None:
     """Checks the workdir's config, restores the newest good checkpoint, records the config."""
     config, workdir = self.config, self.workdir
-    workdir_lib.check_config(workdir, config)
-    self.checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
+    self._check_outputs()
+    recorded = workdir_lib.read_config(workdir)
+    with self._writing('the checkpoint directory', os.path.join(workdir, 'checkpoints')):
+      self.checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
+    # The checkpoints' config is checksummed: where there is one, it decides.
     restored = self.checkpointer.restore_newest(
         self.state, lambda meta: workdir_lib.check_compatible(meta['config'], config, workdir))
+    if restored is None and recorded is not None:
+      workdir_lib.check_compatible(recorded, config, workdir)
     if restored is not None:
       self.saved_step, self.state, self.meta = restored
+      self._check_records(recorded)
       self.finite_step = self.saved_step
       if self.saved_step >= config.num_steps:
         print(f'The run in {workdir} is complete (step {self.saved_step}); reporting it.')
@@ -183,6 +193,39 @@ class _Run:
       path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
       with self._writing('the run config', path):
         workdir_lib.record_config(workdir, config)
+
+  def _check_records(self, recorded: dict[str, Any] | None) -> None:
+    """Checks config.json and metrics.jsonl against the checkpoint resumed from.
+
+    Raises:
+      ConfigError: metrics.jsonl is missing, so the history up to the
+        checkpoint would be lost without a word.
+    """
+    workdir, step = self.workdir, self.saved_step
+    path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+    with self._writing('the run config', path):
+      workdir_lib.repair_config(workdir, recorded, self.meta['config'], step)
+    metrics_path = os.path.join(workdir, METRICS_FILE)
+    if step > 0 and not os.path.exists(metrics_path):
+      raise ConfigError(
+          f'{metrics_path} is missing, but the run resumes from its checkpoint of step {step}: '
+          'the history up to that step would be lost. Restore the file from a backup, or '
+          f'create an empty one ({os.path.basename(metrics_path)}) to resume without it.')
+
+  def _check_outputs(self) -> None:
+    """ConfigError for an output file that is a directory or a dangling link.
+
+    Checked before training, so that a run cannot fail on one after it.
+    """
+    outputs = {workdir_lib.CONFIG_FILE: 'config', METRICS_FILE: 'metrics',
+               REPORT_FILE: 'report'}
+    if self.config.plots:
+      outputs.update(dict.fromkeys(
+          (plots.SPARSITY_PNG, plots.ACCURACY_PNG, plots.LAYERS_PNG), 'plots'))
+    if self.job.rule is not None:
+      outputs[channels.MODEL_FILE] = 'pruned model'
+    for name, what in outputs.items():
+      files.check_file(os.path.join(self.workdir, name), what)
 
   def _check_finite(self, step: int, loss: float | None = None) -> None:
     """Raises DivergedError unless the loss and every float of the state are finite."""
@@ -208,7 +251,12 @@ class _Run:
     if step != self.finite_step:
       self._check_finite(step)
     self.meta['config'] = workdir_lib.config_to_json(self.config)
-    self.checkpointer.save(step, state, self.meta)
+    meta = dict(self.meta)
+    if self.dense_at is not None and step < self.dense_at:
+      # Ctrl-C during the checkpoint of `dense_at` saves the step before it,
+      # whose resumed run drops the dense record and must measure it again.
+      meta['dense_accuracy'] = None
+    self.checkpointer.save(step, state, meta)
     self.saved_step = step
 
   def run(self, on_step: Callable[[int, TrainState], None] | None) -> TrainResult:
@@ -245,6 +293,7 @@ class _Run:
                     disable=(not config.progress_bar or start >= config.num_steps
                              or not distributed.is_primary()),
                     dynamic_ncols=True)
+    ctrl_c = interrupts.Interrupts.install()
     try:
       for step in range(start, config.num_steps):
         self.state, metrics = job.train_step(self.state, job.feed(step))
@@ -269,8 +318,10 @@ class _Run:
         bar.update(1)
         if on_step is not None:
           on_step(done, self.state)
+        ctrl_c.check()
+      ctrl_c.restore()
       if job.rule is not None:
-        self._shrink(write)
+        self._shrink(write, writer.history)
     except KeyboardInterrupt:
       # Keep the progress made so far, up to the last step whose metrics were
       # all written, so that the resumed history has no gap. (Not with several
@@ -279,14 +330,39 @@ class _Run:
         self._save(completed)
       raise
     finally:
+      ctrl_c.uninstall()
       bar.close()
-      writer.close()
-      if self.checkpointer is not None:
-        self.checkpointer.close()
+      self._close(writer, metrics_path)
     return self._finish(writer.history)
 
-  def _shrink(self, write: Callable[[int, dict[str, Any]], None]) -> None:
-    """Cuts the pruned channels out, writes pruned_model.bin, records what it gained."""
+  def _close(self, writer: MetricsWriter, metrics_path: str) -> None:
+    """Closes the writers; a failure is raised only if no error is on its way already.
+
+    On a full disk, closing the files fails again: that second error must not
+    replace the one that stopped the run.
+    """
+    failing = sys.exc_info()[1] is not None
+    try:
+      with self._writing('the metrics', metrics_path):
+        writer.close()
+    except Exception:
+      if not failing:
+        raise
+    finally:
+      if self.checkpointer is not None:
+        try:
+          self.checkpointer.close()
+        except Exception:
+          if not failing:
+            raise
+
+  def _shrink(self, write: Callable[[int, dict[str, Any]], None],
+              history: list[dict[str, Any]]) -> None:
+    """Cuts the pruned channels out, writes pruned_model.bin, records what it gained.
+
+    A rerun of a finished run keeps the record (and the speedup reported) of
+    the run that trained it.
+    """
     job = self.job
     params, opt_state = distributed.host_copy((self.state.params, self.state.opt_state))
     if not distributed.is_primary():
@@ -295,7 +371,12 @@ class _Run:
     with self._writing('the pruned model', path):
       self.shrunk = channels.finish(job.rule, job.model, params, opt_state,
                                     job.dataset.x_test, job.dataset.y_test, self.workdir)
-    write(int(self.state.step), self.shrunk.scalars())
+    step = int(self.state.step)
+    recorded = [r for r in history if r['step'] == step and 'speedup' in r]
+    if recorded:
+      self.shrunk = self.shrunk._replace(speedup=recorded[-1]['speedup'])
+    else:
+      write(step, self.shrunk.scalars())
 
   def _finish(self, history: list[dict[str, Any]]) -> TrainResult:
     """Evaluates the final state and writes the report and plots."""

@@ -153,6 +153,10 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   warnings.showwarning = _show_warning
   _join_processes(defined)  # first thing that touches JAX
   config, hparams_text = defined.config.value, defined.pruning_hparams.value
+  ignored = usage.pruning_flags(sys.argv[1:])
+  if config.get('prune') is False and ignored:
+    _fail(f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
+          'drop the pruning flags, or set --config.prune=True.')
   # A config without a pruning block is reported by train(), with the other fields.
   if isinstance(config.get('pruning'), ml_collections.ConfigDict):
     try:

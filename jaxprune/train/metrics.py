@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -90,14 +91,14 @@ class MetricsWriter:
     self._file = open(self.path, 'a')  # noqa: SIM115 -- closed in close()
     if tensorboard:
       try:
-        from tensorboardX import SummaryWriter
+        import tensorboardX  # noqa: F401
       except ImportError:
         warnings.warn(f'tensorboardX is not installed; writing only {self.path}. '
                       'Install it with `pip install tensorboardX`.', stacklevel=2)
       else:
-        # purge_step hides events an interrupted run wrote after its checkpoint.
-        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
-                                 purge_step=resume_step + 1 if resume_step else None)
+        # The purge step hides events an interrupted run wrote after its checkpoint.
+        self._tb = _EventFile(os.path.join(workdir, 'tensorboard'),
+                              purge_step=resume_step + 1 if resume_step else None)
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Records `{'step': step, **scalars}`."""
@@ -108,13 +109,47 @@ class MetricsWriter:
       self._file.write(json.dumps(record) + '\n')
       self._file.flush()
     if self._tb is not None:
-      for name, value in record.items():
-        if name != 'step' and not isinstance(value, str):
-          self._tb.add_scalar(name, value, global_step=step)
+      self._tb.write(step, {name: value for name, value in record.items()
+                            if name != 'step' and not isinstance(value, str)})
 
   def close(self) -> None:
-    """Flushes and closes the writers."""
-    if self._file is not None:
-      self._file.close()
-    if self._tb is not None:
-      self._tb.close()
+    """Flushes and closes the writers (both, even if the first one fails)."""
+    try:
+      if self._file is not None:
+        self._file.close()
+    finally:
+      if self._tb is not None:
+        self._tb.close()
+
+
+class _EventFile:
+  """A TensorBoard event file written in the caller's thread, flushed after each record.
+
+  tensorboardX's `SummaryWriter` writes from a thread of its own: on a full
+  disk that thread dies with a traceback, and the error surfaces again at
+  exit. Here a failed write raises where the job can report it.
+  """
+
+  def __init__(self, directory: str, purge_step: int | None):
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+    os.makedirs(directory, exist_ok=True)
+    self._writer = EventsWriter(os.path.join(directory, 'events'))
+    self._event = Event
+    if purge_step is not None:
+      # TensorBoard drops the events of later steps written before this one.
+      self._writer.write_event(Event(wall_time=time.time(), step=purge_step,
+                                     session_log=SessionLog(status=SessionLog.START)))
+    self._writer.flush()
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    from tensorboardX.summary import scalar
+
+    for name, value in scalars.items():
+      self._writer.write_event(self._event(wall_time=time.time(), step=step,
+                                           summary=scalar(name, value)))
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()

@@ -73,6 +73,15 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modu
 
 
 def init_params(model: nn.Module, input_shape: Sequence[int], seed: int) -> dict:
-  """Initialises the model's params for inputs of shape (batch, *input_shape)."""
+  """Initialises the model's params for inputs of shape (batch, *input_shape).
+
+  Raises:
+    ValueError: a CNN given inputs that are not images.
+  """
+  if isinstance(model, CNN) and len(input_shape) not in (2, 3):
+    raise ValueError(
+        f"model.name='cnn' takes images of shape (height, width) or (height, width, "
+        f'channels), but the inputs have shape {tuple(input_shape)}; reshape x_train and '
+        "x_test to images (e.g. x.reshape(len(x), 8, 8, 1)), or use model.name='mlp'.")
   dummy = jnp.zeros((1, *input_shape), jnp.float32)
   return model.init(jax.random.PRNGKey(seed), dummy)['params']

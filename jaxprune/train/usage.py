@@ -94,15 +94,26 @@ def help_text(doc: str, flag_lines: Sequence[str], argv: Sequence[str]) -> str:
     config = defaults.get_config()
     note = f' ({describe_config_error(path, err)}; showing the defaults)'
   source = 'the defaults' if path == DEFAULT_CONFIG else path
-  fields = [(f'--config.{name}={value!r}', name) for name, value in _flatten(config)]
+  fields = [(f'--config.{name}={_shown(name, value)}', name) for name, value in _flatten(config)]
   width = min(max(len(setting) for setting, _ in fields), 44)
+  meaning = {**defaults.FIELD_HELP,
+             **{f'pruning.{name}': text for name, text in defaults.PRUNING_HELP.items()}}
   lines = [doc.strip(), '', 'Flags:', *flag_lines, '',
            f'Config fields, with the values of {source}{note}:']
-  lines += [f'  {setting.ljust(width)}  {defaults.FIELD_HELP.get(name, "")}'.rstrip()
+  lines += [f'  {setting.ljust(width)}  {meaning.get(name, "")}'.rstrip()
             for setting, name in fields if not name.startswith('pruning.')]
   lines += ['', f'Pruning fields: {defaults.FIELD_HELP["pruning"]}.']
-  lines += [f'  {setting}' for setting, name in fields if name.startswith('pruning.')]
+  lines += [f'  {setting.ljust(width)}  {meaning.get(name, "")}'.rstrip()
+            for setting, name in fields if name.startswith('pruning.')]
   return '\n'.join(lines)
+
+
+def _shown(name: str, value: Any) -> str:
+  """A field's value as it is written on the command line."""
+  if name.endswith('_map') and isinstance(value, (tuple, list)):
+    # The hparams store an empty map as ('',): shown as the flag that sets it.
+    return '"[' + ', '.join(repr(entry) for entry in value if entry) + ']"'
+  return repr(value)
 
 
 def describe_config_error(path: str, err: BaseException) -> str:
@@ -126,6 +137,12 @@ def describe_config_error(path: str, err: BaseException) -> str:
       reason = f'{type(root).__name__}: {reason}'
   return (f'--config={path}: loading it failed ({reason}); a config file defines '
           'get_config() returning an ml_collections.ConfigDict')
+
+
+def pruning_flags(argv: Sequence[str]) -> list[str]:
+  """The flags of `argv` that set pruning hparams (`--config.pruning.*`, `--pruning_hparams`)."""
+  return [arg for arg in argv
+          if re.match(r'--?(?:no)?(?:config\.pruning\.|pruning_hparams(?:=|$))', arg)]
 
 
 def _missing_field(config: Any, dotted: str) -> str | None:
@@ -152,7 +169,8 @@ def describe_flag_error(err: BaseException, argv: Sequence[str]) -> str:
   Returns:
     A message naming the flag, the value and the fix.
   """
-  path = config_argument(argv) or DEFAULT_CONFIG
+  given = config_argument(argv)
+  path = DEFAULT_CONFIG if given is None else given
   try:
     config = load_config(path)
   except Exception as load_err:  # noqa: BLE001 -- every failure to load is described

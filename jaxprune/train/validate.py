@@ -130,6 +130,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if not check(fields[name]):
       raise ConfigError(f'config.{name}={fields[name]!r}: {rule} (the default is '
                         f'{expected[name]!r}).')
+  if fields['channels.enabled'] and not fields['prune']:
+    raise ConfigError('config.channels.enabled=True prunes whole channels, but config.prune='
+                      'False trains the dense model only; set one of them the other way.')
   if 'pruning' not in config:
     raise ConfigError('config.pruning is missing; start the config from '
                       'jaxprune.train.defaults.get_config(), or set it to '

@@ -1,10 +1,12 @@
 """Which run a workdir belongs to: `config.json`, and the config check on resume.
 
 `config.json` records the config of the run that trained the workdir's
-checkpoints. A rerun is compared with it (and with the config stored in the
-newest checkpoint) before anything is written, and it is rewritten only once
-the rerun is known to be compatible and is about to train: a refused run,
-or a rerun of a finished one, leaves it as it was.
+checkpoints. A rerun is compared with the config stored in the newest
+checkpoint (checksummed, so it decides), or with `config.json` when there is
+no checkpoint yet, before anything is written; the file is rewritten only
+once the rerun is known to be compatible and is about to train (a refused
+run, or a rerun of a finished one, leaves it as it was), or when it
+disagrees with the checkpoint (`repair_config`).
 """
 
 from __future__ import annotations
@@ -133,5 +135,37 @@ def check_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes `config` as the workdir's `config.json`, replacing the old one atomically."""
+  _write(workdir, config_to_json(config))
+
+
+def _write(workdir: str, saved: Mapping[str, Any]) -> None:
   path = os.path.join(workdir, CONFIG_FILE)
-  files.atomic_write(path, json.dumps(config_to_json(config), indent=2, sort_keys=True) + '\n')
+  files.atomic_write(path, json.dumps(saved, indent=2, sort_keys=True) + '\n')
+
+
+def repair_config(workdir: str, recorded: Mapping[str, Any] | None,
+                  checkpointed: Mapping[str, Any], step: int) -> None:
+  """Rewrites `config.json` from the checkpoint's config where the two disagree.
+
+  The config stored in a checkpoint is covered by its checksum, `config.json`
+  is not: when they differ (beyond the fields a resumed run may change), the
+  file was edited or damaged outside the job, and the checkpoint's config is
+  the run's. Said in a warning.
+
+  Args:
+    workdir: the run's directory.
+    recorded: the config read from `config.json` (None if absent or unreadable).
+    checkpointed: the config stored in the checkpoint of `step`.
+    step: the checkpoint's step.
+  """
+  if recorded is None:
+    return
+  diffs = config_differences(recorded, checkpointed)
+  if not diffs:
+    return
+  fields = '; '.join(f'config.{name}: {before!r} in the file, {after!r} in the checkpoint'
+                     for name, before, after in diffs)
+  warnings.warn(f'{os.path.join(workdir, CONFIG_FILE)} disagrees with the checksummed config '
+                f'of the checkpoint of step {step} ({fields}), so it was changed outside the '
+                "job; rewrote it with the checkpoint's config.", stacklevel=2)
+  _write(workdir, checkpointed)
