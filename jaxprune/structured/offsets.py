@@ -160,6 +160,11 @@ def gather(ctx, eqn) -> None:
       ctx.block(out, out_axis)
   for axis in set(dnums.start_index_map) | set(dnums.collapsed_slice_dims):
     ctx.block(operand, axis)
+  # A batched lookup (a per-head table under vmap): operand batching axis i
+  # and index batching axis i are one axis, so they go together.
+  for axis, index_axis in zip(dnums.operand_batching_dims, dnums.start_indices_batching_dims,
+                              strict=True):
+    ctx.join_axes(operand, axis, indices, index_axis)
   index_rank = len(_shape(indices))
   index_axes = [a for a in range(index_rank) if a != index_rank - 1]
   if len(index_axes) == len(batch_out):
