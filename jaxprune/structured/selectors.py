@@ -226,7 +226,8 @@ def select(graph: Any, variables: PyTree, *, ratio: float | Mapping[str, float] 
     graph: the DependencyGraph of `jaxprune.structured.trace`.
     variables: the dense variables the graph was traced with.
     ratio: fraction of channels to remove, or `{kind: fraction}` per kind of
-      group (`'width'`, `'heads'`, `'head_dim'`, `'channels'`; see
+      group (`'width'`, `'heads'`, `'head_dim'`, `'channels'`, `'experts'`,
+      `'recurrent'`; see
       `ChannelGroup.kind`) with `scope='uniform'`; kinds not named keep all.
     flops_target: in (0, 1]; e.g. 0.25 keeps a quarter of the FLOPs.
     importance: 'l1', 'l2', 'bn_scale', 'density', 'random', or precomputed
