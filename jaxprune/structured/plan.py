@@ -8,8 +8,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
+from jaxprune import names
 from jaxprune.structured import identity
 
 
@@ -98,6 +100,35 @@ def make_plan(graph: Any, removed: Mapping[int, Sequence[int]]) -> Plan:
   return Plan(removed=out, sizes={g.id: g.size for g in graph.groups}, keys=keys)
 
 
+def check_variables(graph: Any, variables: Any, where: str) -> None:
+  """Raises a ValueError when `variables` are not shaped as the ones `graph` was traced with."""
+  tree = jax.tree_util.tree_structure(variables)
+  if tree != graph.variables_tree:
+    raise ValueError(f'{where}: variables have structure {tree}, the graph was traced with '
+                     f'{graph.variables_tree}; pass the dense variables given to trace.')
+  for name, leaf in names.named_leaves(variables):
+    shape = tuple(np.shape(leaf))
+    if shape != graph.leaf_shapes[name]:
+      raise ValueError(f'{where}: variables leaf {name!r} has shape {shape}, the graph was '
+                       f'traced with {graph.leaf_shapes[name]}; pass the dense variables given '
+                       'to trace (or trace these).')
+
+
+def _check_channels(plan: Plan) -> None:
+  """Each group's channels are integers in range (a Plan built by hand is not checked)."""
+  for gid, channels in plan.removed.items():
+    channels = np.asarray(channels)
+    size = plan.sizes.get(gid)
+    if size is None:
+      raise ValueError(f'plan: group {gid} has no size in plan.sizes; build plans with '
+                       'make_plan or select.')
+    if channels.size and (not np.issubdtype(channels.dtype, np.integer)
+                          or channels.min() < 0 or channels.max() >= size):
+      raise ValueError(f'plan: group {gid} has channels 0..{size - 1}, the plan removes '
+                       f'{channels.tolist()}; build plans with make_plan or select, which '
+                       'check them.')
+
+
 def plan_for(graph: Any, plan: Plan) -> Plan:
   """The plan in `graph`'s group ids: translated by group identity when it has keys.
 
@@ -108,6 +139,7 @@ def plan_for(graph: Any, plan: Plan) -> Plan:
   """
   groups = {g.id: g for g in graph.groups}
   if plan.keys:
+    _check_channels(plan)
     removed = identity.translate(dict(plan.removed), dict(plan.keys), graph)
     return Plan(removed, {g.id: g.size for g in graph.groups},
                 {gid: identity.group_key(groups[gid]) for gid in removed})
@@ -120,6 +152,7 @@ def plan_for(graph: Any, plan: Plan) -> Plan:
                        'what each group ties, so the plan carries over to other traces).')
     if len(channels) and not group.prunable:
       raise ValueError(f'plan: group {gid} is not prunable ({group.reason}).')
+  _check_channels(plan)
   return plan
 
 
@@ -149,6 +182,13 @@ class Constraint:
   allow_approximate: bool = False
 
   def __post_init__(self):
+    for field in ('min_channels', 'round_to'):
+      value = getattr(self, field)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f'Constraint({field}={value!r}): give an int, e.g. {field}=1.')
+    if isinstance(self.min_ratio, bool) or not isinstance(self.min_ratio, (int, float,
+                                                                           np.number)):
+      raise TypeError(f'Constraint(min_ratio={self.min_ratio!r}): give a number in [0, 1].')
     if self.min_channels < 1:
       raise ValueError(f'min_channels={self.min_channels}: must be >= 1 (a group is never '
                        'emptied).')

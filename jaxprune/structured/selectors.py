@@ -24,7 +24,7 @@ import numpy as np
 from jaxprune.structured import cost as cost_lib
 from jaxprune.structured import importance as importance_lib
 from jaxprune.structured.kinds import KINDS
-from jaxprune.structured.plan import Constraint, Plan, make_plan
+from jaxprune.structured.plan import Constraint, Plan, check_variables, make_plan
 
 PyTree = Any
 
@@ -247,6 +247,8 @@ def select(graph: Any, variables: PyTree, *, ratio: float | Mapping[str, float] 
   check_target(ratio=ratio, flops_target=flops_target, n_channels=n_channels,
                latency_fn=latency_fn, latency_target=latency_target, scope=scope,
                search=search, constraint=constraint)
+  if variables is not None:
+    check_variables(graph, variables, 'select')
   constraint = constraint or Constraint()
   scores = importance_lib.score_channels(graph, variables, importance, masks=masks, seed=seed)
   if ratio is not None:
@@ -260,6 +262,10 @@ def select(graph: Any, variables: PyTree, *, ratio: float | Mapping[str, float] 
     return by_cost(graph, scores, lambda plan: cost_lib.plan_flops(graph, plan),
                    flops_target * dense, constraint, search)
   return by_cost(graph, scores, latency_fn, latency_target, constraint, search)
+
+
+def _is_number(x: Any) -> bool:
+  return not isinstance(x, bool) and isinstance(x, (int, float, np.number))
 
 
 def check_ratio(ratio: Any) -> None:
@@ -308,11 +314,13 @@ def check_target(*, ratio: float | None = None, flops_target: float | None = Non
     if isinstance(ratio, Mapping) and scope != 'uniform':
       raise ValueError(f"ratio={dict(ratio)!r} per kind works with scope='uniform', not "
                        f'{scope!r}; for one target across kinds use flops_target.')
-  if n_channels is not None and (isinstance(n_channels, bool) or int(n_channels) != n_channels
-                                 or n_channels < 1):
-    raise ValueError(f'n_channels={n_channels!r}: give the number of channels to remove (>= 1).')
-  if flops_target is not None and not 0.0 < flops_target <= 1.0:
-    raise ValueError(f'flops_target={flops_target}: the fraction of FLOPs to keep must be '
-                     'in (0, 1].')
+  if n_channels is not None and (not _is_number(n_channels) or not np.isfinite(n_channels)
+                                 or int(n_channels) != n_channels or n_channels < 1):
+    raise ValueError(f'n_channels={n_channels!r}: give the number of channels to remove, an '
+                     'int >= 1 (or ratio= for a fraction).')
+  if flops_target is not None and (not _is_number(flops_target)
+                                   or not 0.0 < flops_target <= 1.0):
+    raise ValueError(f'flops_target={flops_target!r}: give the fraction of FLOPs to keep, a '
+                     'number in (0, 1], e.g. flops_target=0.5.')
   if latency_target is not None and not callable(latency_fn):
     raise ValueError('latency_target needs latency_fn(plan) -> float.')
