@@ -27,10 +27,13 @@ class Plan:
       ties, so the plan applies to another trace of the same model (another
       input shape or entry point; see `identity.py`). A plan without keys
       applies only to the graph whose ids it uses.
+    notes: what the selector could not do as asked (rounding that kept more
+      channels, nothing removed); `summary()` prints them.
   """
   removed: Mapping[int, np.ndarray]
   sizes: Mapping[int, int]
   keys: Mapping[int, identity.GroupKey] = dataclasses.field(default_factory=dict)
+  notes: tuple[str, ...] = ()
 
   def kept(self, group_id: int) -> np.ndarray:
     """Sorted indices of the channels that stay in a group."""
@@ -47,8 +50,9 @@ class Plan:
     lines = [f'group {gid}: {self.sizes[gid]} -> {self.sizes[gid] - len(r)}'
              for gid, r in sorted(self.removed.items()) if len(r)]
     total = sum(self.sizes.values())
-    lines.append(f'removed {self.num_removed} of {total} channels')
-    return '\n'.join(lines)
+    lines.append(f'removed {self.num_removed} of {total} channels'
+                 + (' (nothing removed)' if not self.num_removed else ''))
+    return '\n'.join(lines + list(self.notes))
 
 
 def _channel_indices(gid: int, size: int, channels: Any) -> np.ndarray:
@@ -163,13 +167,14 @@ class Constraint:
   Attributes:
     min_channels: keep at least this many channels per group (capped at its size).
     min_ratio: keep at least this fraction of each group.
-    round_to: the kept count is a multiple of this, or the whole group (so a
-      group of 8 or fewer channels keeps them all at the default). 8 by
-      measurement: odd channel counts run slower on CPU; over eight
-      third-party models at ratio 0.3 (benchmarks/thirdparty.py) the
+    round_to: the kept count is a multiple of this, or the whole group.
+      Selectors round the kept count up (as Torch-Pruning does), so a ratio is
+      never exceeded: a group of 16 at ratio 0.25 with round_to=8 keeps all
+      16, and the plan's summary says so. 1 (the default) removes the ratio
+      asked for. 8 runs faster where groups are large enough: over eight
+      third-party models at ratio 0.3 on CPU (benchmarks/thirdparty.py) the
       geometric-mean speedup was 1.92x unrounded, 2.12x at 4, 2.19x at 8,
       2.17x at 16, and the slowest model 0.78x unrounded against 1.24x at 8.
-      1 removes exactly the ratio asked for.
     locked: regexes; a group is left alone when any member leaf name matches.
     allow_approximate: also remove channels of groups marked approximate
       (`ChannelGroup.approximate`: width groups whose norm statistics change,
@@ -177,7 +182,7 @@ class Constraint:
   """
   min_channels: int = 1
   min_ratio: float = 0.0
-  round_to: int = 8
+  round_to: int = 1
   locked: Sequence[str] = ()
   allow_approximate: bool = False
 
@@ -223,6 +228,11 @@ class Constraint:
     if getattr(group, 'approximate', False) and not self.allow_approximate:
       return True
     return any(re.search(p, m.leaf) for p in self.locked for m in group.members)
+
+  def keep_up(self, size: int, keep: int) -> int:
+    """The smallest allowed kept count >= `keep`: never removes more than asked."""
+    keeps = self.allowed_keeps(size)
+    return int(keeps[keeps >= keep].min())
 
   def nearest_keep(self, size: int, keep: float) -> int:
     """The allowed kept count nearest to `keep` (ties keep more)."""
