@@ -63,10 +63,14 @@ class PruneResult:
     with flax_rebuild.linen_resized(variables):
       return self.model.apply(variables, *args, **kwargs)
 
+  @property
+  def flops_kept(self) -> float:
+    """FLOPs of the pruned model as a fraction of the dense model's (0.25: 4x fewer)."""
+    return cost.flops_kept(self.flops_before, self.flops_after)
+
   def summary(self) -> str:
-    ratio = self.flops_after / self.flops_before if self.flops_before else 1.0
     return (f'{self.plan.summary()}\nFLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} '
-            f'({ratio:.1%}, {1 / max(ratio, 1e-12):.2f}x fewer)')
+            f'({cost.flops_text(self.flops_kept)})')
 
 
 def _default_inputs(batch: Any) -> tuple:
