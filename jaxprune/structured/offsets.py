@@ -152,15 +152,15 @@ def gather(ctx, eqn) -> None:
   # and PROMISE_IN_BOUNDS clamp it to 0; FILL_OR_DROP fills the slice for any
   # other start, at every width): `w[i]` under `jax.vmap` indexes the
   # embedding axis too, at 0.
-  full = [slice_sizes[a] == _shape(operand)[a] for a in range(len(slice_sizes))]
+  full = lambda a: slice_sizes[a] == _shape(operand)[a]
   for axis, out_axis in zip(sliced, offset_dims, strict=True):
-    if full[axis]:
+    if full(axis):
       ctx.join_axes(operand, axis, out, out_axis)
     else:
       ctx.block(operand, axis)
       ctx.block(out, out_axis)
   for axis in set(dnums.start_index_map) | set(dnums.collapsed_slice_dims):
-    if axis in dnums.collapsed_slice_dims or not full[axis]:
+    if axis in dnums.collapsed_slice_dims or not full(axis):
       ctx.block(operand, axis)
   # A batched lookup (a per-head table under vmap): operand batching axis i
   # and index batching axis i are one axis, so they go together.
