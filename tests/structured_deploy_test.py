@@ -84,7 +84,6 @@ def test_pruned_callable_is_differentiable_at_another_batch():
 
 _RELOAD = """
 import sys
-import flax.linen as nn
 import jax
 import numpy as np
 exported = jax.export.deserialize(bytearray(open(sys.argv[1], 'rb').read()))
