@@ -87,6 +87,48 @@ def test_shrink_of_an_untrained_state_removes_nothing():
   state = jaxprune.pruning(jaxprune.get_pruning_hparams(), mask_rule=rule).init(
       variables['params'])
   result = jaxprune.channels.shrink(rule, variables, state, *args)
-  assert result.plan.num_removed == 0 and result.flops_ratio == 1.0
+  assert result.plan.num_removed == 0 and result.flops_kept == 1.0
   np.testing.assert_allclose(result.pruned_fn(result.variables, *args), fn(variables, *args),
                              rtol=1e-6)
+
+
+def _mlp_rule_and_state():
+  fn, variables, args, _ = ZOO['mlp']()  # 10 -> fc1 16 -> fc2 8 -> fc3 4, batch 2
+  rule = ChannelRule(trace(fn, variables, *args), constraint=Constraint(round_to=1))
+  state = jaxprune.pruning(jaxprune.get_pruning_hparams(), mask_rule=rule).init(
+      variables['params'])
+  return fn, variables, args, rule, state
+
+
+def _with_masks(state, edit):
+  masks = jax.tree.map(np.array, jaxprune.get_masks(state))
+  edit(masks)
+  return state._replace(masks=jax.tree.map(jnp.asarray, masks))
+
+
+def _drop_channels(masks):
+  """fc1 keeps units 0-7 of 16, fc2 units 0-3 of 8: whole channels, by hand."""
+  masks['fc1']['kernel'][:, 8:] = masks['fc1']['bias'][8:] = False
+  masks['fc2']['kernel'][8:] = masks['fc2']['kernel'][:, 4:] = masks['fc2']['bias'][4:] = False
+  masks['fc3']['kernel'][4:] = False
+
+
+def test_flops_kept_is_after_over_before_and_the_summary_says_how_many_fewer():
+  fn, variables, args, rule, state = _mlp_rule_and_state()
+  result = jaxprune.channels.shrink(rule, variables, _with_masks(state, _drop_channels), *args)
+  # By hand, batch 2, 2 FLOPs per multiply-add: 4 * (10*16 + 16*8 + 8*4) = 1280 dense,
+  # 4 * (10*8 + 8*4 + 4*4) = 512 shrunk: 40% kept, 2.5x fewer.
+  assert (result.flops_before, result.flops_after) == (1280, 512)
+  assert result.flops_kept == pytest.approx(0.4)
+  assert result.summary().endswith('FLOPs 1.28e+03 -> 512 (40.0% kept, 2.50x fewer)')
+
+
+def test_shrink_refuses_masks_that_are_not_whole_channels():
+  fn, variables, args, rule, state = _mlp_rule_and_state()
+
+  def one_weight(masks):  # one weight of fc2, not a whole channel
+    _drop_channels(masks)
+    masks['fc2']['kernel'][0, 0] = False
+
+  with pytest.raises(ValueError, match="the mask of 'fc2/kernel' is not made of whole channels"):
+    jaxprune.channels.shrink(rule, variables, _with_masks(state, one_weight), *args)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import warnings
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,3 +215,41 @@ def test_export_at_a_symbolic_batch_keeps_slices_jnp_turns_into_gathers():
   w1, w2 = np.asarray(params['w1']), np.asarray(params['w2'])
   np.testing.assert_allclose(exported.call(new, x), np.tanh(x @ w1[:, [3, 4]]) @ w2[[1, 2]],
                              rtol=1e-5, atol=1e-5)
+
+
+class _LSTMText(nn.Module):
+  """Embedding -> `nn.RNN(nn.LSTMCell)` (a `lax.scan` over the tokens) -> Dense."""
+
+  @nn.compact
+  def __call__(self, ids):
+    return nn.Dense(3)(nn.RNN(nn.LSTMCell(12))(nn.Embed(20, 8)(ids))[:, -1])
+
+
+def test_scanned_model_exports_with_symbolic_batch_and_length():
+  model = _LSTMText()
+  ids = jnp.arange(10, dtype=jnp.int32).reshape(2, 5)
+  variables = model.init(jax.random.key(0), ids)
+  graph = jps.trace(model.apply, variables, ids)
+  plan = jps.select(graph, variables, ratio={'recurrent': 0.25},
+                    constraint=jps.Constraint(round_to=1))
+  (removed,) = [r for r in plan.removed.values() if len(r)]
+  assert len(removed) == 3
+  new_variables, pruned_fn = jps.apply_plan(graph, variables, plan)
+  b, t = jax.export.symbolic_shape('b, t')
+  exported = jax.export.export(pruned_fn)(new_variables, jax.ShapeDtypeStruct((b, t), jnp.int32))
+  exported = jax.export.deserialize(exported.serialize())
+  # By hand: a hidden unit whose weights are all zero has every gate at 0.5 and
+  # tanh(0) = 0 as its candidate, so its cell and output stay 0: the dense model
+  # with those units zeroed.
+  zeroed = jax.tree.map(np.array, variables)
+  cell = zeroed['params']['LSTMCell_0']
+  for name, leaves in cell.items():
+    leaves['kernel'][..., removed] = 0
+    if name.startswith('h'):
+      leaves['kernel'][removed] = 0
+      leaves['bias'][removed] = 0
+  zeroed['params']['Dense_0']['kernel'][removed] = 0
+  for shape in ((3, 7), (1, 2)):
+    x = jnp.arange(np.prod(shape), dtype=jnp.int32).reshape(shape) % 20
+    np.testing.assert_allclose(exported.call(new_variables, x), model.apply(zeroed, x),
+                               rtol=1e-5, atol=1e-6)

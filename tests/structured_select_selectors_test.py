@@ -44,9 +44,10 @@ def test_uniform_removes_the_ratio_least_important():
 def test_constraints_round_minimum_lock_and_never_empty():
   graph = _graph(64, 20, 4)
   scores = _descending(graph)
-  plan = selectors.uniform(graph, scores, 0.5, Constraint())  # the default rounds to 8
-  # keep 32 of 64; of 20 the allowed keeps are 8, 16, 20 and 10 is nearest 8; 4 < 8 stays.
-  assert [plan.sizes[g] - len(plan.removed.get(g, [])) for g in range(3)] == [32, 8, 4]
+  plan = selectors.uniform(graph, scores, 0.5, Constraint(round_to=8))
+  # keep 32 of 64; of 20 the allowed keeps are 8, 16, 20 and 10 rounds up to 16; 4 < 8 stays.
+  assert [plan.sizes[g] - len(plan.removed.get(g, [])) for g in range(3)] == [32, 16, 4]
+  assert Constraint().round_to == 1  # the default removes what was asked
   plan = selectors.uniform(graph, scores, 0.5,
                            Constraint(min_ratio=0.75, min_channels=2, round_to=1))
   assert len(plan.removed[0]) == 16 and len(plan.removed[1]) == 5 and len(plan.removed[2]) == 1

@@ -13,7 +13,7 @@ from jaxprune.structured import api, calibrate, flax_rebuild, oracle, selectors,
 from jaxprune.structured.plan import Constraint, make_plan
 from jaxprune.structured.trace import trace
 
-# Exact counts: no rounding of the kept channels (the default rounds to 8).
+# Exact counts: no rounding of the kept channels (also the default).
 EXACT = Constraint(round_to=1)
 
 
@@ -241,3 +241,42 @@ def test_prune_rejects_what_it_cannot_prune():
     api.prune(lambda v, x: x, _x(2, 5), variables={}, ratio=0.5)
   with pytest.raises(ValueError, match='give example inputs'):
     api.prune(CNN(), variables={'params': {}}, ratio=0.5)
+
+
+class _ShapeBranch(nn.Module):
+  """A residual block that projects its input only when the widths differ."""
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.relu(nn.Dense(self.features, name='fc')(x))
+    if x.shape[-1] != self.features:
+      x = nn.Dense(self.features, name='proj')(x)
+    return x + y
+
+
+class _BranchyNet(nn.Module):
+  block: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = _ShapeBranch(self.block, name='block')(nn.relu(nn.Dense(16, name='stem')(x)))
+    return nn.Dense(3, name='head')(x)
+
+
+@pytest.mark.parametrize('block, flax_error', [
+    (16, 'ScopeParamNotFoundError'),  # dense: no proj; pruned 12 != 16 wants one
+    (12, 'TypeError'),                # dense: proj 16 -> 12; pruned 12 == 12 skips it
+])
+def test_linen_code_branching_on_shapes_is_explained(block, flax_error):
+  model, x = _BranchyNet(block), _x(2, 8)
+  variables = model.init(jax.random.key(0), x)
+  explained = (rf'prune: result.apply fails on the pruned model \({flax_error}: .*branches on '
+               r'shapes that pruning changed.*result.pruned_fn\(result.variables, x\)')
+  with pytest.raises(RuntimeError, match=explained):
+    api.prune(model, x, variables=variables, ratio=0.25, constraint=EXACT)
+  result = api.prune(model, x, variables=variables, ratio=0.25, constraint=EXACT, check=False)
+  assert result.variables['params']['stem']['kernel'].shape == (8, 12)
+  assert result.pruned_fn(result.variables, x).shape == (2, 3)
+  with pytest.raises(RuntimeError, match=explained):
+    result.apply(result.variables, x)

@@ -16,9 +16,9 @@ def test_readme_removing_channels_examples_run():
       exec(compile(block, 'README.md', 'exec'), namespace)  # noqa: S102
   # what the README's comments claim.
   summary = namespace['result'].summary()
-  # kept counts are multiples of 8 (the default round_to): 16 x 24 of 32 x 64 channels.
-  assert 'group 0: 32 -> 16' in summary and 'group 1: 64 -> 24' in summary
-  assert '4.96x fewer' in summary
+  # unrounded (the default round_to=1): 19 x 30 of 32 x 64 channels keep 0.3 of the FLOPs.
+  assert 'group 0: 32 -> 19' in summary and 'group 1: 64 -> 30' in summary
+  assert '3.42x fewer' in summary
   assert namespace['sizes'] == {'Conv_0': 16, 'Conv_1': 32, 'Dense_0': 10}
   assert namespace['net'].conv.out_features == 16
   # the deployed model: batch 3, from a serialised export with a symbolic batch.

@@ -126,7 +126,7 @@ def test_uniform_and_global_plans_verify_and_remove_flops(name):
   assert {g.id for g in graph.prunable_groups if g.size >= 4} <= set(uniform.removed)
   global_plan, _, pruned_fn, _ = _pruned(name)
   total = sum(g.size for g in graph.prunable_groups)
-  assert global_plan.num_removed == round(RATIO * total)
+  assert global_plan.num_removed == int(RATIO * total + 1e-9)  # never more than the ratio
   for plan, fn in ((uniform, None), (global_plan, pruned_fn)):
     report = jps.verify(graph, case.variables, plan, *args, pruned_fn=fn)
     assert report.ok, (name, report)

@@ -39,6 +39,6 @@ def test_readme_thirdparty_recipes_run():
   assert run(hf_block) == ['9']
   assert namespace['logits'].shape == (1, 3)
 
-  # keras CNN: each conv's output; 16 - round(0.3 * 16) = 11 filters, and the
-  # multiple of 8 (the default round_to) nearest to 11 is 8.
-  assert run(keras_block) == ['2', '(3,', '3,', '3,', '8)']
+  # keras CNN: each conv's output; 16 - floor(0.3 * 16) = 12 filters (a ratio is
+  # never exceeded; the default round_to=1 does not round).
+  assert run(keras_block) == ['2', '(3,', '3,', '3,', '12)']

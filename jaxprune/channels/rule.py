@@ -128,7 +128,7 @@ class ChannelRule:
     Args:
       graph: `jaxprune.structured.trace(fn, variables, *example_args)`.
       constraint: min channels, round_to and locked groups, as for `select`
-        (default `Constraint()`: round_to=8); applied to each group's kept
+        (default `Constraint(round_to=8)`); applied to each group's kept
         count after the threshold.
       params: the key of the variables the optimizer updates ('params' for
         Flax Linen), None when it updates the whole variables (a params
@@ -146,7 +146,7 @@ class ChannelRule:
       raise TypeError(f'ChannelRule: constraint must be a jaxprune.structured.Constraint, got '
                       f'{type(constraint).__name__}.')
     self.graph = graph
-    self.constraint = constraint or Constraint()
+    self.constraint = constraint or Constraint(round_to=8)
     self.params_key = layout_lib.default_params_key(graph) if params == AUTO else params
     dtypes = {n: a.dtype for n, a in zip(graph.leaf_names, graph.variables_avals, strict=True)}
     self.layout = layout_lib.build(graph, self.params_key, self.constraint, dtypes)

@@ -23,6 +23,7 @@ from jax.extend import core as jcore
 from jaxprune.channels.rule import ChannelRule, channel_keeps_from_masks, leaf_masks
 from jaxprune.names import leaf_name
 from jaxprune.structured import Plan, VerifyReport, apply_plan, make_plan, plan_flops
+from jaxprune.structured.cost import flops_kept, flops_text
 from jaxprune.structured.interpret import Shrinker
 from jaxprune.structured.oracle import compare
 from jaxprune.summaries import get_masks
@@ -122,13 +123,13 @@ class Shrunk:
   check: VerifyReport | None
 
   @property
-  def flops_ratio(self) -> float:
-    """How many times fewer FLOPs the shrunk model needs."""
-    return self.flops_before / self.flops_after if self.flops_after else float('inf')
+  def flops_kept(self) -> float:
+    """FLOPs of the shrunk model as a fraction of the dense model's (0.25: 4x fewer)."""
+    return flops_kept(self.flops_before, self.flops_after)
 
   def summary(self) -> str:
     return (f'{self.plan.summary()}\nFLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} '
-            f'({self.flops_ratio:.2f}x fewer)')
+            f'({flops_text(self.flops_kept)})')
 
 
 def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any) -> Shrunk:

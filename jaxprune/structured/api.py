@@ -11,11 +11,13 @@ BatchNorm statistics, with a progress bar for the calibration passes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import flax
 import flax.linen as nn
 from flax import nnx
 
@@ -60,13 +62,33 @@ class PruneResult:
 
   def apply(self, variables: PyTree, *args: Any, **kwargs: Any) -> Any:
     """Runs a pruned Linen module (`model.apply` at the sizes of `variables`)."""
-    with flax_rebuild.linen_resized(variables):
+    with flax_rebuild.linen_resized(variables), _explained('result.apply'):
       return self.model.apply(variables, *args, **kwargs)
 
+  @property
+  def flops_kept(self) -> float:
+    """FLOPs of the pruned model as a fraction of the dense model's (0.25: 4x fewer)."""
+    return cost.flops_kept(self.flops_before, self.flops_after)
+
   def summary(self) -> str:
-    ratio = self.flops_after / self.flops_before if self.flops_before else 1.0
     return (f'{self.plan.summary()}\nFLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} '
-            f'({ratio:.1%}, {1 / max(ratio, 1e-12):.2f}x fewer)')
+            f'({cost.flops_text(self.flops_kept)})')
+
+
+@contextlib.contextmanager
+def _explained(what: str) -> Iterator[None]:
+  """Re-raises a failure of the resized model with what happened and what runs instead."""
+  try:
+    yield
+  except (flax.errors.FlaxError, TypeError, ValueError) as e:
+    raise RuntimeError(
+        f'prune: {what} fails on the pruned model ({type(e).__name__}: {str(e)[:300]}). '
+        'The model\'s code most likely branches on shapes that pruning changed (e.g. '
+        '`if x.shape[-1] != self.features: x = proj(x)`), so at the new sizes it takes another '
+        'path than the one traced. The pruned callable runs the traced computation at the new '
+        'sizes: prune(..., check=False) and call result.pruned_fn(result.variables, x) (it '
+        'exports with jax.export), or keep that group whole with '
+        'Constraint(locked=(...,)).') from e
 
 
 def _default_inputs(batch: Any) -> tuple:
@@ -222,10 +244,13 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
   if is_nnx:
     pruned_model = flax_rebuild.update_nnx_attributes(nnx.merge(graphdef, new_variables))
-    run_model = lambda *args: pruned_model(*args)
+
+    def run_model(*args):
+      with _explained('the pruned NNX model'):
+        return pruned_model(*args)
   else:
     def run_model(*args):
-      with flax_rebuild.linen_resized(new_variables):
+      with flax_rebuild.linen_resized(new_variables), _explained('result.apply'):
         return model.apply(new_variables, *args, **apply_kwargs)
   check_fn, model_check = None, None
   if check:

@@ -12,11 +12,12 @@ primitives table is the only place that says which primitive uses which.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 from jaxprune.structured.rules import block_all
-from jaxprune.structured.shapes import var_shape
+from jaxprune.structured.shapes import is_static, var_shape
 
 SubJaxprs = Callable[[Any], list[tuple[int, Any, float]]]
 
@@ -70,7 +71,10 @@ def scan(ctx, eqn) -> None:
 
 
 def scan_subjaxprs(eqn: Any) -> list[tuple[int, Any, float]]:
-  return [(0, eqn.params['jaxpr'], float(eqn.params['length']))]
+  # A symbolic length (a sequence exported as `jax.export.symbolic_shape('b, t')`)
+  # counts as unknown, like every symbolic dimension (`shapes.static_prod`).
+  length = eqn.params['length']
+  return [(0, eqn.params['jaxpr'], float(length) if is_static(length) else math.nan)]
 
 
 def while_loop(ctx, eqn) -> None:

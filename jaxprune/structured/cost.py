@@ -81,3 +81,15 @@ def plan_flops(graph: Any, plan: Any) -> float:
   for scope, eqn, times, rule in costed_eqns(graph.closed_jaxpr):
     total += times * rule(lambda var, scope=scope: shrinker.shape(scope, var), eqn)[0]
   return total
+
+
+def flops_kept(before: float, after: float) -> float:
+  """FLOPs after a plan as a fraction of before (1.0 when there were none): the one
+  convention every result reports (`PruneResult`, `channels.Shrunk`, the main job)."""
+  return after / before if before else 1.0
+
+
+def flops_text(kept: float) -> str:
+  """`'29.2% kept, 3.42x fewer'` for `kept=0.292`."""
+  fewer = f'{1 / kept:.2f}x fewer' if kept > 0 else 'no FLOPs left'
+  return f'{kept:.1%} kept, {fewer}'

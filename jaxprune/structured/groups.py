@@ -84,8 +84,9 @@ class ChannelGroup:
       saved per channel removed from this group, to first order.
     kind: what the channels are in a transformer (`kinds.py`): 'width' (the
       residual stream, summed over by a norm: only with `trace(norms=...)`),
-      'heads' (attention heads), 'head_dim' (dimensions inside each head) or
-      'channels' (MLP hidden units and every other group).
+      'heads' (attention heads), 'head_dim' (dimensions inside each head),
+      'experts' (the experts of a mixture of experts), 'recurrent' (LSTM/GRU
+      hidden units) or 'channels' (MLP hidden units and every other group).
     approximate: removing channels changes a norm's statistics, so the pruned
       model only approximates the dense model with them zeroed (`norms.py`);
       selectors skip such groups unless `Constraint(allow_approximate=True)`.

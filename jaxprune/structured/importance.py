@@ -37,8 +37,11 @@ def is_weight(leaf: str) -> bool:
 
 
 def mean_normalised(scores: np.ndarray) -> np.ndarray:
-  """Scores divided by their mean (all zeros when the mean is not positive)."""
+  """Scores divided by their mean (all zeros when the mean is not positive; NaN
+  scores stay NaN, for `score_channels` to refuse)."""
   mean = float(np.mean(scores)) if scores.size else 0.0
+  if np.isnan(mean):
+    return scores
   if mean <= 0.0 or not np.isfinite(mean):
     return np.zeros_like(scores)
   return scores / mean
@@ -220,7 +223,7 @@ def score_channels(graph: Any, variables: PyTree, method: str | Mapping[int, Any
     `{group id: float64 array of shape (group.size,)}`.
   """
   if isinstance(method, Mapping):
-    return _given_scores(graph, method)
+    return _finite(graph, _given_scores(graph, method), 'the given scores')
   check_method(method)
   methods = {
       'l1': lambda: magnitude_importance(graph, variables, p=1),
@@ -229,7 +232,19 @@ def score_channels(graph: Any, variables: PyTree, method: str | Mapping[int, Any
       'density': lambda: density_importance(graph, variables, masks),
       'random': lambda: random_importance(graph, seed),
   }
-  return methods[method]()
+  return _finite(graph, methods[method](), f'importance={method!r}')
+
+
+def _finite(graph: Any, scores: Scores, what: str) -> Scores:
+  """Raises a ValueError when a prunable group has a NaN score (its order is undefined)."""
+  for gid, score in scores.items():
+    bad = int(np.isnan(score).sum())
+    if bad and graph.groups[gid].prunable:
+      raise ValueError(
+          f'importance[{gid}]: {bad} of {score.size} scores are NaN ({what}); channels cannot '
+          'be ranked. Replace them (e.g. np.nan_to_num for given scores), or, when the scores '
+          'come from the weights, check the variables for NaN.')
+  return scores
 
 
 METHODS = ('l1', 'l2', 'bn_scale', 'density', 'random')

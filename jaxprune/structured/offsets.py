@@ -62,10 +62,7 @@ def slice_(ctx, eqn) -> None:
     if _shape(out)[axis] == 1:
       # A single picked position is a value the rest of the model relies on.
       ctx.block_ids(picked, "position picked by 'slice'")
-    elif stride != 1:
-      ctx.block(operand, axis)
-      ctx.block(out, axis)
-    else:
+    else:  # also strided: x[..., ::2] and x[..., 1::2] of interleaved rotary embeddings
       ctx.join(picked, ctx.ids(out, axis))
 
 
@@ -151,15 +148,25 @@ def gather(ctx, eqn) -> None:
   batch_out = [a for a in range(out_rank) if a not in offset_dims]
   skipped = set(dnums.collapsed_slice_dims) | set(dnums.operand_batching_dims)
   sliced = [a for a in range(len(_shape(operand))) if a not in skipped]
+  # A slice as wide as its axis takes all of it whatever the start index (CLIP
+  # and PROMISE_IN_BOUNDS clamp it to 0; FILL_OR_DROP fills the slice for any
+  # other start, at every width): `w[i]` under `jax.vmap` indexes the
+  # embedding axis too, at 0.
+  full = lambda a: slice_sizes[a] == _shape(operand)[a]
   for axis, out_axis in zip(sliced, offset_dims, strict=True):
-    full = slice_sizes[axis] == _shape(operand)[axis] and axis not in dnums.start_index_map
-    if full:
+    if full(axis):
       ctx.join_axes(operand, axis, out, out_axis)
     else:
       ctx.block(operand, axis)
       ctx.block(out, out_axis)
   for axis in set(dnums.start_index_map) | set(dnums.collapsed_slice_dims):
-    ctx.block(operand, axis)
+    if axis in dnums.collapsed_slice_dims or not full(axis):
+      ctx.block(operand, axis)
+  # A batched lookup (a per-head table under vmap): operand batching axis i
+  # and index batching axis i are one axis, so they go together.
+  for axis, index_axis in zip(dnums.operand_batching_dims, dnums.start_indices_batching_dims,
+                              strict=True):
+    ctx.join_axes(operand, axis, indices, index_axis)
   index_rank = len(_shape(indices))
   index_axes = [a for a in range(index_rank) if a != index_rank - 1]
   if len(index_axes) == len(batch_out):

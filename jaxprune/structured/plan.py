@@ -8,8 +8,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
+from jaxprune import names
 from jaxprune.structured import identity
 
 
@@ -25,10 +27,13 @@ class Plan:
       ties, so the plan applies to another trace of the same model (another
       input shape or entry point; see `identity.py`). A plan without keys
       applies only to the graph whose ids it uses.
+    notes: what the selector could not do as asked (rounding that kept more
+      channels, nothing removed); `summary()` prints them.
   """
   removed: Mapping[int, np.ndarray]
   sizes: Mapping[int, int]
   keys: Mapping[int, identity.GroupKey] = dataclasses.field(default_factory=dict)
+  notes: tuple[str, ...] = ()
 
   def kept(self, group_id: int) -> np.ndarray:
     """Sorted indices of the channels that stay in a group."""
@@ -45,8 +50,9 @@ class Plan:
     lines = [f'group {gid}: {self.sizes[gid]} -> {self.sizes[gid] - len(r)}'
              for gid, r in sorted(self.removed.items()) if len(r)]
     total = sum(self.sizes.values())
-    lines.append(f'removed {self.num_removed} of {total} channels')
-    return '\n'.join(lines)
+    lines.append(f'removed {self.num_removed} of {total} channels'
+                 + (' (nothing removed)' if not self.num_removed else ''))
+    return '\n'.join(lines + list(self.notes))
 
 
 def _channel_indices(gid: int, size: int, channels: Any) -> np.ndarray:
@@ -98,6 +104,35 @@ def make_plan(graph: Any, removed: Mapping[int, Sequence[int]]) -> Plan:
   return Plan(removed=out, sizes={g.id: g.size for g in graph.groups}, keys=keys)
 
 
+def check_variables(graph: Any, variables: Any, where: str) -> None:
+  """Raises a ValueError when `variables` are not shaped as the ones `graph` was traced with."""
+  tree = jax.tree_util.tree_structure(variables)
+  if tree != graph.variables_tree:
+    raise ValueError(f'{where}: variables have structure {tree}, the graph was traced with '
+                     f'{graph.variables_tree}; pass the dense variables given to trace.')
+  for name, leaf in names.named_leaves(variables):
+    shape = tuple(np.shape(leaf))
+    if shape != graph.leaf_shapes[name]:
+      raise ValueError(f'{where}: variables leaf {name!r} has shape {shape}, the graph was '
+                       f'traced with {graph.leaf_shapes[name]}; pass the dense variables given '
+                       'to trace (or trace these).')
+
+
+def _check_channels(plan: Plan) -> None:
+  """Each group's channels are integers in range (a Plan built by hand is not checked)."""
+  for gid, channels in plan.removed.items():
+    channels = np.asarray(channels)
+    size = plan.sizes.get(gid)
+    if size is None:
+      raise ValueError(f'plan: group {gid} has no size in plan.sizes; build plans with '
+                       'make_plan or select.')
+    if channels.size and (not np.issubdtype(channels.dtype, np.integer)
+                          or channels.min() < 0 or channels.max() >= size):
+      raise ValueError(f'plan: group {gid} has channels 0..{size - 1}, the plan removes '
+                       f'{channels.tolist()}; build plans with make_plan or select, which '
+                       'check them.')
+
+
 def plan_for(graph: Any, plan: Plan) -> Plan:
   """The plan in `graph`'s group ids: translated by group identity when it has keys.
 
@@ -108,6 +143,7 @@ def plan_for(graph: Any, plan: Plan) -> Plan:
   """
   groups = {g.id: g for g in graph.groups}
   if plan.keys:
+    _check_channels(plan)
     removed = identity.translate(dict(plan.removed), dict(plan.keys), graph)
     return Plan(removed, {g.id: g.size for g in graph.groups},
                 {gid: identity.group_key(groups[gid]) for gid in removed})
@@ -120,6 +156,7 @@ def plan_for(graph: Any, plan: Plan) -> Plan:
                        'what each group ties, so the plan carries over to other traces).')
     if len(channels) and not group.prunable:
       raise ValueError(f'plan: group {gid} is not prunable ({group.reason}).')
+  _check_channels(plan)
   return plan
 
 
@@ -130,13 +167,14 @@ class Constraint:
   Attributes:
     min_channels: keep at least this many channels per group (capped at its size).
     min_ratio: keep at least this fraction of each group.
-    round_to: the kept count is a multiple of this, or the whole group (so a
-      group of 8 or fewer channels keeps them all at the default). 8 by
-      measurement: odd channel counts run slower on CPU; over eight
-      third-party models at ratio 0.3 (benchmarks/thirdparty.py) the
+    round_to: the kept count is a multiple of this, or the whole group.
+      Selectors round the kept count up (as Torch-Pruning does), so a ratio is
+      never exceeded: a group of 16 at ratio 0.25 with round_to=8 keeps all
+      16, and the plan's summary says so. 1 (the default) removes the ratio
+      asked for. 8 runs faster where groups are large enough: over eight
+      third-party models at ratio 0.3 on CPU (benchmarks/thirdparty.py) the
       geometric-mean speedup was 1.92x unrounded, 2.12x at 4, 2.19x at 8,
       2.17x at 16, and the slowest model 0.78x unrounded against 1.24x at 8.
-      1 removes exactly the ratio asked for.
     locked: regexes; a group is left alone when any member leaf name matches.
     allow_approximate: also remove channels of groups marked approximate
       (`ChannelGroup.approximate`: width groups whose norm statistics change,
@@ -144,11 +182,18 @@ class Constraint:
   """
   min_channels: int = 1
   min_ratio: float = 0.0
-  round_to: int = 8
+  round_to: int = 1
   locked: Sequence[str] = ()
   allow_approximate: bool = False
 
   def __post_init__(self):
+    for field in ('min_channels', 'round_to'):
+      value = getattr(self, field)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f'Constraint({field}={value!r}): give an int, e.g. {field}=1.')
+    if isinstance(self.min_ratio, bool) or not isinstance(self.min_ratio, (int, float,
+                                                                           np.number)):
+      raise TypeError(f'Constraint(min_ratio={self.min_ratio!r}): give a number in [0, 1].')
     if self.min_channels < 1:
       raise ValueError(f'min_channels={self.min_channels}: must be >= 1 (a group is never '
                        'emptied).')
@@ -183,6 +228,11 @@ class Constraint:
     if getattr(group, 'approximate', False) and not self.allow_approximate:
       return True
     return any(re.search(p, m.leaf) for p in self.locked for m in group.members)
+
+  def keep_up(self, size: int, keep: int) -> int:
+    """The smallest allowed kept count >= `keep`: never removes more than asked."""
+    keeps = self.allowed_keeps(size)
+    return int(keeps[keeps >= keep].min())
 
   def nearest_keep(self, size: int, keep: float) -> int:
     """The allowed kept count nearest to `keep` (ties keep more)."""

@@ -61,6 +61,9 @@ def summary(graph: DependencyGraph) -> str:
       'unprunable: ' + (', '.join(f'{k}: {v}' for k, v in sorted(kinds.items())) or 'none'),
       f'blocked primitives: {blocked or "none"}',
   ]
+  lost = _lost(graph)
+  if lost:
+    lines.append(lost)
   if graph.unread:
     names = ', '.join(graph.unread[:_MAX_MEMBERS])
     more = len(graph.unread) - _MAX_MEMBERS
@@ -80,6 +83,17 @@ def summary(graph: DependencyGraph) -> str:
         [(g.id, g.size, g.kind + (' (approximate)' if g.approximate else ''),
           _flops(g.flops_per_channel), _members(g, 2)) for g in prunable]))
   return '\n'.join(lines)
+
+
+def _lost(graph: DependencyGraph) -> str:
+  """The weight axes a rule blocked (not a model input or output): what pruning lost."""
+  lost = [g for g in graph.groups if not g.prunable and g.members
+          and not g.reason.startswith(('reaches model input', 'reaches model output'))]
+  if not lost:
+    return ''
+  shown = '; '.join(f'{_members(g, 2)} ({g.reason})' for g in lost[:_MAX_MEMBERS])
+  more = f'; ... (+{len(lost) - _MAX_MEMBERS})' if len(lost) > _MAX_MEMBERS else ''
+  return f'weight axes blocked by a rule: {shown}{more} (all: graph.unprunable_table())'
 
 
 def _norms_line(graph: DependencyGraph) -> str:

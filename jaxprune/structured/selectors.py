@@ -15,6 +15,7 @@ and removes, within a group, its least important channels.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,7 +25,7 @@ import numpy as np
 from jaxprune.structured import cost as cost_lib
 from jaxprune.structured import importance as importance_lib
 from jaxprune.structured.kinds import KINDS
-from jaxprune.structured.plan import Constraint, Plan, make_plan
+from jaxprune.structured.plan import Constraint, Plan, check_variables, make_plan
 
 PyTree = Any
 
@@ -40,28 +41,47 @@ def _least_important(scores: np.ndarray, count: int) -> np.ndarray:
 
 
 def _plan_from_counts(graph: Any, scores: Mapping[int, np.ndarray],
-                      counts: Mapping[int, int]) -> Plan:
-  return make_plan(graph, {gid: _least_important(scores[gid], n)
+                      counts: Mapping[int, int], notes: tuple[str, ...] = ()) -> Plan:
+  plan = make_plan(graph, {gid: _least_important(scores[gid], n)
                            for gid, n in counts.items() if n > 0})
+  return dataclasses.replace(plan, notes=notes) if notes else plan
+
+
+def _rounding_notes(graph: Any, asked: Mapping[int, int], counts: Mapping[int, int],
+                    constraint: Constraint) -> tuple[str, ...]:
+  """One note per group where the constraint removed fewer channels than asked."""
+  sizes = {g.id: g.size for g in graph.groups}
+  changed = [f'group {gid}: {sizes[gid]} -> {sizes[gid] - counts[gid]}, not '
+             f'{sizes[gid] - n}' for gid, n in sorted(asked.items()) if counts[gid] < n]
+  if not changed:
+    return ()
+  why = (f'kept counts rounded up to a multiple of round_to={constraint.round_to} '
+         '(or the whole group)' if constraint.round_to > 1 else
+         'min_channels / min_ratio keep more')
+  shown = '; '.join(changed[:6]) + (f'; ... (+{len(changed) - 6})' if len(changed) > 6 else '')
+  return (f'{why}: {shown}' + (' (Constraint(round_to=1) removes what was asked)'
+                               if constraint.round_to > 1 else ''),)
 
 
 def uniform(graph: Any, scores: Mapping[int, np.ndarray], ratio: float | Mapping[str, float],
             constraint: Constraint | None = None) -> Plan:
   """Removes `ratio` of the channels of every prunable, unlocked group.
 
-  The kept count is `size - round(ratio * size)`, moved to the nearest count
-  the constraint allows. `ratio` may be a ratio per kind of group
+  The kept count is `size - floor(ratio * size)`, rounded up to a count the
+  constraint allows, so no group loses more than `ratio`; the plan's notes
+  name the groups where the constraint kept more. `ratio` may be a ratio per kind of group
   (`ChannelGroup.kind`), e.g. `{'heads': 0.25, 'channels': 0.3, 'width': 0.3}`;
   kinds it does not name keep every channel.
   """
   check_ratio(ratio)
   constraint = constraint or Constraint()
-  counts = {}
+  counts, asked = {}, {}
   for g in _candidates(graph, scores, constraint):
     group_ratio = ratio.get(g.kind, 0.0) if isinstance(ratio, Mapping) else ratio
-    keep = g.size - int(np.floor(group_ratio * g.size + 0.5))
-    counts[g.id] = g.size - constraint.nearest_keep(g.size, keep)
-  return _plan_from_counts(graph, scores, counts)
+    asked[g.id] = int(np.floor(group_ratio * g.size + 1e-9))  # never more than the ratio
+    counts[g.id] = g.size - constraint.keep_up(g.size, g.size - asked[g.id])
+  return _plan_from_counts(graph, scores, counts,
+                           _rounding_notes(graph, asked, counts, constraint))
 
 
 class _GlobalOrder:
@@ -86,6 +106,17 @@ class _GlobalOrder:
 
   def plan(self, k: int) -> Plan:
     return _plan_from_counts(self.graph, self.scores, self.counts(k))
+
+  def largest_prefix(self, ok: Callable[[Plan], bool]) -> Plan:
+    """The plan of the longest prefix for which `ok(plan)` holds (true up to some k)."""
+    lo, hi = 0, self.total
+    while lo < hi:
+      mid = (lo + hi + 1) // 2
+      if ok(self.plan(mid)):
+        lo = mid
+      else:
+        hi = mid - 1
+    return self.plan(lo)
 
   def smallest_prefix(self, ok: Callable[[Plan], bool]) -> Plan:
     """The plan of the shortest prefix for which `ok(plan)` holds (monotone in k)."""
@@ -112,8 +143,9 @@ def global_(graph: Any, scores: Mapping[int, np.ndarray], amount: float,
     scores: importance scores per group.
     amount: a fraction in (0, 1) of all candidate channels, or an int >= 1
       giving their number (ENOT's `n_channels_or_ratio`).
-    constraint: per-group limits; the result removes at least `amount`
-      channels when the constraints allow it (rounding may overshoot a little).
+    constraint: per-group limits; the result never removes more than
+      `amount` channels (rounding up kept counts may remove fewer; the plan's
+      notes say so).
 
   Returns:
     The plan.
@@ -122,10 +154,19 @@ def global_(graph: Any, scores: Mapping[int, np.ndarray], amount: float,
   if isinstance(amount, (int, np.integer)) and amount >= 1:
     target = int(amount)
   elif 0.0 <= amount < 1.0:
-    target = int(np.floor(amount * order.total + 0.5))
+    target = int(np.floor(amount * order.total + 1e-9))
   else:
     raise ValueError(f'amount={amount!r}: give a fraction in [0, 1) or a channel count >= 1.')
-  return order.smallest_prefix(lambda plan: plan.num_removed >= target)
+  plan = order.largest_prefix(lambda plan: plan.num_removed <= target)
+  if order.plan(order.total).num_removed < target:
+    warnings.warn(f'the target ({target} channels) cannot be reached within the constraints; '
+                  'removing as many channels as they allow.', stacklevel=2)
+  if plan.num_removed < target:
+    why = (f'round_to={order.constraint.round_to}' if order.constraint.round_to > 1
+           else 'the constraint')
+    plan = dataclasses.replace(plan, notes=(
+        f'{why} removed {plan.num_removed} of the {target} channels asked for (never more)',))
+  return plan
 
 
 def _knapsack(graph, scores, constraint, cost_fn, target, buckets=256):
@@ -226,7 +267,8 @@ def select(graph: Any, variables: PyTree, *, ratio: float | Mapping[str, float] 
     graph: the DependencyGraph of `jaxprune.structured.trace`.
     variables: the dense variables the graph was traced with.
     ratio: fraction of channels to remove, or `{kind: fraction}` per kind of
-      group (`'width'`, `'heads'`, `'head_dim'`, `'channels'`; see
+      group (`'width'`, `'heads'`, `'head_dim'`, `'channels'`, `'experts'`,
+      `'recurrent'`; see
       `ChannelGroup.kind`) with `scope='uniform'`; kinds not named keep all.
     flops_target: in (0, 1]; e.g. 0.25 keeps a quarter of the FLOPs.
     importance: 'l1', 'l2', 'bn_scale', 'density', 'random', or precomputed
@@ -246,6 +288,8 @@ def select(graph: Any, variables: PyTree, *, ratio: float | Mapping[str, float] 
   check_target(ratio=ratio, flops_target=flops_target, n_channels=n_channels,
                latency_fn=latency_fn, latency_target=latency_target, scope=scope,
                search=search, constraint=constraint)
+  if variables is not None:
+    check_variables(graph, variables, 'select')
   constraint = constraint or Constraint()
   scores = importance_lib.score_channels(graph, variables, importance, masks=masks, seed=seed)
   if ratio is not None:
@@ -259,6 +303,10 @@ def select(graph: Any, variables: PyTree, *, ratio: float | Mapping[str, float] 
     return by_cost(graph, scores, lambda plan: cost_lib.plan_flops(graph, plan),
                    flops_target * dense, constraint, search)
   return by_cost(graph, scores, latency_fn, latency_target, constraint, search)
+
+
+def _is_number(x: Any) -> bool:
+  return not isinstance(x, bool) and isinstance(x, (int, float, np.number))
 
 
 def check_ratio(ratio: Any) -> None:
@@ -307,11 +355,13 @@ def check_target(*, ratio: float | None = None, flops_target: float | None = Non
     if isinstance(ratio, Mapping) and scope != 'uniform':
       raise ValueError(f"ratio={dict(ratio)!r} per kind works with scope='uniform', not "
                        f'{scope!r}; for one target across kinds use flops_target.')
-  if n_channels is not None and (isinstance(n_channels, bool) or int(n_channels) != n_channels
-                                 or n_channels < 1):
-    raise ValueError(f'n_channels={n_channels!r}: give the number of channels to remove (>= 1).')
-  if flops_target is not None and not 0.0 < flops_target <= 1.0:
-    raise ValueError(f'flops_target={flops_target}: the fraction of FLOPs to keep must be '
-                     'in (0, 1].')
+  if n_channels is not None and (not _is_number(n_channels) or not np.isfinite(n_channels)
+                                 or int(n_channels) != n_channels or n_channels < 1):
+    raise ValueError(f'n_channels={n_channels!r}: give the number of channels to remove, an '
+                     'int >= 1 (or ratio= for a fraction).')
+  if flops_target is not None and (not _is_number(flops_target)
+                                   or not 0.0 < flops_target <= 1.0):
+    raise ValueError(f'flops_target={flops_target!r}: give the fraction of FLOPs to keep, a '
+                     'number in (0, 1], e.g. flops_target=0.5.')
   if latency_target is not None and not callable(latency_fn):
     raise ValueError('latency_target needs latency_fn(plan) -> float.')

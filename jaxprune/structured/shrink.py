@@ -12,7 +12,7 @@ import numpy as np
 from jaxprune import names
 from jaxprune.structured import trace as trace_lib
 from jaxprune.structured.interpret import Shrinker, eval_jaxpr
-from jaxprune.structured.plan import Plan, make_plan, plan_for
+from jaxprune.structured.plan import Plan, check_variables, make_plan, plan_for
 
 PyTree = Any
 
@@ -54,7 +54,12 @@ def shrink_variables(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyT
   plan = as_plan(graph, plan)
 
   def cut(path, leaf):
-    kept = _leaf_kept(graph, names.leaf_name(path), jnp.shape(leaf), plan.removed)
+    name = names.leaf_name(path)
+    traced = graph.leaf_shapes.get(name)
+    if traced is not None and tuple(jnp.shape(leaf)) != traced:
+      raise ValueError(f'shrink_variables: leaf {name!r} has shape {jnp.shape(leaf)}, the graph '
+                       f'was traced with {traced}; pass the dense variables given to trace.')
+    kept = _leaf_kept(graph, name, jnp.shape(leaf), plan.removed)
     if not kept:
       return leaf
     # On the host: one XLA compile per leaf shape would dominate for big models.
@@ -181,5 +186,6 @@ def apply_plan(graph: Any, variables: PyTree, plan: Plan | Mapping) -> tuple[PyT
     `new_variables` (same structure, smaller leaves) and the jitted
     `pruned_fn(new_variables, *args)` computing `fn` at the new shapes.
   """
+  check_variables(graph, variables, 'apply_plan')
   plan = as_plan(graph, plan)
   return shrink_variables(graph, variables, plan), pruned_callable(graph, plan)

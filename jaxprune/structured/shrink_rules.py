@@ -108,8 +108,10 @@ def slice_sizes(operand_index: int) -> ShrinkRule:
     operand = eqn.invars[operand_index]
     new = shrinker.shape(scope, operand)
     sizes = list(eqn.params['slice_sizes'])
+    dnums = eqn.params.get('dimension_numbers')
+    batching = set(getattr(dnums, 'operand_batching_dims', ()))
     for axis, (old, now) in enumerate(zip(operand.aval.shape, new, strict=True)):
-      if old != now:
+      if old != now and axis not in batching:  # a batching axis takes slices of size 1
         if sizes[axis] != old:
           raise NotImplementedError(
               f'pruned callable: {eqn.primitive.name} takes a partial slice of a pruned axis.')

@@ -141,6 +141,8 @@ class Walker:
     self.scope = saved
     if any(x is None for x in operands):
       return None
+    if eqn.primitive.name == 'dim_as_value':
+      return None  # a symbolic dimension (`jax.export`) as a value: unknown when tracing
     with jax.ensure_compile_time_eval():  # also when re-traced inside jit or export
       outs = shrink_rules.bind(eqn, operands)
     for out, x in zip(eqn.outvars, outs, strict=True):

@@ -26,6 +26,7 @@ import numpy as np
 import jaxprune
 from jaxprune.channels import ChannelRule
 from jaxprune.structured import Constraint, trace
+from jaxprune.structured.cost import flops_kept, flops_text
 from jaxprune.train import files
 
 MODEL_FILE = 'pruned_model.bin'
@@ -53,14 +54,14 @@ class ChannelResult(NamedTuple):
   path: str | None
 
   @property
-  def flops_ratio(self) -> float:
-    """How many times fewer FLOPs the shrunk model needs."""
-    return self.flops_before / self.flops_after
+  def flops_kept(self) -> float:
+    """FLOPs of the shrunk model as a fraction of the trained model's (0.25: 4x fewer)."""
+    return flops_kept(self.flops_before, self.flops_after)
 
   def scalars(self) -> dict[str, float]:
     """The metrics.jsonl record of the shrunk model."""
     return {'flops_before': self.flops_before, 'flops_after': self.flops_after,
-            'flops_ratio': self.flops_ratio, 'speedup': self.speedup,
+            'flops_kept': self.flops_kept, 'speedup': self.speedup,
             'test_accuracy': self.test_accuracy}
 
   def lines(self) -> list[str]:
@@ -69,7 +70,7 @@ class ChannelResult(NamedTuple):
     out = ['channel groups (kept / before):']
     out += [f'  {label.ljust(width)}  {kept:>4} / {size}' for label, kept, size in self.groups]
     out.append(f'FLOPs per image: {self.flops_before:,.0f} -> {self.flops_after:,.0f} '
-               f'({self.flops_ratio:.2f}x fewer); CPU speedup {self.speedup:.2f}x '
+               f'({flops_text(self.flops_kept)}); CPU speedup {self.speedup:.2f}x '
                f'(batch {TIMING_BATCH})')
     where = f' ({MODEL_FILE})' if self.path else ''
     out.append(f'shrunk model{where}: test accuracy {self.test_accuracy:.2%}')
