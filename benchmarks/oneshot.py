@@ -1,0 +1,71 @@
+"""One-shot pruning of a byte-level LM trained on Python's standard library.
+
+Trains the model of `jaxprune.oneshot.charlm` densely, and once more for the
+same number of steps with gradual magnitude pruning to 50% (`jaxprune.pruning`,
+Zhu & Gupta 2017, arXiv 1710.01878); then prunes the dense checkpoint once with
+magnitude, Wanda and SparseGPT at 50% and 60% unstructured and at 2:4, and prints
+held-out bits per character and the seconds each one-shot method takes.
+The attention and MLP kernels of the blocks are pruned; the embedding and the
+output head stay dense, as in the SparseGPT and Wanda papers.
+
+    python -m benchmarks.oneshot train --workdir /tmp/oneshot   # two training runs
+    python -m benchmarks.oneshot prune --workdir /tmp/oneshot   # the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jaxprune
+from jaxprune.oneshot import charlm
+
+BLOCK_KERNELS = r'block_\d+/.*/kernel$'
+CALIBRATION = dict(batch_size=16, count=8, seed=1)   # 16 x 8 x 128 = 16k bytes
+HELDOUT = dict(batch_size=32, count=16)              # 64k held-out bytes
+
+
+def gradual_hparams(steps: int) -> jaxprune.hparams.HParams:
+  """50% by step 0.7 * steps, from step 0.2 * steps, masks every 10 steps."""
+  begin, end = steps // 5, steps * 7 // 10
+  return jaxprune.parse_hparams(
+      f'target_sparsity=0.5,begin_pruning_step={begin},sparsity_function_begin_step={begin},'
+      f'sparsity_function_end_step={end},pruning_frequency=10,'
+      f'weight_name_regex={BLOCK_KERNELS}')
+
+
+def train(workdir: str, steps: int) -> None:
+  os.makedirs(workdir, exist_ok=True)
+  config = charlm.Config(steps=steps)
+  data, heldout = charlm.load_split(config.heldout_every)
+  evaluation = charlm.heldout_batches(heldout, seq_len=config.seq_len, **HELDOUT)
+  results = {}
+  for name, extra in (('dense', None), ('gradual', jaxprune.pruning(gradual_hparams(steps)))):
+    start = time.time()
+    params, _ = charlm.train(config, data, extra=extra, log=lambda s, n=name: print(n, s))
+    seconds = time.time() - start
+    charlm.save(os.path.join(workdir, f'{name}.msgpack'), config, params)
+    results[name] = {'bpc': charlm.bits_per_char(config, params, evaluation),
+                     'seconds': seconds,
+                     'sparsity': jaxprune.get_weight_sparsity(params)}
+    print(name, results[name], flush=True)
+    with open(os.path.join(workdir, 'train.json'), 'w') as f:
+      json.dump(results, f, indent=1, default=float)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('command', choices=['train', 'prune'])
+  parser.add_argument('--workdir', default='/tmp/jaxprune_oneshot')
+  parser.add_argument('--steps', type=int, default=charlm.Config.steps)
+  args = parser.parse_args()
+  if args.command == 'train':
+    train(args.workdir, args.steps)
+  else:
+    prune_table(args.workdir)
+
+
+if __name__ == '__main__':
+  main()
