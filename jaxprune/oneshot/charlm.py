@@ -37,12 +37,12 @@ PyTree = Any
 class Config:
   """Model, data and optimiser settings of the byte-level LM."""
   layers: int = 4
-  width: int = 256
+  width: int = 128
   heads: int = 4
-  hidden: int = 512
+  hidden: int = 384
   seq_len: int = 128
   batch_size: int = 16
-  steps: int = 600
+  steps: int = 900
   learning_rate: float = 3e-3
   warmup: int = 30
   heldout_every: int = 10   # one file in this many goes to the held-out set
