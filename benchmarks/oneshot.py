@@ -19,7 +19,11 @@ import json
 import os
 import time
 
+import jax
+
 import jaxprune
+from benchmarks import _timing
+from jaxprune import oneshot
 from jaxprune.oneshot import charlm
 
 BLOCK_KERNELS = r'block_\d+/.*/kernel$'
@@ -53,6 +57,44 @@ def train(workdir: str, steps: int) -> None:
     print(name, results[name], flush=True)
     with open(os.path.join(workdir, 'train.json'), 'w') as f:
       json.dump(results, f, indent=1, default=float)
+
+
+def prune_table(workdir: str) -> None:
+  config, dense = charlm.load(os.path.join(workdir, 'dense.msgpack'))
+  with open(os.path.join(workdir, 'train.json')) as f:
+    trained = json.load(f)
+  data, heldout = charlm.load_split(config.heldout_every)
+  evaluation = charlm.heldout_batches(heldout, seq_len=config.seq_len, **HELDOUT)
+  calibration = [b[:, :-1] for b in charlm.sample_batches(
+      data, CALIBRATION['batch_size'], config.seq_len, CALIBRATION['count'], CALIBRATION['seed'])]
+  fn = charlm.apply_fn(config)
+  settings = {'50%': dict(sparsity=0.5), '60%': dict(sparsity=0.6), '2:4': dict(nm='2:4')}
+  variants = {'magnitude (per layer)': dict(method='magnitude'),
+              'magnitude (per row)': dict(method='magnitude', per_row=True),
+              'Wanda': dict(method='wanda'), 'SparseGPT': dict(method='sparsegpt')}
+  bpc, seconds = {}, {}
+  for setting, target in settings.items():
+    for name, method in variants.items():
+      start = time.perf_counter()
+      params, _ = oneshot.prune(fn, dense, calibration, overrides={'^head/': None},
+                                **method, **target)
+      jax.block_until_ready(params)
+      seconds[name, setting] = time.perf_counter() - start
+      bpc[name, setting] = charlm.bits_per_char(config, params, evaluation)
+      print(f'{name} {setting}: {bpc[name, setting]:.3f} bits/char, '
+            f'{seconds[name, setting]:.1f} s', flush=True)
+  dense_bpc = charlm.bits_per_char(config, dense, evaluation)
+  rows = [['dense', *[f'{dense_bpc:.3f}'] * 3, '']]
+  rows += [[name, *[f'{bpc[name, s]:.3f}' for s in settings],
+            ' / '.join(f'{seconds[name, s]:.0f}' for s in settings)] for name in variants]
+  gradual = trained['gradual']
+  rows.append([f'gradual magnitude in training ({config.steps} steps)', f'{gradual["bpc"]:.3f}',
+               '', '', f'{gradual["seconds"]:.0f} (training)'])
+  print(f'\n{config}; dense training {trained["dense"]["seconds"]:.0f} s; calibration '
+        f'{CALIBRATION["count"]} x {CALIBRATION["batch_size"]} x {config.seq_len} bytes; '
+        f'held-out {HELDOUT["count"] * HELDOUT["batch_size"] * config.seq_len} bytes\n')
+  print(_timing.table(['held-out bits/char', *settings, 'one-shot seconds (50% / 60% / 2:4)'],
+                      rows))
 
 
 def main() -> None:

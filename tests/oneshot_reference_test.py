@@ -152,7 +152,8 @@ def test_overrides_and_masks_work_with_apply_masks():
   assert float(jnp.mean(masks['w1'])) == 0.5
   assert bool(jaxprune.is_nm_sparse(new['w2'], 2, 4, axis=0))
   same = jaxprune.apply_masks(new, masks)
-  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(new)))
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(new),
+                                                    strict=True))
   _, masks = oneshot.prune(_two_layers, params, batches, method='wanda', sparsity=0.5,
                            overrides={'w1': None})
   assert masks['w1'] is None and masks['w2'] is not None
