@@ -9,7 +9,8 @@ The attention and MLP kernels of the blocks are pruned; the embedding and the
 output head stay dense, as in the SparseGPT and Wanda papers.
 
     python -m benchmarks.oneshot train --workdir /tmp/oneshot   # two training runs
-    python -m benchmarks.oneshot prune --workdir /tmp/oneshot   # the table
+    python -m benchmarks.oneshot prune --workdir /tmp/oneshot   # one-shot, from dense
+    python -m benchmarks.oneshot table --workdir /tmp/oneshot   # the Markdown table
 """
 
 from __future__ import annotations
@@ -59,54 +60,67 @@ def train(workdir: str, steps: int) -> None:
       json.dump(results, f, indent=1, default=float)
 
 
-def prune_table(workdir: str) -> None:
+SETTINGS = {'50%': dict(sparsity=0.5), '60%': dict(sparsity=0.6), '2:4': dict(nm='2:4')}
+VARIANTS = {'magnitude (per layer)': dict(method='magnitude'),
+            'magnitude (per row)': dict(method='magnitude', per_row=True),
+            'Wanda': dict(method='wanda'), 'SparseGPT': dict(method='sparsegpt')}
+
+
+def prune(workdir: str) -> None:
+  """One-shot prunes the dense checkpoint every way; bits/char and seconds to prune.json."""
   config, dense = charlm.load(os.path.join(workdir, 'dense.msgpack'))
-  with open(os.path.join(workdir, 'train.json')) as f:
-    trained = json.load(f)
   data, heldout = charlm.load_split(config.heldout_every)
   evaluation = charlm.heldout_batches(heldout, seq_len=config.seq_len, **HELDOUT)
   calibration = [b[:, :-1] for b in charlm.sample_batches(
       data, CALIBRATION['batch_size'], config.seq_len, CALIBRATION['count'], CALIBRATION['seed'])]
   fn = charlm.apply_fn(config)
-  settings = {'50%': dict(sparsity=0.5), '60%': dict(sparsity=0.6), '2:4': dict(nm='2:4')}
-  variants = {'magnitude (per layer)': dict(method='magnitude'),
-              'magnitude (per row)': dict(method='magnitude', per_row=True),
-              'Wanda': dict(method='wanda'), 'SparseGPT': dict(method='sparsegpt')}
-  bpc, seconds = {}, {}
-  for setting, target in settings.items():
-    for name, method in variants.items():
+  results = {'dense': charlm.bits_per_char(config, dense, evaluation)}
+  for setting, target in SETTINGS.items():
+    for name, method in VARIANTS.items():
       start = time.perf_counter()
       params, _ = oneshot.prune(fn, dense, calibration, overrides={'^head/': None},
                                 **method, **target)
       jax.block_until_ready(params)
-      seconds[name, setting] = time.perf_counter() - start
-      bpc[name, setting] = charlm.bits_per_char(config, params, evaluation)
-      print(f'{name} {setting}: {bpc[name, setting]:.3f} bits/char, '
-            f'{seconds[name, setting]:.1f} s', flush=True)
-  dense_bpc = charlm.bits_per_char(config, dense, evaluation)
-  rows = [['dense', *[f'{dense_bpc:.3f}'] * 3, '']]
-  rows += [[name, *[f'{bpc[name, s]:.3f}' for s in settings],
-            ' / '.join(f'{seconds[name, s]:.0f}' for s in settings)] for name in variants]
+      seconds = time.perf_counter() - start
+      results[f'{name} {setting}'] = [charlm.bits_per_char(config, params, evaluation), seconds]
+      print(f'{name} {setting}: {results[f"{name} {setting}"]}', flush=True)
+      with open(os.path.join(workdir, 'prune.json'), 'w') as f:
+        json.dump(results, f, indent=1)
+
+
+def table(workdir: str) -> None:
+  """The Markdown table from train.json and prune.json."""
+  config, _ = charlm.load(os.path.join(workdir, 'dense.msgpack'))
+  with open(os.path.join(workdir, 'train.json')) as f:
+    trained = json.load(f)
+  with open(os.path.join(workdir, 'prune.json')) as f:
+    pruned = json.load(f)
+  rows = [['dense', *[f'{pruned["dense"]:.3f}'] * 3, '']]
+  rows += [[name, *[f'{pruned[f"{name} {s}"][0]:.3f}' for s in SETTINGS],
+            ' / '.join(f'{pruned[f"{name} {s}"][1]:.0f}' for s in SETTINGS)]
+           for name in VARIANTS]
   gradual = trained['gradual']
   rows.append([f'gradual magnitude in training ({config.steps} steps)', f'{gradual["bpc"]:.3f}',
                '', '', f'{gradual["seconds"]:.0f} (training)'])
-  print(f'\n{config}; dense training {trained["dense"]["seconds"]:.0f} s; calibration '
+  print(f'{config}; dense training {trained["dense"]["seconds"]:.0f} s; calibration '
         f'{CALIBRATION["count"]} x {CALIBRATION["batch_size"]} x {config.seq_len} bytes; '
         f'held-out {HELDOUT["count"] * HELDOUT["batch_size"] * config.seq_len} bytes\n')
-  print(_timing.table(['held-out bits/char', *settings, 'one-shot seconds (50% / 60% / 2:4)'],
+  print(_timing.table(['held-out bits/char', *SETTINGS, 'one-shot seconds (50% / 60% / 2:4)'],
                       rows))
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('command', choices=['train', 'prune'])
+  parser.add_argument('command', choices=['train', 'prune', 'table'])
   parser.add_argument('--workdir', default='/tmp/jaxprune_oneshot')
   parser.add_argument('--steps', type=int, default=charlm.Config.steps)
   args = parser.parse_args()
   if args.command == 'train':
     train(args.workdir, args.steps)
+  elif args.command == 'prune':
+    prune(args.workdir)
   else:
-    prune_table(args.workdir)
+    table(args.workdir)
 
 
 if __name__ == '__main__':
