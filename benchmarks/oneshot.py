@@ -33,21 +33,27 @@ HELDOUT = dict(batch_size=32, count=16)              # 64k held-out bytes
 
 
 def gradual_hparams(steps: int) -> jaxprune.hparams.HParams:
-  """50% by step 0.7 * steps, from step 0.2 * steps, masks every 10 steps."""
+  """50% by step 0.7 * steps, from step 0.2 * steps, masks every 10 steps, exact thresholds
+  (with the default histogram thresholds one run ended with block_0/down/kernel at 0%)."""
   begin, end = steps // 5, steps * 7 // 10
   return jaxprune.parse_hparams(
       f'target_sparsity=0.5,begin_pruning_step={begin},sparsity_function_begin_step={begin},'
-      f'sparsity_function_end_step={end},pruning_frequency=10,'
+      f'sparsity_function_end_step={end},pruning_frequency=10,threshold_method=exact,'
       f'weight_name_regex={BLOCK_KERNELS}')
 
 
-def train(workdir: str, steps: int) -> None:
+def train(workdir: str, steps: int, runs: tuple[str, ...] = ('dense', 'gradual')) -> None:
   os.makedirs(workdir, exist_ok=True)
   config = charlm.Config(steps=steps)
   data, heldout = charlm.load_split(config.heldout_every)
   evaluation = charlm.heldout_batches(heldout, seq_len=config.seq_len, **HELDOUT)
   results = {}
+  if os.path.exists(os.path.join(workdir, 'train.json')):
+    with open(os.path.join(workdir, 'train.json')) as f:
+      results = json.load(f)
   for name, extra in (('dense', None), ('gradual', jaxprune.pruning(gradual_hparams(steps)))):
+    if name not in runs:
+      continue
     start = time.time()
     params, _ = charlm.train(config, data, extra=extra, log=lambda s, n=name: print(n, s))
     seconds = time.time() - start
@@ -114,9 +120,10 @@ def main() -> None:
   parser.add_argument('command', choices=['train', 'prune', 'table'])
   parser.add_argument('--workdir', default='/tmp/jaxprune_oneshot')
   parser.add_argument('--steps', type=int, default=charlm.Config.steps)
+  parser.add_argument('--runs', default='dense,gradual', help='train: which runs')
   args = parser.parse_args()
   if args.command == 'train':
-    train(args.workdir, args.steps)
+    train(args.workdir, args.steps, tuple(args.runs.split(',')))
   elif args.command == 'prune':
     prune(args.workdir)
   else:
