@@ -33,11 +33,12 @@ from jaxprune.summaries import (
 from jaxprune.transform import PruningState, pruned, pruning
 
 if TYPE_CHECKING:
-  from jaxprune import channels, functional, methods, sparse, structured, train
+  from jaxprune import channels, functional, methods, oneshot, sparse, structured, train
 
 # Namespaces, as in optax (`optax.contrib`), are attributes of the package rather than
 # entries of `__all__`: `from jaxprune import *` then stays as light as `import jaxprune`.
-_NAMESPACES = ('channels', 'functional', 'methods', 'sparse', 'structured', 'train')
+_NAMESPACES = ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured',
+               'train')
 
 __all__ = [
     'PruningState',

@@ -1,0 +1,195 @@
+"""jaxprune.oneshot on small layers against numpy references written here."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxprune
+from jaxprune import oneshot
+
+
+def _calibration(n=96, k=16, seed=0):
+  """Inputs with correlated channels of very different scales, in two batches."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, k)) @ (np.eye(k) + 0.4 * rng.normal(size=(k, k)))
+  x *= np.exp(rng.normal(size=k))
+  return [jnp.asarray(x[:n // 2], jnp.float32), jnp.asarray(x[n // 2:], jnp.float32)], x
+
+
+def _linear(params, x):
+  return x @ params['w']
+
+
+def _stable_prune(scores, pruned):
+  """Bool mask pruning (True) the `pruned` lowest scores of a 1-d array, lower index first."""
+  out = np.zeros(scores.shape, bool)
+  out[np.argsort(scores, kind='stable')[:pruned]] = True
+  return out
+
+
+def sparsegpt_reference(w, h, sparsity, nm, blocksize, percdamp):
+  """Algorithm 1 of Frantar & Alistarh 2023 in float64, W as (outputs, inputs)."""
+  w, h = w.astype(np.float64).copy(), h.astype(np.float64).copy()
+  k = w.shape[1]
+  dead = np.diag(h) == 0
+  h[dead, dead] = 1.0
+  w[:, dead] = 0.0
+  h += percdamp * np.mean(np.diag(h)) * np.eye(k)
+  u = np.linalg.cholesky(np.linalg.inv(h)).T          # H^-1 = U^T U, U upper
+  pruned = np.zeros(w.shape, bool)
+  for i1 in range(0, k, blocksize):
+    i2 = min(i1 + blocksize, k)
+    w1, u1, err1 = w[:, i1:i2].copy(), u[i1:i2, i1:i2], np.zeros((w.shape[0], i2 - i1))
+    p1 = np.zeros(w1.shape, bool)
+    if nm is None:
+      p1 = _stable_prune((w1 ** 2 / np.diag(u1) ** 2).ravel(),
+                         round(sparsity * w1.size)).reshape(w1.shape)
+    for i in range(i2 - i1):
+      if nm is not None and i % nm[1] == 0:
+        tmp = w1[:, i:i + nm[1]] ** 2 / np.diag(u1)[i:i + nm[1]] ** 2
+        for r in range(w1.shape[0]):
+          p1[r, i:i + nm[1]] = _stable_prune(tmp[r], nm[1] - nm[0])
+      q = np.where(p1[:, i], 0.0, w1[:, i])
+      err1[:, i] = (w1[:, i] - q) / u1[i, i]
+      w1[:, i:] -= np.outer(err1[:, i], u1[i, i:])
+      w1[:, i] = q
+    w[:, i1:i2] = w1
+    w[:, i2:] -= err1 @ u[i1:i2, i2:]
+    pruned[:, i1:i2] = p1
+  return w, ~pruned
+
+
+def _setup(k=16, out=8, seed=0):
+  batches, x = _calibration(k=k, seed=seed)
+  w = np.random.default_rng(seed + 1).normal(size=(k, out)).astype(np.float32)
+  return {'w': jnp.asarray(w)}, batches, x, w
+
+
+def test_wanda_mask_is_the_numpy_rule():
+  params, batches, x, w = _setup()
+  norms = np.sqrt((x ** 2).sum(0))
+  scores = np.abs(w.T) * norms                      # (outputs, inputs)
+  expected = ~np.stack([_stable_prune(row, 8) for row in scores]).T
+  new, masks = oneshot.prune(_linear, params, batches, method='wanda', sparsity=0.5)
+  np.testing.assert_array_equal(np.asarray(masks['w']), expected)
+  np.testing.assert_array_equal(np.asarray(new['w']), np.where(expected, w, 0))
+
+
+def test_magnitude_per_layer_and_per_row():
+  params, batches, _, w = _setup()
+  per_layer = ~_stable_prune(np.abs(w).ravel(), round(0.6 * w.size)).reshape(w.shape)
+  per_row = ~np.stack([_stable_prune(np.abs(col), round(0.6 * 16)) for col in w.T]).T
+  _, masks = oneshot.prune(_linear, params, batches, method='magnitude', sparsity=0.6)
+  np.testing.assert_array_equal(np.asarray(masks['w']), per_layer)
+  _, masks = oneshot.prune(_linear, params, batches, method='magnitude', sparsity=0.6,
+                           per_row=True)
+  np.testing.assert_array_equal(np.asarray(masks['w']), per_row)
+
+
+@pytest.mark.parametrize('nm', [None, (2, 4)])
+def test_sparsegpt_equals_the_papers_update(nm):
+  params, batches, x, w = _setup()
+  h = 2 * x.T @ x / len(x)
+  expected_w, expected_mask = sparsegpt_reference(w.T, h, 0.5, nm, blocksize=8, percdamp=0.01)
+  new, masks = oneshot.prune(_linear, params, batches, method='sparsegpt',
+                             sparsity=None if nm else 0.5, nm=nm, blocksize=8)
+  np.testing.assert_array_equal(np.asarray(masks['w']), expected_mask.T)
+  np.testing.assert_allclose(np.asarray(new['w']), expected_w.T, rtol=1e-4, atol=1e-4)
+  assert np.mean(expected_mask) == 0.5
+
+
+def test_sparsegpt_reconstructs_better_than_magnitude_and_wanda():
+  params, batches, x, w = _setup(k=32, out=16, seed=3)
+  errors = {}
+  for method in oneshot.METHODS:
+    new, _ = oneshot.prune(_linear, params, batches, method=method, sparsity=0.5)
+    errors[method] = np.sum((x @ w - x @ np.asarray(new['w'], np.float64)) ** 2)
+  assert errors['sparsegpt'] < errors['wanda']
+  assert errors['sparsegpt'] < errors['magnitude']
+
+
+@pytest.mark.parametrize('method', oneshot.METHODS)
+@pytest.mark.parametrize('nm', ['2:4', '4:8'])
+def test_nm_masks_are_valid(method, nm):
+  params, batches, _, _ = _setup()
+  n, m = jaxprune.parse_nm(nm)
+  new, masks = oneshot.prune(_linear, params, batches, method=method, nm=nm)
+  groups = np.asarray(masks['w']).reshape(16 // m, m, 8)   # groups along the input axis
+  np.testing.assert_array_equal(groups.sum(axis=1), n)
+  assert np.all(np.asarray(new['w'])[~np.asarray(masks['w'])] == 0)
+
+
+def _two_layers(params, x):
+  return jax.nn.relu(x @ params['w1']) @ params['w2']
+
+
+def test_sequential_inputs_come_from_the_pruned_earlier_layer():
+  rng = np.random.default_rng(5)
+  params = {'w1': jnp.asarray(rng.normal(size=(16, 24)), jnp.float32),
+            'w2': jnp.asarray(rng.normal(size=(24, 8)), jnp.float32), 'scale': jnp.ones(3)}
+  batches, x = _calibration()
+  expected = {}
+  for sequential in (True, False):
+    new, masks = oneshot.prune(_two_layers, params, batches, method='wanda', sparsity=0.5,
+                               overrides={'w1': 0.9}, sequential=sequential)
+    w1 = np.asarray(new['w1'] if sequential else params['w1'], np.float64)
+    hidden = np.maximum(x @ w1, 0)
+    scores = np.abs(np.asarray(params['w2']).T) * np.sqrt((hidden ** 2).sum(0))
+    expected[sequential] = ~np.stack([_stable_prune(row, 12) for row in scores]).T
+    np.testing.assert_array_equal(np.asarray(masks['w2']), expected[sequential])
+    assert masks['scale'] is None
+  assert not np.array_equal(expected[True], expected[False])
+
+
+def test_overrides_and_masks_work_with_apply_masks():
+  rng = np.random.default_rng(6)
+  params = {'w1': jnp.asarray(rng.normal(size=(16, 24)), jnp.float32),
+            'w2': jnp.asarray(rng.normal(size=(24, 8)), jnp.float32), 'scale': jnp.ones(3)}
+  batches, _ = _calibration()
+  new, masks = oneshot.prune(_two_layers, params, batches, method='sparsegpt', sparsity=0.5,
+                             overrides={'w2': '2:4'})
+  assert float(jnp.mean(masks['w1'])) == 0.5
+  assert bool(jaxprune.is_nm_sparse(new['w2'], 2, 4, axis=0))
+  same = jaxprune.apply_masks(new, masks)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(new),
+                                                    strict=True))
+  _, masks = oneshot.prune(_two_layers, params, batches, method='wanda', sparsity=0.5,
+                           overrides={'w1': None})
+  assert masks['w1'] is None and masks['w2'] is not None
+
+
+def test_bad_inputs_are_clear_errors_that_change_nothing():
+  params, batches, _, w = _setup()
+  cases = [
+      (dict(batches=[], method='wanda', sparsity=0.5), 'at least one calibration batch'),
+      (dict(method='wanda', sparsity=1.0), r'sparsity must be a number in \[0, 1\)'),
+      (dict(method='sparsegpt', sparsity=-0.1), r'sparsity must be a number in \[0, 1\)'),
+      (dict(method='wanda', nm='3:6'), 'not divisible by M=6'),
+      (dict(method='obs', sparsity=0.5), "method='obs'"),
+      (dict(method='wanda'), 'give sparsity'),
+      (dict(method='wanda', sparsity=0.5, overrides={'nothing': 0.5}), 'match no layer'),
+  ]
+  for kwargs, message in cases:
+    with pytest.raises(ValueError, match=message):
+      oneshot.prune(_linear, params, kwargs.pop('batches', batches), **kwargs)
+  # Two equal input channels: X^T X is singular, and undampened Cholesky fails.
+  x = np.array(batches[0])
+  x[:, 1] = x[:, 0]
+  with pytest.raises(ValueError, match='singular.*percdamp > 0'):
+    oneshot.prune(_linear, params, [jnp.asarray(x)], method='sparsegpt', sparsity=0.5,
+                  percdamp=0.0)
+  np.testing.assert_array_equal(np.asarray(params['w']), w)
+
+
+def test_dead_inputs_are_pruned_without_nan():
+  params, batches, x, w = _setup()
+  dead = [np.asarray(b).copy() for b in batches]
+  for b in dead:
+    b[:, 3] = 0.0
+  x = np.concatenate(dead)
+  expected_w, _ = sparsegpt_reference(w.T, 2 * x.T @ x / len(x), 0.5, None, 16, 0.01)
+  new, _ = oneshot.prune(_linear, params, [jnp.asarray(b) for b in dead], method='sparsegpt',
+                         sparsity=0.5)
+  assert np.all(np.asarray(new['w'])[3] == 0)
+  np.testing.assert_allclose(np.asarray(new['w']), expected_w.T, rtol=1e-4, atol=1e-4)
