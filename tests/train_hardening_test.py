@@ -27,7 +27,7 @@ def free_compiled_steps():
      "N:M 3:7: leaf 'Dense_0/kernel' with shape (64, 32): axis 0 has 64 entries, which is not "
      'divisible by M=7'),
     ({'layer_axes_map': ('Dense_0:2',)},
-     "layer_axes_map: leaf 'Dense_0/kernel' of shape (64, 32) has no axes left after its 2 "
+     "layer_axes_map: leaf 'Dense_0/kernel' of shape (64, 32) has 0 axes left after its 2 "
      'layer axes'),
     ({'weight_sparsity_map': ('Dense_0:0.5', 'Dense_0/kernel:0.6')},
      "weight_sparsity_map: leaf 'Dense_0/kernel' matches several entries"),
