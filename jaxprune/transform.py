@@ -26,6 +26,7 @@ from jaxprune import counting, schedule
 from jaxprune import hparams as hparams_lib
 from jaxprune import specs as specs_lib
 from jaxprune.magnitude import MagnitudeRule
+from jaxprune.meshes import explicit_mesh
 from jaxprune.names import leaf_name
 
 PyTree = Any
@@ -110,14 +111,6 @@ def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> No
             f'its mask from init has shape {mask.shape}. Call init again with the new params.')
 
 
-def _explicit_mesh(arrays: list[Array]) -> Any:
-  """The mesh of the first array typed with explicit mesh axes, else None."""
-  for array in arrays:
-    mesh = getattr(jax.typeof(array).sharding, 'mesh', None)
-    if mesh is not None and not mesh.empty and mesh.explicit_axes:
-      return mesh
-  return None
-
 
 def _new_masks_on_any_mesh(compute, operands, state, sparsities):
   """`compute(operands, state, sparsities)`, also for arrays sharded over explicit mesh axes.
@@ -130,7 +123,7 @@ def _new_masks_on_any_mesh(compute, operands, state, sparsities):
   thresholds and the count replicated. Values closed over keep their explicit
   types, so the sparsities come in as arguments.
   """
-  mesh = _explicit_mesh(jax.tree.leaves(operands))
+  mesh = explicit_mesh(jax.tree.leaves(operands))
   if mesh is None:
     return compute(operands, state, sparsities)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

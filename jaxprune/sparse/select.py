@@ -10,11 +10,12 @@ fraction 0.3). Among equal scores the lower flat index is selected first, as
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import Array, lax
+
+from jaxprune.meshes import explicit_mesh
 
 
 def top_k_mask(scores: Array, k: int) -> Array:
@@ -65,15 +66,6 @@ def drop_and_grow(mask: Array, drop_scores: Array, grow_scores: Array, n_drop: A
   return (kept | grown).reshape(mask.shape)
 
 
-def _explicit_mesh(arrays: list[Array]) -> Any:
-  """The mesh of the first array typed with explicit mesh axes, else None."""
-  for array in arrays:
-    mesh = getattr(jax.typeof(array).sharding, 'mesh', None)
-    if mesh is not None and not mesh.empty and mesh.explicit_axes:
-      return mesh
-  return None
-
-
 def on_any_mesh(fn: Callable[..., Array], like: Array, *arrays: Array) -> Array:
   """`fn(*arrays)`, also for arrays typed with explicit mesh axes (`jax.make_mesh`'s default).
 
@@ -81,6 +73,6 @@ def on_any_mesh(fn: Callable[..., Array], like: Array, *arrays: Array) -> Array:
   there `fn` runs with automatic axes, which XLA's partitioner shards as under
   `pjit`, and the result comes back sharded like `like`.
   """
-  if _explicit_mesh([like, *arrays]) is None:
+  if explicit_mesh([like, *arrays]) is None:
     return fn(*arrays)
   return jax.sharding.auto_axes(fn, out_sharding=jax.typeof(like).sharding)(*arrays)
