@@ -6,20 +6,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
+import tiny_models
 
 import jaxprune
 from jaxprune import specs
-
-
-class _MLP(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    hidden = nn.relu(nn.Dense(8)(x))  # Dense_0: (4, 8)
-    return nn.Dense(3)(hidden)  # Dense_1: (8, 3)
-
-
-def _params():
-  return _MLP().init(jax.random.key(0), jnp.ones((1, 4)))['params']
 
 
 def _warnings_of(make):
@@ -32,20 +22,20 @@ def _warnings_of(make):
 def test_a_regex_that_matches_no_weight_warns_with_the_leaf_names():
   # Before: 'weight$' (PyTorch's name) on Flax params pruned nothing without a word.
   tx = jaxprune.pruning(jaxprune.parse_hparams('weight_name_regex=weight$'))
-  message, = _warnings_of(lambda: tx.init(_params()))
+  message, = _warnings_of(lambda: tx.init(tiny_models.mlp_params()))
   assert "weight_name_regex='weight$' (matched with re.search) selects none" in message
   assert "['Dense_0/kernel', 'Dense_1/kernel']" in message
 
 
 def test_a_filter_that_selects_nothing_warns():
   tx = jaxprune.pruning(jaxprune.get_pruning_hparams(), prune_filter=lambda name, leaf: False)
-  message, = _warnings_of(lambda: tx.init(_params()))
+  message, = _warnings_of(lambda: tx.init(tiny_models.mlp_params()))
   assert 'prune_filter selects none' in message
 
 
 def test_default_regex_and_vector_only_trees_do_not_warn():
-  assert _warnings_of(lambda: jaxprune.pruning(jaxprune.get_pruning_hparams()).init(_params())
-                      ) == []
+  tx = jaxprune.pruning(jaxprune.get_pruning_hparams())
+  assert _warnings_of(lambda: tx.init(tiny_models.mlp_params())) == []
   vectors = {'bias': jnp.ones(3)}
   assert _warnings_of(lambda: jaxprune.pruning(jaxprune.get_pruning_hparams()).init(vectors)
                       ) == []
@@ -56,7 +46,7 @@ def test_layer_axes_on_unstacked_kernels_are_refused():
   tx = jaxprune.pruning(jaxprune.parse_hparams('layer_axes_map=[.*:1]'))
   with pytest.raises(ValueError, match=r"layer_axes_map: leaf 'Dense_0/kernel' of shape \(4, 8\) "
                                        r'has 1 axes left after its 1 layer axes'):
-    tx.init(_params())
+    tx.init(tiny_models.mlp_params())
 
 
 def test_layer_axes_on_a_scanned_stack_give_each_layer_its_spec():
@@ -84,10 +74,10 @@ def test_a_prune_filter_may_prune_stacked_vectors():
 def test_per_leaf_values_come_from_the_one_matching_entry():
   hp = jaxprune.parse_hparams('target_sparsity=0.5,weight_sparsity_map=[Dense_1:0.8],'
                               'nm_sparsity_map=[Dense_0/kernel:2:4]')
-  first, second = [s for s in specs.spec_leaves(specs.leaf_specs(_params(), hp))
+  first, second = [s for s in specs.spec_leaves(specs.leaf_specs(tiny_models.mlp_params(), hp))
                    if s is not None]
   assert (first.name, first.target, first.nm) == ('Dense_0/kernel', 0.5, (2, 4))
   assert (second.name, second.target, second.nm) == ('Dense_1/kernel', 0.8, None)
   overlapping = jaxprune.parse_hparams('weight_sparsity_map=[Dense:0.8,kernel:0.9]')
   with pytest.raises(ValueError, match="leaf 'Dense_0/kernel' matches several entries"):
-    specs.leaf_specs(_params(), overlapping)
+    specs.leaf_specs(tiny_models.mlp_params(), overlapping)

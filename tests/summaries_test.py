@@ -1,28 +1,17 @@
 """The accessors: one documented shape each, and a clear error for a state without pruning."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import tiny_models
 
 import jaxprune
 
 
-class _MLP(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    hidden = nn.relu(nn.Dense(8)(x))  # Dense_0: (4, 8)
-    return nn.Dense(3)(hidden)  # Dense_1: (8, 3)
-
-
-def _params():
-  return _MLP().init(jax.random.key(0), jnp.ones((1, 4)))['params']
-
-
 def _pruned_state():
-  params = _params()
+  params = tiny_models.mlp_params()
   tx = optax.chain(optax.adam(1e-3), jaxprune.pruning(
       'target_sparsity=0.75,pruning_frequency=1,sparsity_function_end_step=1,'
       'threshold_method=exact'))
@@ -36,9 +25,9 @@ def _pruned_state():
 
 def test_an_optimizer_state_without_pruning_is_an_error():
   # Before: get_weight_sparsity(adam state) measured mu and nu: "1.0 sparse".
-  state = optax.adam(1e-3).init(_params())
+  state = optax.adam(1e-3).init(tiny_models.mlp_params())
   for accessor in (jaxprune.get_weight_sparsity, jaxprune.get_masks, jaxprune.get_thresholds,
-                   jaxprune.summaries, lambda s: jaxprune.apply_masks(_params(), s)):
+                   jaxprune.summaries, lambda s: jaxprune.apply_masks(tiny_models.mlp_params(), s)):
     with pytest.raises(ValueError, match='found 0: pass the state of optax.chain'):
       accessor(state)
 
