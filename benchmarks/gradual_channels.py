@@ -33,9 +33,10 @@ import optax
 
 from jaxprune.structured import Constraint, make_plan, plan_flops, select, trace
 from jaxprune.structured.shrink import apply_plan
-from jaxprune.train import data as data_lib
-from jaxprune.train import loop, models
-from jaxprune.train.step import create_train_state, make_evaluate, make_train_step
+from jaxprune.train import _data as data_lib
+from jaxprune.train import _loop as loop
+from jaxprune.train import _models as models
+from jaxprune.train._step import create_train_state, make_evaluate, make_train_step
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, 'configs')]

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxprune
-from jaxprune import thresholds
+from jaxprune import _thresholds as thresholds
 
 try:
   from benchmarks._timing import interleaved, table

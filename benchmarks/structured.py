@@ -27,8 +27,8 @@ import optax
 from jaxprune.structured import cost, flax_rebuild, select, trace
 from jaxprune.structured.plan import make_plan
 from jaxprune.structured.shrink import apply_plan
-from jaxprune.train import data as data_lib
-from jaxprune.train import models
+from jaxprune.train import _data as data_lib
+from jaxprune.train import _models as models
 
 
 class BasicBlock(nn.Module):

@@ -25,7 +25,11 @@ import ml_collections
 from absl import app, flags
 
 import jaxprune
-from jaxprune.train import data, defaults, loop, models, step
+from jaxprune.train import _data as data
+from jaxprune.train import _defaults as defaults
+from jaxprune.train import _loop as loop
+from jaxprune.train import _models as models
+from jaxprune.train import _step as step
 
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Number of seeds per variant.')
 

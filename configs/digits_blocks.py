@@ -8,14 +8,14 @@ and removed whole, which is what block-sparse kernels on accelerators need.
 
 import ml_collections
 
-from jaxprune.train import defaults
+from jaxprune import train
 
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the MLP config with per-leaf block shapes from `block_dims_map`."""
-  config = defaults.get_config()
+  config = train.get_config()
   config.name = 'digits_blocks'
-  config.pruning = defaults.pruning_config(
+  config.pruning = train.pruning_config(
       config.pruning,
       block_dims_map=('Dense_0/kernel:4x4', 'Dense_1/kernel:1x4'),
       target_sparsity=0.8,

@@ -8,16 +8,16 @@ to 50% only (`weight_sparsity_map`); every other kernel goes to 90%.
 
 import ml_collections
 
-from jaxprune.train import defaults
+from jaxprune import train
 
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the CNN config; conv kernels and dense kernels are all pruned."""
-  config = defaults.get_config()
+  config = train.get_config()
   config.name = 'digits_cnn'
   config.model.name = 'cnn'
   config.model.features = (16, 32)
   config.model.dense = 64
-  config.pruning = defaults.pruning_config(
+  config.pruning = train.pruning_config(
       config.pruning, weight_sparsity_map=('Conv_0/kernel:0.5',))
   return config

@@ -11,18 +11,18 @@ model as `pruned_model.bin` and reports its FLOPs, CPU speedup and accuracy.
 
 import ml_collections
 
-from jaxprune.train import defaults
+from jaxprune import train
 
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the channel-pruning CNN config."""
-  config = defaults.get_config()
+  config = train.get_config()
   config.name = 'digits_cnn_channels'
   config.model.name = 'cnn'
   config.model.features = (16, 32)
   config.model.dense = 64
   # target_sparsity is the share of each group's channels removed: 16 -> 8,
   # 32 -> 16, 64 -> 32 (multiples of round_to=8 all along the schedule).
-  config.pruning = defaults.pruning_config(config.pruning, target_sparsity=0.5)
+  config.pruning = train.pruning_config(config.pruning, target_sparsity=0.5)
   config.channels.enabled = True
   return config

@@ -5,9 +5,9 @@
 
 import ml_collections
 
-from jaxprune.train import defaults
+from jaxprune import train
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """Returns the default config (see jaxprune/train/defaults.py for each field)."""
-  return defaults.get_config()
+  """Returns the default config (`jaxprune-train --helpfull` describes each field)."""
+  return train.get_config()

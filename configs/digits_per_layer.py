@@ -8,14 +8,14 @@ is pruned gently while the two hidden kernels (49,200 weights) go to 95%.
 
 import ml_collections
 
-from jaxprune.train import defaults
+from jaxprune import train
 
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the MLP config with per-leaf targets from `weight_sparsity_map`."""
-  config = defaults.get_config()
+  config = train.get_config()
   config.name = 'digits_per_layer'
-  config.pruning = defaults.pruning_config(
+  config.pruning = train.pruning_config(
       config.pruning,
       weight_sparsity_map=('Dense_[01]/kernel:0.95', 'Dense_2/kernel:0.5'),
   )

@@ -14,14 +14,14 @@ The public API (see README.md):
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from jaxprune.export import check_sparse_outputs, size_report, sparse_apply, strip, to_bcoo
-from jaxprune.hparams import get_pruning_hparams, parse_hparams
-from jaxprune.masks import update_mask
-from jaxprune.names import leaf_name, named_leaves, tree_names
-from jaxprune.nm import is_nm_sparse, nm_mask, parse_nm
-from jaxprune.schedule import sparsity_at
-from jaxprune.sharding import abstract_with_shardings, pruning_state_shardings, state_shardings
-from jaxprune.summaries import (
+from jaxprune._export import check_sparse_outputs, size_report, sparse_apply, strip, to_bcoo
+from jaxprune._hparams import get_pruning_hparams, parse_hparams
+from jaxprune._masks import update_mask
+from jaxprune._names import leaf_name, named_leaves, tree_names
+from jaxprune._nm import is_nm_sparse, nm_mask, parse_nm
+from jaxprune._schedule import sparsity_at
+from jaxprune._sharding import abstract_with_shardings, pruning_state_shardings, state_shardings
+from jaxprune._summaries import (
     apply_masks,
     count_nonfinite,
     find_pruning_state,
@@ -30,7 +30,7 @@ from jaxprune.summaries import (
     get_weight_sparsity,
     summaries,
 )
-from jaxprune.transform import PruningState, pruned, pruning
+from jaxprune._transform import PruningState, pruned, pruning
 
 if TYPE_CHECKING:
   from jaxprune import channels, functional, methods, oneshot, sparse, structured, train

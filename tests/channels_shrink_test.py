@@ -18,8 +18,8 @@ import pytest
 from structured_zoo import ZOO
 
 import jaxprune
+from jaxprune._names import named_leaves
 from jaxprune.channels import ChannelRule
-from jaxprune.names import named_leaves
 from jaxprune.structured import Constraint, trace
 
 # Kept channels: max(round(n / 2), 1), half to even (SPEC's exact rule).

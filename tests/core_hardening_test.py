@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import jaxprune
-from jaxprune import hparams as hparams_lib
+from jaxprune import _hparams as hparams_lib
 
 F32 = np.float32
 ONE_SHOT = dict(pruning_frequency=1, sparsity_function_end_step=1)

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import jaxprune
-from jaxprune import thresholds
+from jaxprune import _thresholds as thresholds
 
 LINSPACE = np.linspace(1, 100, 100).astype(np.float32)
 
@@ -116,7 +116,7 @@ def test_per_layer_block_dims():
       'target_sparsity=0.5,block_dims_map=[layer1/weights:1x1,layer2/weights:1x2]')
   params = {'layer1': {'weights': jnp.float32([[-.1, .1], [-.2, .2]])},
             'layer2': {'weights': jnp.float32([[.1, .1, .3, .3], [.2, .2, .4, .4]])}}
-  specs = jaxprune.specs.leaf_specs(params, hp, lambda name, leaf: True)
+  specs = jaxprune._specs.leaf_specs(params, hp, lambda name, leaf: True)
   masks = {}
   for layer, spec in specs.items():
     _, mask = jaxprune.update_mask(params[layer]['weights'], 0.0, 0.5,

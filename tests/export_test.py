@@ -1,4 +1,4 @@
-"""Tests for jaxprune.export: strip, BCOO leaves, the size report, the sparse-output check."""
+"""Tests for jaxprune._export: strip, BCOO leaves, the size report, the sparse-output check."""
 
 import json
 import zlib
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from jax.experimental import sparse
 
-from jaxprune import export, functional
+from jaxprune import _export as export
+from jaxprune import functional
 
 
 def small_params():

@@ -306,7 +306,7 @@ def test_remove_strip_and_apply_masks_are_one_rule_also_under_jit():
 def test_default_leaves_are_the_transforms_default():
   import inspect
 
-  from jaxprune import hparams
+  from jaxprune import _hparams as hparams
   for fn in (functional.prune, functional.l1_unstructured, functional.random_unstructured,
              functional.ln_structured, functional.nm_structured, functional.global_unstructured):
     assert inspect.signature(fn).parameters['names'].default is hparams.DEFAULT_WEIGHT_NAME_REGEX

@@ -10,7 +10,7 @@ import pytest
 import readme_blocks
 
 import jaxprune
-from jaxprune import hparams as hparams_lib
+from jaxprune import _hparams as hparams_lib
 
 TF_DEFAULTS = {
     'name': 'model_pruning', 'begin_pruning_step': 0, 'end_pruning_step': -1,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxprune import maps
+from jaxprune import _maps as maps
 
 
 def test_split_top_level_keeps_bracketed_lists_whole():

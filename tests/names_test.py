@@ -5,7 +5,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxprune import names
+from jaxprune import _names as names
 
 
 class _Pair(NamedTuple):

@@ -1,4 +1,4 @@
-"""Tests for jaxprune.nm: the N:M mask rule and its validation."""
+"""Tests for jaxprune._nm: the N:M mask rule and its validation."""
 
 import itertools
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxprune import nm
+from jaxprune import _nm as nm
 
 
 def reference_nm(w, n, m, axis):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import numerics
+from jaxprune import _numerics as numerics
 
 F32 = np.float32
 

@@ -134,7 +134,7 @@ def test_structured_imports_neither_channels_nor_train():
 
 def test_the_direction_check_sees_nested_and_relative_imports():
   source = '\n'.join([
-      'import jaxprune.masks',
+      'import jaxprune._masks',
       'from jaxprune import channels as c',
       'def f():',
       '  if True:',
@@ -142,7 +142,7 @@ def test_the_direction_check_sees_nested_and_relative_imports():
       '  from . import trace',
   ])
   found = imported_modules(source, 'jaxprune.structured.api', is_package=False)
-  assert {'jaxprune.masks', 'jaxprune.channels', 'jaxprune.train.loop',
+  assert {'jaxprune._masks', 'jaxprune.channels', 'jaxprune.train.loop',
           'jaxprune.structured.trace'} <= found
   assert within('jaxprune.channels.rule', ['jaxprune.channels'])
   assert not within('jaxprune.channelsx', ['jaxprune.channels'])

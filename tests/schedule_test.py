@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import jaxprune
-from jaxprune import hparams as hparams_lib
-from jaxprune import schedule
+from jaxprune import _hparams as hparams_lib
+from jaxprune import _schedule as schedule
 
 
 def _spec_update_steps(begin, frequency, end, num_steps):

@@ -30,7 +30,7 @@ COMPARE = '''
 import json, sys
 import jax, numpy as np
 import jaxprune
-from jaxprune.train import loop
+from jaxprune.train import _loop as loop
 import tiny
 
 workdir = sys.argv[1]

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from jaxprune import thresholds
+from jaxprune import _thresholds as thresholds
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'sharding_multidevice.py')
 LAYOUTS = ('data_parallel', 'model_parallel', 'fsdp')

@@ -9,7 +9,7 @@ import pytest
 import tiny_models
 
 import jaxprune
-from jaxprune import specs
+from jaxprune import _specs as specs
 
 
 def _warnings_of(make):

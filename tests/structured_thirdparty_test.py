@@ -20,7 +20,7 @@ import thirdparty_zoo as zoo
 import thirdparty_zoo_hf as hf
 
 import jaxprune.structured as jps
-from jaxprune.names import named_leaves
+from jaxprune._names import named_leaves
 
 # name -> builder. The full-size models (`_full`) are shapes only: traced and counted.
 ZOO = {

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from structured_zoo_primitives import CASES as PRIMITIVE_CASES
 
-from jaxprune.names import leaf_name
+from jaxprune._names import leaf_name
 
 
 def _fill(tree):

@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxprune.names import leaf_name, named_leaves  # noqa: E402
+from jaxprune._names import leaf_name, named_leaves  # noqa: E402
 
 PyTree = Any
 

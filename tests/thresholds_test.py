@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxprune
-from jaxprune import thresholds
+from jaxprune import _thresholds as thresholds
 
 LINSPACE = np.linspace(1, 100, 100, dtype=np.float32).reshape(10, 10)
 

@@ -1,4 +1,4 @@
-"""Tests for jaxprune.train.checkpoints: orbax round trip, checksums, fallback, commits."""
+"""Tests for jaxprune.train._checkpoints: orbax round trip, checksums, fallback, commits."""
 
 import asyncio
 import errno
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
-from jaxprune.train import checkpoints
-from jaxprune.train.errors import (
+from jaxprune.train import _checkpoints as checkpoints
+from jaxprune.train._errors import (
     DamagedCheckpointError,
     IncompatibleWorkdirError,
     StorageError,

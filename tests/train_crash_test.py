@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 import train_faults
 
-from jaxprune.train import checkpoints, loop
-from jaxprune.train.errors import StorageError
-from jaxprune.train.metrics import read_metrics
+from jaxprune.train import _checkpoints as checkpoints
+from jaxprune.train import _loop as loop
+from jaxprune.train._errors import StorageError
+from jaxprune.train._metrics import read_metrics
 
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train_faults.py')
 
@@ -358,7 +359,7 @@ def test_ctrl_c_during_a_checkpoint_stops_after_it_and_is_never_lost(
 
 def test_a_full_disk_for_the_event_file_is_one_error_not_a_second_one_on_close(
     tmp_path, monkeypatch):
-  from jaxprune.train import metrics
+  from jaxprune.train import _metrics as metrics
 
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'events.out.tfevents')

@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 import train_faults
 
-from jaxprune.train import data, defaults, loop, usage
-from jaxprune.train.errors import ConfigError
-from jaxprune.train.metrics import read_metrics
+from jaxprune.train import _data as data
+from jaxprune.train import _defaults as defaults
+from jaxprune.train import _loop as loop
+from jaxprune.train import _usage as usage
+from jaxprune.train._errors import ConfigError
+from jaxprune.train._metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

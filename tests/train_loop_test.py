@@ -1,4 +1,4 @@
-"""End-to-end tests of jaxprune.train.loop.train: outputs, resume, config checks."""
+"""End-to-end tests of jaxprune.train._loop.train: outputs, resume, config checks."""
 
 import json
 import os
@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 import jaxprune
-from jaxprune.train import checkpoints, data, defaults, loop
-from jaxprune.train.errors import DivergedError
-from jaxprune.train.metrics import read_metrics
-from jaxprune.train.report import format_report
+from jaxprune.train import _checkpoints as checkpoints
+from jaxprune.train import _data as data
+from jaxprune.train import _defaults as defaults
+from jaxprune.train import _loop as loop
+from jaxprune.train._errors import DivergedError
+from jaxprune.train._metrics import read_metrics
+from jaxprune.train._report import format_report
 
 
 def _config(**pruning):

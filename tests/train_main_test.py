@@ -309,7 +309,7 @@ def test_default_run_with_no_flags_meets_the_goal(tmp_path):
 def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
   import io
 
-  from jaxprune.train import main
+  from jaxprune.train import _main as main
   out = io.StringIO()
   stderr = main._WithoutClosedLoopTracebacks(out)
   # As tensorstore's threads print it, piece by piece, once per aborted write.
@@ -325,7 +325,7 @@ def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
 
 
 def test_each_warning_is_shown_once_in_one_line(capsys):
-  from jaxprune.train import main
+  from jaxprune.train import _main as main
   for _ in range(3):  # the hparams are checked in several places
     main._show_warning(UserWarning('end_pruning_step=1500 stops\nmask updates'), UserWarning,
                        'hparams.py', 1)

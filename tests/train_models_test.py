@@ -1,4 +1,4 @@
-"""Tests for jaxprune.train.models: layer names and shapes, outputs."""
+"""Tests for jaxprune.train._models: layer names and shapes, outputs."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxprune.names import named_leaves
-from jaxprune.train import models
+from jaxprune._names import named_leaves
+from jaxprune.train import _models as models
 
 
 def _shapes(params):

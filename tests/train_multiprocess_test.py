@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import train_multiprocess as mp
 
-from jaxprune.train import files
+from jaxprune.train import _files as files
 
 pytestmark = pytest.mark.slow
 

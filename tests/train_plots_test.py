@@ -1,9 +1,9 @@
-"""Tests for jaxprune.train.plots: PNGs are written headless."""
+"""Tests for jaxprune.train._plots: PNGs are written headless."""
 
 import matplotlib.image
 
-from jaxprune.train import plots
-from jaxprune.train.report import LeafReport
+from jaxprune.train import _plots as plots
+from jaxprune.train._report import LeafReport
 
 
 def test_plots_are_pngs(tmp_path):
@@ -29,7 +29,7 @@ def test_no_layer_plot_without_pruned_leaves(tmp_path):
 def test_importing_jaxprune_train_leaves_the_matplotlib_backend_alone():
   import subprocess
   import sys
-  code = ('import sys, jaxprune.train, jaxprune.train.plots; '
+  code = ('import sys, jaxprune.train, jaxprune.train._plots; '
           'print("matplotlib.pyplot" in sys.modules)')
   result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           check=True)

@@ -1,10 +1,11 @@
-"""Tests for jaxprune.train.validate: every field of the job's config, and the schedule check."""
+"""Tests for jaxprune.train._validate: every field of the job's config, and the schedule check."""
 
 import pytest
 
 import jaxprune
-from jaxprune.train import defaults, validate
-from jaxprune.train.errors import ConfigError
+from jaxprune.train import _defaults as defaults
+from jaxprune.train import _validate as validate
+from jaxprune.train._errors import ConfigError
 
 
 def _set(config, dotted, value):
@@ -84,7 +85,7 @@ def test_unknown_and_missing_fields_are_named():
   config = defaults.get_config()
   del config['plots']
   with pytest.raises(ConfigError, match=r'^config.plots is missing; start the config from '
-                                        r'jaxprune.train.defaults.get_config\(\), whose value '
+                                        r'jaxprune.train._defaults.get_config\(\), whose value '
                                         r'is True.$'):
     validate.check_config(config)
   del config['pruning']

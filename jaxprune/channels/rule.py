@@ -24,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from jaxprune import counting
-from jaxprune import hparams as hparams_lib
-from jaxprune import masks as masks_lib
+from jaxprune import _counting as counting
+from jaxprune import _hparams as hparams_lib
+from jaxprune import _masks as masks_lib
+from jaxprune._names import named_leaves
 from jaxprune.channels import layout as layout_lib
-from jaxprune.names import named_leaves
 from jaxprune.structured import Constraint, DependencyGraph
 
 PyTree = Any
@@ -184,7 +184,7 @@ class ChannelRule:
   def new_masks(self, hparams: hparams_lib.HParams, weights: list[Callable[[Any], Array]],
                 old_masks: list[Array], thresholds: PyTree, sparsity: Array
                 ) -> tuple[list[Array], PyTree, Array]:
-    """One mask update inside jit (see `jaxprune.transform.MaskRule`)."""
+    """One mask update inside jit (see `jaxprune._transform.MaskRule`)."""
     layout = self.layout
     if not layout.groups:
       return list(old_masks), thresholds, jnp.int32(0)

@@ -20,13 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from jaxprune._names import leaf_name
+from jaxprune._summaries import get_masks
 from jaxprune.channels.rule import ChannelRule, channel_keeps_from_masks, leaf_masks
-from jaxprune.names import leaf_name
 from jaxprune.structured import Plan, VerifyReport, apply_plan, make_plan, plan_flops
 from jaxprune.structured.cost import flops_kept, flops_text
 from jaxprune.structured.interpret import Shrinker
 from jaxprune.structured.oracle import compare
-from jaxprune.summaries import get_masks
 
 PyTree = Any
 

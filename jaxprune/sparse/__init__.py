@@ -3,12 +3,12 @@
 See README.md, "Sparse training: static, SET, RigL, STE".
 """
 
-from jaxprune.sparse.distributions import densities, erk_densities, kept_count, sparse_names
-from jaxprune.sparse.rules import rigl, set_, static
-from jaxprune.sparse.select import drop_and_grow, random_mask, top_k_mask
-from jaxprune.sparse.ste import STEState, ste
-from jaxprune.sparse.summaries import apply_masks, find_state, get_masks
-from jaxprune.sparse.training import SparseState, drop_fraction_at, reset_at, sparse_training
+from jaxprune.sparse._distributions import densities, erk_densities, kept_count, sparse_names
+from jaxprune.sparse._rules import rigl, set_, static
+from jaxprune.sparse._select import drop_and_grow, random_mask, top_k_mask
+from jaxprune.sparse._ste import STEState, ste
+from jaxprune.sparse._summaries import apply_masks, find_state, get_masks
+from jaxprune.sparse._training import SparseState, drop_fraction_at, reset_at, sparse_training
 
 __all__ = [
     'STEState', 'SparseState', 'apply_masks', 'densities', 'drop_and_grow', 'drop_fraction_at',

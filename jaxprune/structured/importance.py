@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import names
+from jaxprune import _names as names
 from jaxprune.structured.calibrate import progress_bar
 
 Scores = dict[int, np.ndarray]

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxprune import names
+from jaxprune import _names as names
 from jaxprune.structured import identity
 
 

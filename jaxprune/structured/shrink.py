@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import names
+from jaxprune import _names as names
 from jaxprune.structured import trace as trace_lib
 from jaxprune.structured.interpret import Shrinker, eval_jaxpr
 from jaxprune.structured.plan import Plan, check_variables, make_plan, plan_for

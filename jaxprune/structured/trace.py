@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxprune import names
+from jaxprune import _names as names
 from jaxprune.structured import kinds, solve, usage
 from jaxprune.structured import norms as norms_lib
 from jaxprune.structured.groups import DependencyGraph, EntryPoint

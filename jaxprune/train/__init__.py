@@ -4,14 +4,14 @@ Needs the `examples` extra (scikit-learn, absl-py, tqdm, orbax-checkpoint,
 matplotlib; tensorboardX is optional).
 """
 
-from jaxprune.train.data import Dataset, load_digits, load_npz
-from jaxprune.train.defaults import get_config
-from jaxprune.train.loop import TrainResult, train
-from jaxprune.train.models import CNN, MLP
-from jaxprune.train.report import format_report
-from jaxprune.train.step import TrainState, make_optimizer, make_train_step
+from jaxprune.train._data import Dataset, load_digits, load_npz
+from jaxprune.train._defaults import get_config, pruning_config
+from jaxprune.train._loop import TrainResult, train
+from jaxprune.train._models import CNN, MLP
+from jaxprune.train._report import format_report
+from jaxprune.train._step import TrainState, make_optimizer, make_train_step
 
 __all__ = [
     'CNN', 'MLP', 'Dataset', 'TrainResult', 'TrainState', 'format_report', 'get_config',
-    'load_digits', 'load_npz', 'make_optimizer', 'make_train_step', 'train',
+    'load_digits', 'load_npz', 'make_optimizer', 'make_train_step', 'pruning_config', 'train',
 ]

@@ -1,5 +1,5 @@
 """`python -m jaxprune.train` runs `jaxprune-train`."""
 
-from jaxprune.train.main import run
+from jaxprune.train._main import run
 
 run()

@@ -1,0 +1,85 @@
+"""Block pooling and expansion for block-sparse masks (SPEC section 5).
+
+Blocks start at index 0 of both dimensions and the last block of a dimension
+that is not a multiple of the block is partial. This keeps the pooled scores
+aligned with the expanded mask (TF's SAME padding shifted them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+
+from jaxprune import _numerics as numerics
+
+
+def resolve_block_dims(shape: tuple[int, ...], block_dims: tuple[int, int]
+                       ) -> tuple[int, int] | None:
+  """Resolves -1 against this variable's squeezed 2-D shape.
+
+  Returns:
+    (height, width) with -1 replaced by the full dimension, or None when the
+    elementwise rule applies: dims (1, 1) or a squeezed shape that is not 2-D.
+  """
+  if tuple(block_dims) == (1, 1):
+    return None
+  squeezed = [d for d in shape if d != 1]
+  if len(squeezed) != 2:
+    return None
+  # A block larger than its dimension is that dimension (same pooled values, no huge pad).
+  return tuple(d if b == -1 else min(b, d) for b, d in zip(block_dims, squeezed, strict=True))
+
+
+def _halving_sum(values: Array, axis: int) -> Array:
+  """Sums over `axis` by adding halves: the same float additions, in the same
+  order, whatever the shape of each device's shard. XLA's reduce picks its
+  order per shape, so sharded and single-device block averages could differ in
+  the last bit. Zero padding to a power of two adds exact zeros.
+  """
+  size = values.shape[axis]
+  width = 1 << (size - 1).bit_length()
+  if width != size:
+    padding = [(0, 0)] * values.ndim
+    padding[axis] = (0, width - size)
+    values = jnp.pad(values, padding)
+  while width > 1:
+    width //= 2
+    values = (lax.slice_in_dim(values, 0, width, axis=axis)
+              + lax.slice_in_dim(values, width, 2 * width, axis=axis))
+  return lax.squeeze(values, (axis,))
+
+
+def pool(magnitudes: Array, block_dims: tuple[int, int], pooling: str) -> Array:
+  """Pools a 2-D array of magnitudes (>= 0) over blocks aligned at index 0.
+
+  Args:
+    magnitudes: float32 (H, W), all >= 0.
+    block_dims: resolved (bh, bw).
+    pooling: 'AVG' averages the elements inside the array (partial blocks
+      average fewer elements); 'MAX' takes their maximum.
+
+  Returns:
+    float32 (ceil(H / bh), ceil(W / bw)).
+  """
+  (height, width), (bh, bw) = magnitudes.shape, block_dims
+  rows, cols = math.ceil(height / bh), math.ceil(width / bw)
+  # Zero padding is neutral for MAX of magnitudes and for the AVG sums.
+  padded = jnp.pad(magnitudes, ((0, rows * bh - height), (0, cols * bw - width)))
+  blocks = padded.reshape(rows, bh, cols, bw)
+  if pooling.upper() == 'MAX':
+    return blocks.max(axis=(1, 3))
+  row_counts = np.minimum(bh, height - bh * np.arange(rows))
+  col_counts = np.minimum(bw, width - bw * np.arange(cols))
+  counts = (row_counts[:, None] * col_counts[None, :]).astype(np.float32)
+  sums = _halving_sum(_halving_sum(blocks, 3), 1)
+  return numerics.div_rn(sums, jnp.asarray(counts))
+
+
+def expand(pooled_mask: Array, block_dims: tuple[int, int], shape: tuple[int, int]) -> Array:
+  """Repeats each pooled entry over its block and crops to `shape` (2-D)."""
+  bh, bw = block_dims
+  full = jnp.repeat(jnp.repeat(pooled_mask, bh, axis=0), bw, axis=1)
+  return full[:shape[0], :shape[1]]

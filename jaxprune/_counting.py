@@ -1,0 +1,201 @@
+"""Exact counting passes over the magnitudes of many variables at once.
+
+A threshold search (`thresholds`) asks, for each unit (a variable, a stacked
+layer, or all variables under global pruning) and J candidate thresholds, how
+many magnitudes reach each candidate. `counts` answers for every unit in one
+pass over the weights, recomputing the magnitudes as it reads them (`Part`),
+so that no full-size copy of them is ever stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+
+from jaxprune import _numerics as numerics
+
+SAMPLE_STRIDE = 16  # rows of the searches' estimates
+
+
+def fresh(arrays: Any, token: Any) -> Any:
+  """`arrays` behind an optimization barrier shared with `token`.
+
+  Values computed from them then depend on the token: inside a search loop
+  (token = the pass's candidates) XLA cannot hoist |w| out of the loop and
+  store it, and passes with different tokens share nothing, so each pass reads
+  the weights and keeps no full-size temporary.
+  """
+  if token is None:
+    return lax.optimization_barrier(arrays)
+  return lax.optimization_barrier((arrays, token))[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """The magnitudes of one variable, as seen by a threshold search.
+
+  Attributes:
+    values: `token -> float32 array >= 0`, called in every counting pass with
+      that pass's candidate thresholds as `token`. It should read the weights
+      through `fresh(..., token)`, so that XLA recomputes the magnitudes (|w|,
+      or |params + updates|) in each pass instead of keeping a copy of them.
+    shape: the shape of `values(...)`.
+    unit_axes: how many leading axes index units (stacked layers); 0 when
+      the whole array belongs to one unit.
+  """
+  values: Callable[[Any], Array]
+  shape: tuple[int, ...]
+  unit_axes: int = 0
+
+  @property
+  def num_units(self) -> int:
+    return math.prod(self.shape[:self.unit_axes])
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Which units the parts' values belong to.
+
+  Without `shared`, part i owns its own units (one, or one per stacked layer),
+  numbered after those of the parts before it; with `shared` all parts form
+  one unit (global pruning) and must have no unit axes.
+  """
+  parts: tuple[Part, ...]
+  shared: bool = False
+
+  def __post_init__(self):
+    if self.shared and any(p.unit_axes for p in self.parts):
+      raise ValueError('parts of one shared unit need unit_axes=0.')
+
+  @property
+  def num_units(self) -> int:
+    return 1 if self.shared else sum(p.num_units for p in self.parts)
+
+  def pieces(self, per_unit: Array) -> list[Array]:
+    """Each part's rows of a (units, ...) array."""
+    if self.shared:
+      return [per_unit] * len(self.parts)
+    bounds = np.cumsum([p.num_units for p in self.parts])[:-1]
+    return jnp.split(per_unit, bounds)
+
+  def join(self, per_part: Sequence[Array]) -> Array:
+    """The inverse of `pieces` for per-part (units of the part, ...) arrays;
+    shared units add up."""
+    return sum(per_part) if self.shared else jnp.concatenate(per_part)
+
+  def sizes(self, sample: bool = False) -> np.ndarray:
+    """Elements per unit that a (sampled) counting pass sees (static)."""
+    per_part = []
+    for part in self.parts:
+      shape = rows_shape(part.shape, part.unit_axes)
+      rows = math.ceil(shape[-2] / SAMPLE_STRIDE) if sample else shape[-2]
+      per_part.append(np.full(part.num_units, math.prod(shape[part.unit_axes:-2]) * rows
+                              * shape[-1], np.int64))
+    sizes = sum(per_part) if self.shared else np.concatenate(per_part)
+    if sizes.max() > np.iinfo(np.int32).max:
+      raise ValueError(f'a threshold spans {sizes.max()} weights; counts are int32, so one '
+                       'variable, layer or global set may hold at most 2**31 - 1 weights.')
+    return sizes
+
+
+def rows_shape(shape: Sequence[int], unit_axes: int) -> tuple[int, ...]:
+  """The shape counting passes view an array in: its last axis short enough to be
+  summed exactly in float32, at least two axes after the unit axes.
+
+  Arrays with two or more axes after the unit axes keep their shape, so a
+  tensor sharded along any axis is counted where it lives (a reshape could
+  gather it); one-axis data is folded into rows.
+  """
+  shape = tuple(shape)
+  if len(shape) - unit_axes >= 2 and shape[-1] <= 2 ** 24:
+    return shape
+  size = math.prod(shape[unit_axes:])
+  width = next((w for w in (4096, 1024, 256, 64, 16, 4, 2) if size % w == 0), 1)
+  return shape[:unit_axes] + (size // width, width)
+
+
+def unit_shaped(part: Part, per_unit: Array, ndim: int) -> Array:
+  """A (units, *tail) array shaped to broadcast against an ndim array of the part:
+  unit axes first, then ones, then the tail."""
+  tail = per_unit.shape[1:]
+  lead = part.shape[:part.unit_axes]
+  return per_unit.reshape(lead + (1,) * (ndim - part.unit_axes - len(tail)) + tail)
+
+
+def _part_counts(part: Part, scale: Array, thresholds: Array, sample: bool,
+                 below_tiny: bool = False) -> Array:
+  """(units of the part, J) int32 counts of `values * scale >= threshold`, minus the size.
+
+  With `below_tiny`, thresholds lie below numerics.TINY (after scaling), where
+  float differences may flush to zero on CPU: values are capped just below TINY
+  and both sides lifted by 2**100 (exact), so differences stay normal.
+  """
+  rows = part.values(thresholds).reshape(rows_shape(part.shape, part.unit_axes))
+  if sample:
+    rows = rows[..., ::SAMPLE_STRIDE, :]
+  probes = unit_shaped(part, thresholds, rows.ndim)[..., None]  # (..., J, 1)
+  scale = unit_shaped(part, scale, rows.ndim)
+  scaled = rows * scale[..., :1] * scale[..., 1:]
+  if below_tiny:
+    lift = jnp.float32(2.0 ** 100)
+    scaled = jnp.minimum(scaled, numerics.step_ulps(jnp.float32(numerics.TINY), -1)) * lift
+    probes = probes * lift
+  # floor(v - t) is -1 below t and 0 above, for v and t in [0, 1): see numerics.
+  flags = jnp.floor(scaled[..., None, :] - probes)
+  row_axes = tuple(range(part.unit_axes, rows.ndim - 1))
+  if math.prod(rows.shape[part.unit_axes:]) <= 2 ** 24:
+    # A float32 sum of at most 2**24 ones is exact in any order: one reduction.
+    below = jnp.sum(flags, axis=row_axes + (rows.ndim,)).astype(jnp.int32)
+  else:
+    below = jnp.sum(jnp.sum(flags, axis=-1).astype(jnp.int32), axis=row_axes)
+  return below.reshape(part.num_units, -1)
+
+
+def counts(layout: Layout, scales: Sequence[Array], thresholds: Array, sample: bool = False,
+            below_tiny: bool = False, active: Array | None = None) -> Array:
+  """Exact int32 `count(values * scale >= threshold)` per unit and candidate.
+
+  Args:
+    layout: the parts.
+    scales: per part, (units of the part, 2) float32 powers of two whose product
+      maps each unit into [0, 1).
+    thresholds: (units, J) float32 candidates, each 0 or >= numerics.TINY
+      (below it with `below_tiny`).
+    sample: count every 16th row only.
+    below_tiny: count at thresholds below numerics.TINY.
+    active: optional (units,) bools: a part none of whose units is active is not
+      read (its rows of the result are then meaningless). A search skips the
+      units it has settled, most of them after its first pass.
+
+  Returns:
+    (units, J) int32.
+  """
+  pieces = layout.pieces(thresholds)
+  flags = [None] * len(layout.parts) if active is None else layout.pieces(active[:, None])
+
+  def part_counts(part, scale, probes, flag):
+    count = functools.partial(_part_counts, part, scale, probes, sample, below_tiny)
+    if flag is None:
+      return count()
+    return lax.cond(jnp.any(flag), count,
+                    lambda: jnp.zeros((part.num_units, probes.shape[-1]), jnp.int32))
+  below = layout.join([part_counts(*args) for args in zip(
+      layout.parts, scales, pieces, flags, strict=True)])
+  return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
+
+
+def part_maxima(layout: Layout) -> list[Array]:
+  """max(values) per unit of each part, float32; NaN where a NaN is."""
+  maxima = []
+  for part in layout.parts:
+    values = part.values(None)
+    maxima.append(jnp.max(values, axis=tuple(range(part.unit_axes, values.ndim))).reshape(-1))
+  return maxima
+

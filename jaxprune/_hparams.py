@@ -1,0 +1,401 @@
+"""Pruning hyperparameters: TF `model_pruning` names and defaults, parsing, validation.
+
+The fields and defaults are those of TensorFlow's graph-style `model_pruning`
+(Zhu & Gupta 2017, "To prune, or not to prune", arXiv:1710.01878), plus the
+jaxprune additions at the end of `HParams`, which is the one list of them.
+
+Users edit a `ml_collections.ConfigDict` (`get_pruning_hparams`,
+`parse_hparams`); the engine works from `HParams`, the frozen result of
+`freeze`, which checks every field (type, range, maps), parses the maps and
+warns about settings that cannot do what they seem to ask, once per config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from jaxprune import _maps as maps
+from jaxprune import _nm as nm
+from jaxprune import _schedule as schedule
+from jaxprune._maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
+from jaxprune._numerics import INT32_MAX, MAX_NBINS, SMALLEST_NORMAL
+
+POOLING = ('AVG', 'MAX')
+THRESHOLD_METHODS = ('histogram', 'exact')
+MASK_SOURCES = ('updated', 'params')
+# Which leaves are pruned by default: Dense/Conv kernels and embeddings (SPEC section 6).
+DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
+_NO_ENTRIES = ('',)
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  """Validated hyperparameters: the one list of the fields, their types and defaults.
+
+  `get_pruning_hparams()` is a ConfigDict of the first group of fields (map
+  fields as lists there); `freeze` turns one into an `HParams`. Making one
+  checks every field: a bad value is a ValueError naming the field, the value
+  and the rule. The maps are parsed once:
+
+  Attributes:
+    sparsity_entries: ((regex, sparsity), ...) from `weight_sparsity_map`.
+    block_entries: ((regex, (height, width)), ...) from `block_dims_map`.
+    nm_entries: ((regex, (n, m)), ...) from `nm_sparsity_map`.
+    layer_entries: ((regex, number of leading layer axes), ...) from `layer_axes_map`.
+    nm: `nm_sparsity` as (n, m), or None.
+    block_dims: (block_height, block_width).
+  """
+  name: str = 'model_pruning'
+  begin_pruning_step: int = 0
+  end_pruning_step: int = -1
+  weight_sparsity_map: tuple[str, ...] = _NO_ENTRIES
+  block_dims_map: tuple[str, ...] = _NO_ENTRIES
+  threshold_decay: float = 0.0
+  pruning_frequency: int = 10
+  nbins: int = 256
+  block_height: int = 1
+  block_width: int = 1
+  block_pooling_function: str = 'AVG'
+  initial_sparsity: float = 0.0
+  target_sparsity: float = 0.5
+  sparsity_function_begin_step: int = 0
+  sparsity_function_end_step: int = 100
+  sparsity_function_exponent: float = 3.0
+  use_tpu: bool = False
+  # jaxprune additions.
+  threshold_method: str = 'histogram'
+  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX
+  global_pruning: bool = False
+  nm_sparsity: str = ''
+  nm_sparsity_map: tuple[str, ...] = _NO_ENTRIES
+  layer_axes_map: tuple[str, ...] = _NO_ENTRIES
+  mask_source: str = 'updated'
+  # Parsed from the fields above.
+  sparsity_entries: tuple[tuple[str, float], ...] = dataclasses.field(init=False, repr=False)
+  block_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False,
+                                                                             repr=False)
+  nm_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False, repr=False)
+  layer_entries: tuple[tuple[str, int], ...] = dataclasses.field(init=False, repr=False)
+  nm: tuple[int, int] | None = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self) -> None:
+    for field in _DEFAULTS:
+      object.__setattr__(self, field, check_value(field, getattr(self, field)))
+    _check_window(self)
+    parsed = {'sparsity_entries': tuple(sparsity_map(self)),
+              'block_entries': tuple(block_dims_map(self)),
+              'nm_entries': tuple(nm_map(self)),
+              'layer_entries': tuple(layer_axes_map(self)),
+              'nm': _parse_global_nm(self.nm_sparsity)}
+    for field, value in parsed.items():
+      object.__setattr__(self, field, value)
+    if self.global_pruning and self.sparsity_entries:
+      raise ValueError(f'weight_sparsity_map={list(self.weight_sparsity_map)!r}: per-variable '
+                       'targets cannot be combined with global_pruning=True; drop one of them.')
+    _warn_about(self)
+
+  @property
+  def block_dims(self) -> tuple[int, int]:
+    return self.block_height, self.block_width
+
+
+# The ConfigDict's fields and defaults, in HParams' order.
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(HParams) if f.init}
+
+# tfmot's `sparsity_m_by_n=(m, n)` zeroes m of every n; ours keeps N of every M.
+_RENAMED = {
+    'sparsity_m_by_n': (
+        "sparsity_m_by_n is tfmot's name, where (m, n) means m ZEROS in every n weights; "
+        "jaxprune's field is nm_sparsity='N:M', which KEEPS N of every M: tfmot's (m, n) is "
+        "nm_sparsity='<n-m>:<n>' (2:4 for (2, 4), 3:4 for (1, 4))"),
+}
+
+
+def get_pruning_hparams() -> ml_collections.ConfigDict:
+  """Returns the default hyperparameters (SPEC section 1).
+
+  Returns:
+    A locked ConfigDict: field types are fixed by their defaults (an int field
+    rejects `2.5`), and a misspelled field (`hp.target_sparisty = 0.9`) is an
+    error that suggests the right name instead of a silently ignored new field.
+  """
+  config = ml_collections.ConfigDict(
+      {k: list(v) if isinstance(v, tuple) else v for k, v in _DEFAULTS.items()})
+  config.lock()
+  return config
+
+
+def _unknown(name: str) -> ValueError:
+  if name in _RENAMED:
+    return ValueError(f'{name}: {_RENAMED[name]}.')
+  close = difflib.get_close_matches(name, _DEFAULTS, n=1)
+  hint = f'did you mean {close[0]!r}? ' if close else ''
+  return ValueError(f'unknown hyperparameter {name!r}: {hint}known names: {sorted(_DEFAULTS)}.')
+
+
+def parse_hparams(text: str, base: ml_collections.ConfigDict | None = None
+                  ) -> ml_collections.ConfigDict:
+  """Parses TF HParams syntax on top of `base` (the defaults when None).
+
+  Example: 'target_sparsity=0.9,weight_sparsity_map=[conv1:0.8,dense/kernel:0.95]'.
+  List values go in brackets and their entries are separated by commas. As in
+  TF's parser, a name given twice is an error.
+
+  Args:
+    text: comma-separated `name=value` pairs.
+    base: the hyperparameters to override; not modified.
+
+  Returns:
+    A new, validated, locked ConfigDict. It is frozen here, so `pruning(...)`
+    of it, unchanged, neither checks it again nor repeats a warning.
+  """
+  hparams = get_pruning_hparams()
+  if base is not None:
+    _check_keys(base)
+    hparams.update(base.to_dict() if isinstance(base, ml_collections.ConfigDict) else base)
+  assigned: dict[str, str] = {}
+  for item in maps.split_top_level(text):
+    if '=' not in item:
+      raise ValueError(f'parse_hparams: {item!r} is not of the form name=value.')
+    name, raw = (s.strip() for s in item.split('=', 1))
+    if name not in hparams:
+      raise ValueError(f'parse_hparams: {_unknown(name)}')
+    if name in assigned:
+      raise ValueError(f'parse_hparams: {name} is assigned twice ({name}={assigned[name]} and '
+                       f'{name}={raw}); give it once.')
+    assigned[name] = raw
+    hparams[name] = maps.convert(name, raw, hparams[name])
+  freeze(hparams)
+  return hparams
+
+
+def _check_keys(hparams: Any) -> None:
+  for key in hparams.keys():
+    if key not in _DEFAULTS:
+      raise _unknown(key)
+
+
+def _typed(field: str, value: Any) -> Any:
+  """The value as the type of the field's default, or a ValueError naming both."""
+  default = _DEFAULTS[field]
+  if isinstance(default, bool):
+    if isinstance(value, (bool, np.bool_)):
+      return bool(value)
+    raise ValueError(f'{field}={value!r}: must be True or False (default {default}).')
+  if isinstance(default, int):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+      _check(-INT32_MAX - 1 <= value <= INT32_MAX, field, value,
+             'must fit in int32 (steps and sizes are int32 arrays inside jit)')
+      return int(value)
+    raise ValueError(f'{field}={value!r}: must be an integer (default {default}).')
+  if isinstance(default, float):
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)):
+      _check(math.isfinite(value), field, value, 'must be a finite number')
+      return float(value)
+    raise ValueError(f'{field}={value!r}: must be a number (default {default}).')
+  if isinstance(default, str):
+    if isinstance(value, str):
+      return value
+    raise ValueError(f'{field}={value!r}: must be a string (default {default!r}).')
+  if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+    return tuple(value)
+  raise ValueError(f'{field}={value!r}: must be a list of "regex:value" strings '
+                   f'(default {list(default)!r}).')
+
+
+def _check(condition: bool, field: str, value: Any, rule: str) -> None:
+  if not condition:
+    raise ValueError(f'{field}={value!r}: {rule}.')
+
+
+# The rules of single fields (SPEC section 1, and the limits of int32 / float32
+# arithmetic); the rules between fields are in `_check_window`.
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    'begin_pruning_step': ((lambda v: v >= 0), 'must be >= 0'),
+    'sparsity_function_begin_step': ((lambda v: v >= 0), 'must be >= 0'),
+    'sparsity_function_exponent': (
+        (lambda v: v > 0), "must be > 0 (1 is linear, 3 is Zhu & Gupta's; 0 would never leave "
+        'initial_sparsity and a negative exponent diverges)'),
+    'threshold_decay': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+    'initial_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+    'target_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+    'nbins': ((lambda v: 2 <= v <= MAX_NBINS),
+              'must be in [2, 2**24] (bin indices stay exact in float32)'),
+    'pruning_frequency': ((lambda v: v >= 1), 'must be >= 1'),
+    'block_height': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
+    'block_width': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
+    'block_pooling_function': ((lambda v: v.upper() in POOLING), f'must be one of {POOLING}'),
+    'threshold_method': ((lambda v: v in THRESHOLD_METHODS),
+                         f'must be one of {THRESHOLD_METHODS}'),
+    'mask_source': ((lambda v: v in MASK_SOURCES),
+                    f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
+                    "rule), 'params' the params the step starts from (no cost on other steps)"),
+}
+
+
+def check_value(field: str, value: Any, where: str = '') -> Any:
+  """Checks one field's type and range; returns the value as the field's type.
+
+  The one definition of each field's rule, for `HParams` and for functions
+  that take the same values as arguments (`masks.update_mask`).
+
+  Args:
+    field: an `HParams` field, e.g. 'nbins'.
+    value: its value.
+    where: prefix of the error message, e.g. 'update_mask'.
+
+  Raises:
+    ValueError: '<where>: <field>=<value>: <rule>.', naming the fix.
+  """
+  try:
+    value = _typed(field, value)
+    if field in _RULES:
+      check, rule = _RULES[field]
+      _check(check(value), field, value, rule)
+    if field == 'sparsity_function_exponent':
+      # The schedule runs in float32, where XLA flushes subnormals to zero: then
+      # (1 - p) ** 0 == 1 and the sparsity never leaves initial_sparsity.
+      _check(value >= SMALLEST_NORMAL, field, value,
+             f'must be >= {np.float32(SMALLEST_NORMAL)} (the smallest normal float32): the '
+             'schedule computes in float32, where a smaller exponent is 0 and nothing is ever '
+             'pruned; for a jump to target_sparsity at sparsity_function_end_step, 1e-3 does')
+    if field == 'weight_name_regex':
+      maps.check_regex(field, value)
+  except ValueError as err:
+    if where:
+      raise ValueError(f'{where}: {err}') from None
+    raise
+  return value
+
+
+def _check_window(h: HParams) -> None:
+  """The rules between fields: the pruning window and the schedule's steps."""
+  _check(h.end_pruning_step == -1 or h.end_pruning_step > h.begin_pruning_step,
+         'end_pruning_step', h.end_pruning_step,
+         f'must be -1 (never stop) or > begin_pruning_step ({h.begin_pruning_step})')
+  _check(h.sparsity_function_end_step > h.sparsity_function_begin_step,
+         'sparsity_function_end_step', h.sparsity_function_end_step,
+         f'must be > sparsity_function_begin_step ({h.sparsity_function_begin_step})')
+  first_update = schedule.first_update_step(h)
+  _check(h.end_pruning_step == -1 or h.end_pruning_step >= first_update,
+         'end_pruning_step', h.end_pruning_step,
+         f'comes before the first mask update, at step max(begin_pruning_step, '
+         f'pruning_frequency) = {first_update}, so masks would never change; raise '
+         'end_pruning_step or lower pruning_frequency')
+
+
+def _parse_global_nm(text: str) -> tuple[int, int] | None:
+  try:
+    return nm.parse_nm(text)
+  except ValueError as err:
+    raise ValueError(f'nm_sparsity={text!r}: {err}') from None
+
+
+# Configs already frozen, by identity: (a weak reference, their values, the result).
+_FROZEN: dict[int, tuple[weakref.ref, dict[str, Any], HParams]] = {}
+
+
+def _snapshot(hparams: Any) -> dict[str, Any]:
+  """The config's values, with lists copied (a list edited in place is a change)."""
+  _check_keys(hparams)
+  return {field: tuple(value) if isinstance(value, list) else value
+          for field, value in ((f, maps.field(hparams, f)) for f in _DEFAULTS if f in hparams)}
+
+
+def freeze(hparams: str | ml_collections.ConfigDict | Mapping[str, Any] | HParams) -> HParams:
+  """Validates `hparams` and returns the frozen, parsed `HParams`.
+
+  A config is checked, and warned about, once: freezing the same ConfigDict
+  again while its values are unchanged returns the first result (so
+  `pruning(parse_hparams(...))` prints each warning once).
+
+  Args:
+    hparams: a ConfigDict (missing fields take their defaults), a mapping, a
+      string in TF's syntax (see `parse_hparams`), or an `HParams` (returned as is).
+
+  Returns:
+    The `HParams`.
+
+  Raises:
+    ValueError: naming the field, the value and the rule when anything is wrong.
+  """
+  if isinstance(hparams, HParams):
+    return hparams
+  if isinstance(hparams, str):
+    hparams = parse_hparams(hparams)
+  if not isinstance(hparams, (Mapping, ml_collections.ConfigDict)):
+    raise TypeError(f'hparams={hparams!r}: expected jaxprune.get_pruning_hparams() or '
+                    "jaxprune.parse_hparams('target_sparsity=0.9,...') (a ConfigDict), a dict "
+                    f'of fields, a string in that syntax, or an HParams; got {type(hparams)}.')
+  values = _snapshot(hparams)
+  known = _FROZEN.get(id(hparams))
+  if known is not None and known[0]() is hparams and known[1] == values:
+    return known[2]
+  frozen = HParams(**values)
+  key = id(hparams)
+  try:
+    _FROZEN[key] = (weakref.ref(hparams, lambda _: _FROZEN.pop(key, None)), values, frozen)
+  except TypeError:  # a plain dict cannot be referred to weakly: it is checked each time
+    pass
+  return frozen
+
+
+def _warn(message: str) -> None:
+  """Warns, attributing the warning to the first caller outside jaxprune."""
+  package = os.path.dirname(os.path.abspath(__file__))
+  frame, level = sys._getframe(1), 2
+  while frame is not None and (frame.f_code.co_filename.startswith(package)
+                               or frame.f_code.co_filename == '<string>'):  # dataclass __init__
+    frame, level = frame.f_back, level + 1
+  warnings.warn(f'jaxprune: {message}', UserWarning, stacklevel=level)
+
+
+def _warn_about(h: HParams) -> None:
+  """Warns about settings that are valid but cannot do what they seem to ask."""
+  for message in schedule.window_problems(h):
+    _warn(message)
+  _warn_about_bins(h)
+
+
+def lowest_bin_share(nbins: int, max_in_stds: float) -> float:
+  """P(|z| < max_in_stds / nbins): the share of normal weights in the lowest bin [0, max/nbins)."""
+  return math.erf(max_in_stds / (nbins * math.sqrt(2.0)))
+
+
+def _warn_about_bins(h: HParams) -> None:
+  """Warns when the histogram rule prunes nothing at a target, for normal weights.
+
+  A histogram threshold is a multiple of max|w| / nbins (SPEC section 4): 0, so
+  nothing pruned, while the lowest bin holds the target share of the weights.
+  The largest of 10**4 normal weights is about 4 standard deviations, of 10**6
+  about 5; with 5, nbins <= 7 prune nothing at 50%, nbins <= 3 nothing at 90%.
+  """
+  targets = sorted({s for s in (h.target_sparsity, *(s for _, s in h.sparsity_entries)) if s > 0})
+  if h.threshold_method != 'histogram' or not targets:
+    return
+  low, high = lowest_bin_share(h.nbins, 4.0), lowest_bin_share(h.nbins, 5.0)
+  unreached = [s for s in targets if s <= high]
+  if not unreached:
+    return
+  needed = h.nbins
+  while lowest_bin_share(needed, 5.0) >= unreached[0]:
+    needed += 1
+  _warn(f'nbins={h.nbins}: a histogram threshold is a multiple of max|w|/{h.nbins}, and it '
+        f'prunes nothing while the lowest bin [0, max|w|/{h.nbins}) holds the target share of '
+        f"a layer's weights. For normally distributed weights (10**4 to 10**6 of them, max 4 "
+        f'to 5 standard deviations) that bin holds {low:.1%} to {high:.1%}, so target '
+        f'sparsity {", ".join(f"{s:g}" for s in unreached)} can prune nothing, and larger '
+        f"ones fall short by up to a bin's share. Use nbins >= {needed} (TF's default is 256) "
+        "or threshold_method='exact'.")

@@ -1,0 +1,117 @@
+"""The default mask rule: per-leaf magnitude thresholds and N:M patterns (SPEC sections 4-6).
+
+`MagnitudeRule` is what `jaxprune.pruning(hparams)` runs when no other
+`MaskRule` is given: each pruned leaf (chosen by `weight_name_regex` or a
+`prune_filter`, see `specs`) gets the threshold of Zhu & Gupta 2017
+(arXiv:1710.01878) with TF `model_pruning`'s histogram or exact rule, block
+pooling and decay, or an N:M pattern along its input axis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxprune import _hparams as hparams_lib
+from jaxprune import _masks as masks_lib
+from jaxprune import _nm as nm_lib
+from jaxprune import _schedule as schedule
+from jaxprune import _specs as specs_lib
+
+PyTree = Any
+
+
+class MagnitudeRule:
+  """Per-leaf magnitude (or N:M) masks, as a `jaxprune._transform.MaskRule`.
+
+  Args:
+    hparams: the frozen hparams.
+    specs: `specs.leaf_specs(params, hparams, ...)`: a LeafSpec per pruned leaf.
+    sparsity_fn: optional `step -> sparsity` replacing the polynomial schedule.
+  """
+
+  def __init__(self, hparams: hparams_lib.HParams, specs: PyTree,
+               sparsity_fn: Callable[[Array], Array] | None = None):
+    self.hparams = hparams
+    self.specs = [s for s in specs_lib.spec_leaves(specs) if s is not None]
+    self._all_specs = specs_lib.spec_leaves(specs)
+    self.sparsity_fn = sparsity_fn
+
+  def check(self, hparams: hparams_lib.HParams) -> None:
+    del hparams  # every field applies to magnitude pruning
+
+  def init(self, params: PyTree) -> tuple[PyTree, PyTree]:
+    """All-True masks and zero thresholds (one per layer of a stacked leaf) for the pruned
+    leaves, None elsewhere; a bad N:M shape fails here, not at step one."""
+    leaves, treedef = jax.tree.flatten(params)
+    masks, thresholds = [], []
+    for leaf, spec in zip(leaves, self._all_specs, strict=True):
+      if spec is None:
+        masks.append(None)
+        thresholds.append(None)
+        continue
+      if spec.nm is not None:
+        jax.eval_shape(lambda w, s=spec: nm_lib.nm_mask(w, *s.nm, axis=-2, name=s.name), leaf)
+      masks.append(jnp.ones(leaf.shape, bool))
+      thresholds.append(jnp.zeros(leaf.shape[:spec.layer_axes], jnp.float32))
+    return jax.tree.unflatten(treedef, masks), jax.tree.unflatten(treedef, thresholds)
+
+  def sparsity(self, step: Array, global_sparsity: Array) -> list[Array]:
+    """Each pruned leaf's sparsity at `step`: its `weight_sparsity_map` target's schedule."""
+    if self.sparsity_fn is not None:
+      return [global_sparsity for _ in self.specs]
+    return [global_sparsity if s.target == self.hparams.target_sparsity
+            else schedule.sparsity_at(self.hparams, step, target=s.target) for s in self.specs]
+
+  def new_masks(self, hparams: hparams_lib.HParams, weights: list[Callable[[Any], Array]],
+                old_masks: list[Array], thresholds: PyTree, sparsity: Sequence[Array]
+                ) -> tuple[list[Array], PyTree, Array]:
+    """Thresholds, masks and the non-finite count after a mask update (inside jit).
+
+    `weights` are the pruned leaves' values as callables of a token (see
+    `masks.Variable`); `sparsity` is `self.sparsity(...)`.
+    """
+    treedef = jax.tree.structure(thresholds)
+    old_thresholds = jax.tree.leaves(thresholds)
+    new_masks, new_thresholds = list(old_masks), list(old_thresholds)
+    skips = jnp.int32(0)
+    magnitude = []
+    for j, spec in enumerate(self.specs):
+      if spec.nm is None:
+        magnitude.append(j)
+        continue
+      w = weights[j](None)
+      finite = jnp.all(jnp.isfinite(w))
+      skips += (~finite).astype(jnp.int32)
+      mask = nm_lib.nm_mask(w, *spec.nm, axis=-2, name=spec.name)  # the input axis of kernels
+      new_masks[j] = jnp.where(finite, mask, old_masks[j])
+    if not magnitude:
+      return new_masks, jax.tree.unflatten(treedef, new_thresholds), skips
+    specs = self.specs
+    variables = [masks_lib.Variable(weights[j], old_masks[j].shape, specs[j].block_dims,
+                                    specs[j].layer_axes) for j in magnitude]
+    if hparams.global_pruning:
+      targets = [jnp.reshape(sparsity[magnitude[0]], (1,))]
+      # Every leaf stores the global threshold (once per layer of a stacked leaf).
+      previous = [jnp.reshape(old_thresholds[magnitude[0]], (-1,))[:1]]
+    else:
+      targets = [jnp.full((v.num_layers,), sparsity[j], jnp.float32)
+                 for j, v in zip(magnitude, variables, strict=True)]
+      previous = [jnp.reshape(old_thresholds[j], (-1,)) for j in magnitude]
+    unit_thresholds, masks, nonfinite = masks_lib.update_masks(
+        variables, targets, previous, [old_masks[j] for j in magnitude],
+        nbins=hparams.nbins, threshold_decay=hparams.threshold_decay,
+        threshold_method=hparams.threshold_method, pooling=hparams.block_pooling_function,
+        global_threshold=hparams.global_pruning)
+    for i, (j, mask) in enumerate(zip(magnitude, masks, strict=True)):
+      new_masks[j] = mask
+      shape = old_thresholds[j].shape
+      new_thresholds[j] = jnp.broadcast_to(
+          unit_thresholds[0 if hparams.global_pruning else i], (math.prod(shape),)).reshape(shape)
+    return (new_masks, jax.tree.unflatten(treedef, new_thresholds),
+            skips + jnp.sum(nonfinite, dtype=jnp.int32))

@@ -1,0 +1,167 @@
+"""The hyperparameters as text: TF's HParams string and the per-variable maps (SPEC section 1).
+
+A string is comma-separated `name=value` pairs, list values in brackets. A
+map is a list of 'regex:value' entries: the value is the text after the LAST
+':' (TF split on every ':'; we allow ':' inside a regex); empty entries are
+dropped; every regex must compile.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from jaxprune import _nm as nm
+from jaxprune._numerics import INT32_MAX
+
+
+def split_top_level(text: str) -> list[str]:
+  """Splits 'a=1,b=[x,y],c=2' on the commas that are outside brackets."""
+  parts, depth, current = [], 0, []
+  for char in text:
+    if char == '[':
+      depth += 1
+    elif char == ']':
+      depth -= 1
+      if depth < 0:
+        raise ValueError(f'parse_hparams: unbalanced "]" in {text!r}.')
+    if char == ',' and depth == 0:
+      parts.append(''.join(current))
+      current = []
+    else:
+      current.append(char)
+  if depth != 0:
+    raise ValueError(f'parse_hparams: unbalanced "[" in {text!r}.')
+  parts.append(''.join(current))
+  return [p.strip() for p in parts if p.strip()]
+
+
+def convert(name: str, raw: str, default: Any) -> Any:
+  """Converts the text of one value to the type of the field's default."""
+  if isinstance(default, (list, tuple)):
+    if not (raw.startswith('[') and raw.endswith(']')):
+      raise ValueError(
+          f'parse_hparams: {name}={raw!r} must be a bracketed list, e.g. {name}=[regex:value].')
+    return [item.strip() for item in raw[1:-1].split(',') if item.strip()] or ['']
+  if isinstance(default, bool):
+    lowered = raw.lower()
+    if lowered not in ('true', 'false', '1', '0'):
+      raise ValueError(f'parse_hparams: {name}={raw!r} must be true or false.')
+    return lowered in ('true', '1')
+  if isinstance(default, int):
+    try:
+      return int(raw)
+    except ValueError:
+      raise ValueError(f'parse_hparams: {name}={raw!r} must be an integer.') from None
+  if isinstance(default, float):
+    try:
+      return float(raw)
+    except ValueError:
+      raise ValueError(f'parse_hparams: {name}={raw!r} must be a number.') from None
+  return raw
+
+
+def _entries(field: str, values: Any) -> list[tuple[str, str]]:
+  """Splits the non-empty entries of a map at their LAST ':' into (regex, value)."""
+  entries = []
+  for entry in values:
+    if not entry:
+      continue
+    if ':' not in entry:
+      raise ValueError(f'{field} entry {entry!r}: expected "regex:value".')
+    regex, value = entry.rsplit(':', 1)
+    check_regex(f'{field} entry {entry!r}', regex)
+    entries.append((regex, value.strip()))
+  return entries
+
+
+def check_regex(where: str, regex: str) -> None:
+  """ValueError naming `where` when `regex` does not compile."""
+  try:
+    re.compile(regex)
+  except re.error as err:
+    raise ValueError(f'{where}: invalid regex {regex!r} ({err}).') from None
+
+
+def sparsity_map(hparams: Any) -> list[tuple[str, float]]:
+  """Returns `weight_sparsity_map` as [(regex, sparsity)], validated."""
+  parsed = []
+  for regex, value in _entries('weight_sparsity_map', field(hparams, 'weight_sparsity_map')):
+    try:
+      sparsity = float(value)
+    except ValueError:
+      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: '
+                       f'sparsity {value!r} is not a number.') from None
+    if not 0.0 <= sparsity < 1.0:
+      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: '
+                       'sparsity must be in [0, 1).')
+    parsed.append((regex, sparsity))
+  return parsed
+
+
+def _block_dim(field: str, entry: str, text: str) -> int:
+  try:
+    dim = int(text)
+  except ValueError:
+    raise ValueError(f'{field} entry {entry!r}: block dim {text!r} is not an integer.') from None
+  if not (1 <= dim <= INT32_MAX or dim == -1):
+    raise ValueError(f'{field} entry {entry!r}: block dims must be in [1, 2**31 - 1] or -1 '
+                     f'(the whole dimension), got {dim}.')
+  return dim
+
+
+def block_dims_map(hparams: Any) -> list[tuple[str, tuple[int, int]]]:
+  """Returns `block_dims_map` as [(regex, (height, width))], validated."""
+  parsed = []
+  for regex, value in _entries('block_dims_map', field(hparams, 'block_dims_map')):
+    entry = f'{regex}:{value}'
+    dims = value.lower().split('x')
+    if len(dims) != 2:
+      raise ValueError(f'block_dims_map entry {entry!r}: block dims must be HxW, e.g. 4x4.')
+    parsed.append((regex, tuple(_block_dim('block_dims_map', entry, d) for d in dims)))
+  return parsed
+
+
+def nm_map(hparams: Any) -> list[tuple[str, tuple[int, int]]]:
+  """Returns `nm_sparsity_map` as [(regex, (n, m))]; entries read 'regex:N:M'."""
+  parsed = []
+  for entry in field(hparams, 'nm_sparsity_map'):
+    if not entry:
+      continue
+    pieces = entry.rsplit(':', 2)
+    if len(pieces) != 3:
+      raise ValueError(
+          f'nm_sparsity_map entry {entry!r}: expected "regex:N:M", e.g. "Dense_0:2:4" '
+          '(keep 2 of every 4).')
+    check_regex(f'nm_sparsity_map entry {entry!r}', pieces[0])
+    try:
+      parsed.append((pieces[0], nm.parse_nm(f'{pieces[1]}:{pieces[2]}')))
+    except ValueError as err:
+      raise ValueError(f'nm_sparsity_map entry {entry!r}: {err}') from None
+  return parsed
+
+
+def layer_axes_map(hparams: Any) -> list[tuple[str, int]]:
+  """Returns `layer_axes_map` as [(regex, number of leading layer axes)].
+
+  An entry 'regex:K' says that the first K axes of the matching leaves index
+  layers (a leaf stacked by `nn.scan` or `nn.vmap`): each layer gets its own
+  threshold, target and blocks, as if it were a separate variable.
+  """
+  parsed = []
+  for regex, value in _entries('layer_axes_map', field(hparams, 'layer_axes_map')):
+    try:
+      axes = int(value)
+    except ValueError:
+      axes = 0
+    if axes < 1 or str(axes) != value:
+      raise ValueError(f'layer_axes_map entry {regex}:{value}: the number of leading layer '
+                       f'axes must be an integer >= 1, e.g. "{regex}:1".')
+    parsed.append((regex, axes))
+  return parsed
+
+
+def field(hparams: Any, name: str) -> Any:
+  """A field of a mapping (dict, ConfigDict) or of an object (`HParams`)."""
+  return hparams[name] if isinstance(hparams, Mapping) else getattr(hparams, name)

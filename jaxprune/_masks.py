@@ -1,0 +1,224 @@
+"""Thresholds and masks of pruned variables (SPEC sections 4 and 5).
+
+`update_mask` is one variable's update; `update_masks` is the same rule for
+many variables (or stacked layers) at once, searched together (see
+`thresholds`), which is what the optax transform runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from jaxprune import _blocks as blocks
+from jaxprune import _counting as counting
+from jaxprune import _hparams as hparams_lib
+from jaxprune import _thresholds as thresholds
+
+
+def _pool_layers(magnitudes: Array, layer_axes: int, block_dims: tuple[int, int],
+                 pooling: str) -> Array:
+  """Block-pools each layer's squeezed 2-D magnitudes; (layers..., rows, cols)."""
+  lead = magnitudes.shape[:layer_axes]
+  squeezed = [d for d in magnitudes.shape[layer_axes:] if d != 1]
+  flat = magnitudes.reshape(-1, *squeezed)
+  pooled = jax.vmap(lambda m: blocks.pool(m, block_dims, pooling))(flat)
+  return pooled.reshape(*lead, *pooled.shape[1:])
+
+
+def scores(weights: Array, block_dims: tuple[int, int] = (1, 1),
+           block_pooling_function: str = 'AVG', layer_axes: int = 0) -> Array:
+  """The magnitudes thresholds are computed on: |w| in float32, or its block-pooled form.
+
+  With `layer_axes` > 0 the leading axes index stacked layers, each pooled on its own.
+  """
+  magnitudes = jnp.abs(jnp.asarray(weights).astype(jnp.float32))
+  resolved = blocks.resolve_block_dims(magnitudes.shape[layer_axes:], block_dims)
+  if resolved is None:
+    return magnitudes
+  return _pool_layers(magnitudes, layer_axes, resolved, block_pooling_function)
+
+
+def expand_mask(score_mask: Array, shape: tuple[int, ...], block_dims: tuple[int, int],
+                layer_axes: int = 0) -> Array:
+  """Maps a mask over `scores(...)` back to a mask of the weights' `shape`."""
+  resolved = blocks.resolve_block_dims(shape[layer_axes:], block_dims)
+  if resolved is None:
+    return score_mask
+  squeezed = tuple(d for d in shape[layer_axes:] if d != 1)
+  flat = score_mask.reshape(-1, *score_mask.shape[layer_axes:])
+  expanded = jax.vmap(lambda m: blocks.expand(m, resolved, squeezed))(flat)
+  return expanded.reshape(shape)
+
+
+def compare(magnitudes: Array, threshold: Array, threshold_method: str) -> Array:
+  """`a > thr` for the histogram rule, `a >= thr` for the exact k-th value rule."""
+  if threshold_method == 'exact':
+    return magnitudes >= threshold
+  return magnitudes > threshold
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+  """One pruned variable of a mask update.
+
+  Attributes:
+    values: `token -> array` of the weights to threshold (any float dtype),
+      read through `counting.fresh(..., token)`; called wherever the weights
+      are read, so that XLA recomputes rather than stores them.
+    shape: their shape.
+    block_dims: (height, width), resolved; (1, 1) for elementwise masks.
+    layer_axes: leading axes that index stacked layers, each with its own threshold.
+  """
+  values: Callable[[Any], Array]
+  shape: tuple[int, ...]
+  block_dims: tuple[int, int] = (1, 1)
+  layer_axes: int = 0
+
+  @property
+  def num_layers(self) -> int:
+    return math.prod(self.shape[:self.layer_axes])
+
+  def is_blocked(self) -> bool:
+    return blocks.resolve_block_dims(self.shape[self.layer_axes:], self.block_dims) is not None
+
+
+def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
+                 old_thresholds: Sequence[Array], old_masks: Sequence[Array], *, nbins: int,
+                 threshold_decay: float, threshold_method: str, pooling: str,
+                 global_threshold: bool = False) -> tuple[list[Array], list[Array], Array]:
+  """New thresholds and masks of many variables, searched together.
+
+  Units are the thresholds: one per layer of each variable, or one for all of
+  them when `global_threshold`. A unit whose maximum is zero or not finite
+  keeps its old threshold and mask (TF produced NaN thresholds or emptied the
+  layer there).
+
+  Args:
+    variables: the pruned variables.
+    sparsity: per variable (one for all when `global_threshold`), the (layers,)
+      float32 targets.
+    old_thresholds: the same shapes: the stored thresholds, used by the decay.
+    old_masks: bool masks of the variables' shapes.
+    nbins, threshold_decay, threshold_method, pooling: the hparams of SPEC 4-5.
+    global_threshold: one threshold over all variables.
+
+  Returns:
+    (thresholds like `old_thresholds`, masks, a bool per layer of each variable:
+    True where the weights hold a NaN or Inf).
+  """
+  parts = []
+  for variable in variables:
+    if variable.is_blocked():
+      pooled = scores(variable.values(None), variable.block_dims, pooling, variable.layer_axes)
+      values = lambda token, p=pooled: counting.fresh(p, token)
+      shape = pooled.shape
+    else:
+      values = lambda token, v=variable: jnp.abs(v.values(token).astype(jnp.float32))
+      shape = variable.shape
+    parts.append(counting.Part(values, shape, 0 if global_threshold else variable.layer_axes))
+  layout = counting.Layout(tuple(parts), shared=global_threshold)
+  part_max = counting.part_maxima(
+      counting.Layout(tuple(dataclasses.replace(p, unit_axes=v.layer_axes)
+                              for p, v in zip(parts, variables, strict=True))))
+  if global_threshold:
+    # jnp.max propagates NaN, so a NaN anywhere reaches the global maximum.
+    unit_max = [jnp.max(jnp.concatenate(part_max), keepdims=True)]
+  else:
+    unit_max = part_max
+  ok = [jnp.isfinite(m) & (m > 0) for m in unit_max]
+  # A safe max keeps the searches finite where they are not used.
+  safe_max = [jnp.where(good, m, jnp.float32(1.0)) for good, m in zip(ok, unit_max, strict=True)]
+  sparsity = jnp.concatenate([jnp.reshape(s, (-1,)) for s in sparsity])
+  if threshold_method == 'histogram':
+    current = thresholds.histogram_thresholds(layout, safe_max, sparsity, nbins)
+  else:
+    current = thresholds.exact_thresholds(layout, safe_max, sparsity)
+  # `current` holds each part's thresholds in its own buffer (a loop's result).
+  masks, new_thresholds = [], []
+  for i, (part, variable, old_mask, piece) in enumerate(
+      zip(parts, variables, old_masks, current, strict=True)):
+    g = 0 if global_threshold else i
+    previous = jnp.reshape(old_thresholds[g], (-1,))
+    if threshold_decay:
+      piece = (piece * jnp.float32(1.0 - threshold_decay)
+               + previous * jnp.float32(threshold_decay))
+    score_mask = compare(part.values(piece), _layer_shaped(variable, piece, len(part.shape)),
+                         threshold_method)
+    mask = expand_mask(score_mask, variable.shape, variable.block_dims, variable.layer_axes)
+    masks.append(jnp.where(_layer_shaped(variable, ok[g], len(variable.shape)), mask, old_mask))
+    if not global_threshold or i == 0:
+      new_thresholds.append(jnp.where(ok[g], piece, previous))
+  nonfinite = ~jnp.isfinite(jnp.concatenate(part_max))
+  return new_thresholds, masks, nonfinite
+
+
+def _layer_shaped(variable: Variable, per_layer: Array, ndim: int) -> Array:
+  """A (layers,) or (1,) array shaped to broadcast against an ndim array of the variable."""
+  if per_layer.shape[0] != variable.num_layers:  # one threshold for all (global)
+    return per_layer.reshape((1,) * ndim)
+  lead = variable.shape[:variable.layer_axes]
+  return per_layer.reshape(lead + (1,) * (ndim - len(lead)))
+
+
+def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int = 256,
+                threshold_decay: float = 0.0, block_dims: tuple[int, int] = (1, 1),
+                block_pooling_function: str = 'AVG', threshold_method: str = 'histogram',
+                previous_mask: Array | None = None) -> tuple[Array, Array]:
+  """Computes one variable's new threshold and mask (Zhu & Gupta 2017; TF model_pruning).
+
+  Pure and jittable. All-zero or non-finite weights keep `threshold` and
+  `previous_mask` (all True when not given).
+
+  Args:
+    weights: the variable, any shape.
+    threshold: the stored threshold (float32 scalar), used by the decay.
+    sparsity: the target fraction of zeros now, in [0, 1).
+    nbins: histogram bins ('histogram' method).
+    threshold_decay: exponential decay of the threshold, in [0, 1).
+    block_dims: (height, width) of the blocks; -1 is the whole dimension.
+    block_pooling_function: 'AVG' or 'MAX'.
+    threshold_method: 'histogram' (TF's CDF rule) or 'exact' (k-th magnitude).
+    previous_mask: the mask to keep when the weights cannot be thresholded.
+
+  Returns:
+    (new_threshold, mask) with mask a bool array of the weights' shape.
+  """
+  _check_arguments(sparsity, nbins, threshold_decay, block_dims, block_pooling_function,
+                   threshold_method)
+  weights = jnp.asarray(weights)
+  dims = blocks.resolve_block_dims(weights.shape, block_dims) or (1, 1)
+  if previous_mask is None:
+    previous_mask = jnp.ones(weights.shape, bool)
+  variable = Variable(lambda token: counting.fresh(weights, token), weights.shape, dims)
+  (new_threshold,), (mask,), _ = update_masks(
+      [variable], [jnp.reshape(jnp.asarray(sparsity, jnp.float32), (1,))],
+      [jnp.reshape(jnp.asarray(threshold, jnp.float32), (1,))], [previous_mask],
+      nbins=nbins, threshold_decay=threshold_decay, threshold_method=threshold_method,
+      pooling=block_pooling_function)
+  return new_threshold[0], mask
+
+
+def _check_arguments(sparsity, nbins, threshold_decay, block_dims, pooling, method) -> None:
+  """ValueErrors naming the argument of `update_mask` that is out of its range (the
+  hparams' own rules, `hparams.check_value`)."""
+  for field, value in (('threshold_method', method), ('block_pooling_function', pooling),
+                       ('nbins', nbins), ('threshold_decay', threshold_decay)):
+    hparams_lib.check_value(field, value, where='update_mask')
+  dims = tuple(block_dims)
+  if len(dims) != 2:
+    raise ValueError(f'update_mask: block_dims={block_dims!r}: must be (height, width), each '
+                     '>= 1 or -1 (whole dim).')
+  for field, value in zip(('block_height', 'block_width'), dims, strict=True):
+    hparams_lib.check_value(field, value, where=f'update_mask: block_dims={block_dims!r}')
+  if not isinstance(sparsity, jax.core.Tracer):  # a traced sparsity cannot be checked here
+    values = np.asarray(sparsity, np.float64)
+    if not np.all((values >= 0) & (values < 1)):
+      raise ValueError(f'update_mask: sparsity={sparsity!r}: must be in [0, 1).')

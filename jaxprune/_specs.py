@@ -1,0 +1,176 @@
+"""Which leaves are pruned, and each one's target and block shape (SPEC section 6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxprune import _blocks as blocks
+from jaxprune import _hparams as hparams_lib
+from jaxprune._names import leaf_name, named_leaves
+
+PyTree = Any
+PruneFilter = Callable[[str, Any], bool]
+# Leaf names listed in a warning before the rest are counted.
+_SHOWN_NAMES = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+  """How one pruned leaf is pruned.
+
+  Attributes:
+    name: the leaf's name (key path joined with '/').
+    target: its final sparsity (its `weight_sparsity_map` entry, else the global one).
+    block_dims: (height, width) with -1 already resolved for one layer's shape.
+    nm: (n, m) for N:M sparsity along the input axis, or None.
+    layer_axes: how many leading axes index stacked layers (0: one variable).
+  """
+  name: str
+  target: float
+  block_dims: tuple[int, int]
+  nm: tuple[int, int] | None = None
+  layer_axes: int = 0
+
+
+def default_filter(hparams: Any) -> PruneFilter:
+  """Prunes leaves whose name matches `weight_name_regex` and that have ndim >= 2."""
+  pattern = re.compile(hparams.weight_name_regex)
+  return lambda name, leaf: bool(pattern.search(name)) and getattr(leaf, 'ndim', 0) >= 2
+
+
+def _single_match(field: str, name: str, entries: tuple[tuple[str, Any], ...],
+                  used: set[tuple[str, str]]) -> Any:
+  matches = [(regex, value) for regex, value in entries if re.search(regex, name)]
+  if len(matches) > 1:
+    raise ValueError(f'{field}: leaf {name!r} matches several entries '
+                     f'{[f"{r}:{v}" for r, v in matches]}; make the regexes exclusive.')
+  if not matches:
+    return None
+  used.add((field, matches[0][0]))
+  return matches[0][1]
+
+
+def _check_prunable(name: str, leaf: Any) -> None:
+  dtype = np.dtype(leaf.dtype)
+  if not jnp.issubdtype(dtype, jnp.floating):  # jnp's knows bfloat16
+    raise ValueError(
+        f'leaf {name!r} has dtype {dtype}: only real floating-point leaves can be pruned by '
+        'magnitude. Leave it out with weight_name_regex or a prune_filter.')
+
+
+def leaf_specs(params: PyTree, hparams: Any, prune_filter: PruneFilter | None = None,
+               warn: bool = True) -> PyTree:
+  """A tree parallel to `params`: a LeafSpec for each pruned leaf, None for the rest.
+
+  Leaves with no elements are never pruned (there is nothing to threshold).
+
+  Args:
+    params: the params tree (arrays or shape/dtype structs).
+    hparams: a ConfigDict or `HParams`.
+    prune_filter: `(name, leaf) -> bool` replacing `weight_name_regex`.
+    warn: warn, naming leaves, when no leaf is pruned, about map entries that
+      match no pruned leaf and about block dims that fall back to elementwise masks.
+
+  Raises:
+    ValueError: when one leaf matches several entries of a map, when a pruned
+      leaf is not floating point, or when its layer axes leave each layer fewer
+      than 2 axes (1 with a `prune_filter`, which may prune vectors).
+  """
+  h = hparams_lib.freeze(hparams)
+  by_default_filter = prune_filter is None
+  prune_filter = prune_filter or default_filter(h)
+  used: set[tuple[str, str]] = set()
+  elementwise: list[str] = []
+
+  def spec(path, leaf):
+    name = leaf_name(path)
+    if not prune_filter(name, leaf) or int(np.prod(leaf.shape)) == 0:
+      return None
+    _check_prunable(name, leaf)
+    target = _single_match('weight_sparsity_map', name, h.sparsity_entries, used)
+    dims = _single_match('block_dims_map', name, h.block_entries, used) or h.block_dims
+    nm = _single_match('nm_sparsity_map', name, h.nm_entries, used) or h.nm
+    layer_axes = _single_match('layer_axes_map', name, h.layer_entries, used) or 0
+    _check_layer_axes(name, tuple(leaf.shape), layer_axes, by_default_filter)
+    layer_shape = tuple(leaf.shape)[layer_axes:]
+    resolved = blocks.resolve_block_dims(layer_shape, dims)
+    if resolved is None and tuple(dims) != (1, 1) and nm is None:
+      elementwise.append(f'{name} {layer_shape}')
+    return LeafSpec(
+        name=name,
+        target=h.target_sparsity if target is None else target,
+        block_dims=(1, 1) if resolved is None else resolved,
+        nm=nm,
+        layer_axes=layer_axes)
+
+  specs = jax.tree_util.tree_map_with_path(spec, params)
+  if warn:
+    pruned = [s.name for s in spec_leaves(specs) if s is not None]
+    if not pruned:
+      _warn_nothing_pruned(h, params, by_default_filter)
+    _warn_unused(h, used, pruned)
+    if elementwise:
+      warnings.warn(
+          f'jaxprune: block dims apply to 2-D weights (after squeezing size-1 axes); these '
+          f'pruned leaves are not 2-D and get elementwise masks: {elementwise}. Give them '
+          '1x1 in block_dims_map, or leave them out of the block rule.', stacklevel=3)
+  return specs
+
+
+def _check_layer_axes(name: str, shape: tuple[int, ...], layer_axes: int,
+                      by_default_filter: bool) -> None:
+  """A leaf's layer axes must leave each layer a leaf that could be pruned on its own.
+
+  `layer_axes_map` is for stacked leaves (`nn.scan`'s (layers, in, out)
+  kernels): each layer is pruned as a separate variable would be. The default
+  filter prunes leaves of 2 or more axes, so a layer of fewer is a mistake (an
+  entry matching ordinary 2-D kernels, whose rows would each get a threshold).
+  """
+  left = len(shape) - layer_axes
+  if left < 1 or (by_default_filter and left < 2):
+    raise ValueError(
+        f'layer_axes_map: leaf {name!r} of shape {shape} has {left} axes left after its '
+        f'{layer_axes} layer axes, but each layer must be a weight of at least 2 axes: the '
+        'map is for leaves stacked by nn.scan or nn.vmap, such as a (layers, in, out) '
+        "kernel. Narrow the entry's regex to the stacked leaves.")
+
+
+def _warn_nothing_pruned(h: hparams_lib.HParams, params: PyTree, by_default_filter: bool) -> None:
+  """Warns, naming the leaves, when a params tree with weights gets no pruned leaf."""
+  weights = [name for name, leaf in named_leaves(params) if getattr(leaf, 'ndim', 0) >= 2]
+  if not weights:
+    return
+  shown = weights[:_SHOWN_NAMES] + ([f'... {len(weights) - _SHOWN_NAMES} more']
+                                     if len(weights) > _SHOWN_NAMES else [])
+  selector = (f'weight_name_regex={h.weight_name_regex!r} (matched with re.search)'
+              if by_default_filter else 'prune_filter')
+  warnings.warn(f'jaxprune: {selector} selects none of the leaves, so nothing is pruned; the '
+                f'leaves with 2 or more axes are {shown}. Make it match the names of the '
+                'weights to prune.', stacklevel=3)
+
+
+def _warn_unused(h: hparams_lib.HParams, used: set[tuple[str, str]], pruned: list[str]) -> None:
+  maps = {'weight_sparsity_map': h.sparsity_entries, 'block_dims_map': h.block_entries,
+          'nm_sparsity_map': h.nm_entries, 'layer_axes_map': h.layer_entries}
+  unused = [f'{field} entry {regex!r}' for field, entries in maps.items()
+            for regex, _ in entries if (field, regex) not in used]
+  if unused:
+    warnings.warn(f'jaxprune: {", ".join(unused)} match no pruned leaf; pruned leaves are '
+                  f'{pruned}.', stacklevel=3)
+
+
+def _is_spec(x: Any) -> bool:
+  return isinstance(x, LeafSpec) or x is None
+
+
+def spec_leaves(specs: PyTree) -> list[LeafSpec | None]:
+  """The specs in the flattening order of the params (None for unpruned leaves)."""
+  return jax.tree.leaves(specs, is_leaf=_is_spec)

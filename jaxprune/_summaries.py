@@ -1,0 +1,205 @@
+"""TF's accessors: masks, thresholds, sparsities and a flat summary dict (SPEC section 8).
+
+Each accessor takes the `PruningState` or any optax state that holds exactly
+one (a state without one is a ValueError), and returns one of two shapes, by
+what its values are for:
+
+- `get_masks` returns the state's mask tree, parallel to the params (None for
+  unpruned leaves), because masks are applied to params: `apply_masks`,
+  `export.strip`, `structured.select(masks=...)`.
+- The reports (`get_thresholds`, `get_weight_sparsity`, `count_nonfinite`,
+  `summaries`) return flat dicts keyed by leaf name ('Dense_0/kernel'), the
+  names `jaxprune.named_leaves` gives, ready to log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax import Array
+
+from jaxprune._hparams import HParams
+from jaxprune._names import leaf_name
+from jaxprune._transform import PruningState
+
+PyTree = Any
+
+
+def _is_state(x: Any) -> bool:
+  return isinstance(x, PruningState)
+
+
+def find_pruning_state(state: Any) -> PruningState:
+  """Returns the PruningState inside an optax state (or the state itself).
+
+  Raises:
+    ValueError: when there is none (the state of an optimizer without
+      `jaxprune.pruning`), or several (pass the one you mean).
+  """
+  if _is_state(state):
+    return state
+  found = [x for x in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(x)]
+  if not found:
+    raise ValueError(
+        'expected exactly one jaxprune PruningState in the optimizer state, found 0: pass the '
+        'state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its tx.init(params)), or '
+        'the PruningState itself.')
+  if len(found) > 1:
+    raise ValueError(f'expected exactly one jaxprune PruningState in the optimizer state, found '
+                     f'{len(found)}; pass the PruningState itself.')
+  return found[0]
+
+
+def _is_named_tuple(x: Any) -> bool:
+  return isinstance(x, tuple) and hasattr(x, '_fields')
+
+
+def _is_optimizer_state(tree: Any) -> bool:
+  """Whether `tree` holds optax states (NamedTuples such as ScaleByAdamState) rather than params."""
+  return any(_is_named_tuple(x) for x in jax.tree.leaves(tree, is_leaf=_is_named_tuple))
+
+
+def contains_pruning_state(state: Any) -> bool:
+  """Whether `state` is or holds a PruningState."""
+  return any(_is_state(x) for x in jax.tree.leaves(state, is_leaf=_is_state))
+
+
+def _named(tree: PyTree) -> dict[str, Any]:
+  """{name: leaf} of the non-None leaves of a mask or threshold tree."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {leaf_name(path): leaf for path, leaf in flat}
+
+
+def get_masks(state: Any) -> PyTree:
+  """The masks of a pruning state, as a tree.
+
+  Args:
+    state: a PruningState or an optax state that holds one.
+
+  Returns:
+    The bool mask tree (True = kept), parallel to the params, None for
+    unpruned leaves: what `apply_masks(params, masks)` takes.
+  """
+  return find_pruning_state(state).masks
+
+
+def get_thresholds(state: Any) -> dict[str, Array]:
+  """The thresholds of a pruning state, by leaf name.
+
+  Args:
+    state: a PruningState or an optax state that holds one.
+
+  Returns:
+    {leaf name: float32 threshold} for each pruned leaf: a scalar, or one per
+    layer of a leaf with layer axes (`layer_axes_map`). With a mask rule
+    (`mask_rule=`), the rule's own names (channel groups for `ChannelRule`).
+  """
+  return _named(find_pruning_state(state).thresholds)
+
+
+def _fraction(flags: Array) -> Array:
+  # sum / size rather than mean: 60 of 100 reads 0.6, not 0.59999996.
+  return jnp.sum(flags, dtype=jnp.int32).astype(jnp.float32) / jnp.float32(flags.size)
+
+
+def get_weight_sparsity(state_or_params: Any) -> dict[str, Array]:
+  """The fraction of each weight's entries that are zero, by leaf name.
+
+  Given a pruning state, the zeros the masks put in the params (the entries
+  they prune: after `optax.apply_updates` these are exactly the zeros of the
+  pruned weights); given params, the zeros they hold. A NaN is never counted
+  as a zero; see `count_nonfinite`.
+
+  Args:
+    state_or_params: a PruningState or an optax state that holds one; or a
+      params tree (dicts, Flax `variables['params']`, an NNX state).
+
+  Returns:
+    {leaf name: float32 fraction}: for a state each pruned leaf, for params
+    each leaf of 2 or more axes.
+
+  Raises:
+    ValueError: for an optax state without a PruningState (its moments are
+      not weights), or with several.
+  """
+  if contains_pruning_state(state_or_params) or _is_optimizer_state(state_or_params):
+    masks = _named(find_pruning_state(state_or_params).masks)
+    return {name: _fraction(~mask) for name, mask in masks.items()}
+  return {name: _fraction(leaf == 0) for name, leaf in _named(state_or_params).items()
+          if getattr(leaf, 'ndim', 0) >= 2}
+
+
+def count_nonfinite(params: PyTree) -> dict[str, Array]:
+  """{leaf name: int32 count of NaN/Inf entries} for each leaf with ndim >= 2."""
+  return {name: jnp.sum(~jnp.isfinite(leaf), dtype=jnp.int32)
+          for name, leaf in _named(params).items() if getattr(leaf, 'ndim', 0) >= 2}
+
+
+def apply_masks(params: PyTree, state: Any) -> PyTree:
+  """Zeroes the pruned entries of `params` (unpruned leaves pass through).
+
+  The one mask-zeroing rule of jaxprune: `export.strip` and
+  `functional.remove` call it. Jittable (the masks may be traced).
+
+  Args:
+    params: a pytree of arrays.
+    state: a `PruningState`, an optax state containing one, or a mask tree
+      parallel to `params` (bool, True = kept; None for unpruned leaves).
+
+  Returns:
+    `params` with zeros where the masks are False, same shapes and dtypes.
+
+  Raises:
+    ValueError: if the masks are not a tree parallel to `params`, or a mask's
+      shape differs from its leaf's (a mask is never broadcast), naming the leaf.
+  """
+  holds_state = contains_pruning_state(state) or _is_optimizer_state(state)
+  masks = get_masks(state) if holds_state else state
+  is_none = lambda x: x is None  # None marks a leaf without a mask
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_none)
+  mask_leaves, mask_treedef = jax.tree_util.tree_flatten(masks, is_leaf=is_none)
+  if mask_treedef != treedef:
+    raise ValueError(
+        'masks must be a tree parallel to params (None for unpruned leaves), a PruningState, '
+        f'or an optax state containing one; got structure {mask_treedef}, params have {treedef}')
+  zeroed = []
+  for (path, leaf), mask in zip(flat, mask_leaves, strict=True):
+    if mask is None:
+      zeroed.append(leaf)
+      continue
+    if jnp.shape(mask) != jnp.shape(leaf):
+      raise ValueError(
+          f'the mask of leaf {leaf_name(path)!r} has shape {jnp.shape(mask)} but the leaf has '
+          f'shape {jnp.shape(leaf)}; masks are not broadcast: give the leaf\'s shape')
+    zeroed.append(jnp.where(mask, leaf, jnp.zeros((), jnp.asarray(leaf).dtype)))
+  return jax.tree_util.tree_unflatten(treedef, zeroed)
+
+
+def summaries(state: Any, hparams: ml_collections.ConfigDict | HParams | None = None
+              ) -> dict[str, Array]:
+  """The scalars TF wrote as summaries, as a flat dict.
+
+  Keys: '<name>/sparsity' (the target at the last step), '<name>/last_mask_update_step',
+  '<name>/nonfinite_skips', and '<leaf>/sparsity', '<leaf>/threshold' per pruned
+  leaf, with <name> = hparams.name (default 'model_pruning'); with a mask rule,
+  '<key>/threshold' for each key of its thresholds (channel groups).
+  """
+  state = find_pruning_state(state)
+  prefix = 'model_pruning' if hparams is None else hparams.name
+  out = {
+      f'{prefix}/sparsity': state.sparsity,
+      f'{prefix}/last_mask_update_step': state.last_update_step,
+      f'{prefix}/nonfinite_skips': state.nonfinite_skips,
+  }
+  thresholds = get_thresholds(state)
+  for name, sparsity in get_weight_sparsity(state).items():
+    out[f'{name}/sparsity'] = sparsity
+    if name in thresholds:
+      out[f'{name}/threshold'] = thresholds.pop(name)
+  # A mask rule's thresholds need not be per leaf (channel groups).
+  for name, threshold in thresholds.items():
+    out[f'{name}/threshold'] = threshold
+  return out

@@ -1,0 +1,372 @@
+"""The pruning optax transform (SPEC sections 3 and 7).
+
+Chain it after the optimizer:
+
+    tx = optax.chain(optax.adam(1e-3), jaxprune.pruning(hparams))
+
+At a mask update it recomputes thresholds and masks from `params + updates`;
+at every step it turns the update of each pruned weight into `-params`, so
+after `optax.apply_updates` pruned weights are exactly zero and kept weights
+are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax import Array, lax
+
+from jaxprune import _counting as counting
+from jaxprune import _hparams as hparams_lib
+from jaxprune import _schedule as schedule
+from jaxprune import _specs as specs_lib
+from jaxprune._magnitude import MagnitudeRule
+from jaxprune._meshes import explicit_mesh
+from jaxprune._names import leaf_name
+
+PyTree = Any
+SparsityFn = Callable[[Array], Array]
+
+
+class MaskRule(Protocol):
+  """Computes the masks of the pruned leaves in place of the per-leaf magnitude rule.
+
+  `pruning(hparams, mask_rule=rule)` keeps its schedule, gating, application
+  of the masks and state, and hands the choice of the pruned leaves and the
+  mask updates to the rule (`jaxprune.channels.ChannelRule` masks whole
+  coupled channels).
+  """
+
+  def check(self, hparams: hparams_lib.HParams) -> None:
+    """Raises ValueError for hparams the rule cannot honour (at `pruning(...)`)."""
+
+  def init(self, params: PyTree) -> tuple[PyTree, PyTree]:
+    """(masks, thresholds): masks a bool tree parallel to `params`, None for leaves it
+    leaves alone; thresholds any pytree of float32 arrays."""
+
+  def new_masks(self, hparams: hparams_lib.HParams, weights: list[Callable[[Any], Array]],
+                old_masks: list[Array], thresholds: PyTree, sparsity: Array
+                ) -> tuple[list[Array], PyTree, Array]:
+    """At a mask update, inside jit: (masks, thresholds, int32 count of skipped units).
+
+    `weights` are the pruned leaves' values as callables of a token (see
+    `masks.Variable`), `old_masks` their masks, both in the params' order;
+    `sparsity` is the schedule's (or `sparsity_fn`'s) value at this step, or what
+    the rule's optional `sparsity(step, global_sparsity)` method returns (a pytree
+    of arrays; the default rule gives each leaf its own target's schedule).
+    """
+
+
+class PruningState(NamedTuple):
+  """The transform's state: a pytree of arrays that jit, shardings and orbax handle.
+
+  Attributes:
+    step: int32, the number of updates applied so far.
+    last_update_step: int32, the step of the last mask update.
+    masks: bool tree parallel to the params (True = kept), None for unpruned leaves.
+    thresholds: float32 scalar tree parallel to the params, None for unpruned leaves.
+    nonfinite_skips: int32, how many leaf updates were skipped for NaN/Inf weights.
+    sparsity: float32, the global target sparsity at the last update call.
+  """
+  step: Array
+  last_update_step: Array
+  masks: PyTree
+  thresholds: PyTree
+  nonfinite_skips: Array
+  sparsity: Array
+
+
+def _as_stored(values: Array, dtype: Any) -> Array:
+  """`values` rounded to `dtype`, the way optax.apply_updates stores them.
+
+  XLA computes narrow floats in float32 and drops a round trip through them
+  (f32 -> bf16 -> f32, or a bf16 sum read back as f32) as "excess precision";
+  reduce_precision is the rounding it keeps.
+  """
+  info = jnp.finfo(dtype)
+  if info.bits < 32:
+    values = lax.reduce_precision(values, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+  return values.astype(dtype)
+
+
+def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> None:
+  """ValueErrors naming the leaf when params or updates do not match the state's masks."""
+  is_none = lambda x: x is None
+  masks = jax.tree_util.tree_flatten_with_path(state.masks, is_leaf=is_none)[0]
+  for what, tree in (('params', params), ('updates', updates)):
+    if jax.tree.structure(tree) != jax.tree.structure(state.masks, is_leaf=is_none):
+      raise ValueError(
+          f'jaxprune.pruning: the {what} tree has another structure than the params given to '
+          f'init: {jax.tree.structure(tree)} vs {jax.tree.structure(state.masks, is_leaf=is_none)}.'
+          ' Call init again with the new params.')
+    for (path, mask), leaf in zip(masks, jax.tree.leaves(tree), strict=True):
+      if mask is not None and mask.shape != leaf.shape:
+        raise ValueError(
+            f'jaxprune.pruning: {what} leaf {leaf_name(path)!r} has shape {leaf.shape}, but '
+            f'its mask from init has shape {mask.shape}. Call init again with the new params.')
+
+
+
+def _new_masks_on_any_mesh(compute, operands, state, sparsities):
+  """`compute(operands, state, sparsities)`, also for arrays sharded over explicit mesh axes.
+
+
+  Explicit axes (the default of `jax.make_mesh`) type every array with its
+  sharding, and ops without a sharding rule (the block reshapes) refuse them.
+  The mask update runs with automatic axes instead, where XLA's partitioner
+  shards it as under `pjit`; masks come back sharded like the old masks,
+  thresholds and the count replicated. Values closed over keep their explicit
+  types, so the sparsities come in as arguments.
+  """
+  mesh = explicit_mesh(jax.tree.leaves(operands))
+  if mesh is None:
+    return compute(operands, state, sparsities)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  out_sharding = ([jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
+                  [replicated for _ in jax.tree.leaves(state.thresholds)], replicated)
+  return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(operands, state, sparsities)
+
+
+
+
+def _is_none(x: Any) -> bool:
+  return x is None
+
+
+def _pruned_indices(state: PruningState) -> list[int]:
+  """Positions of the masked leaves in the params' flattening order."""
+  masks = jax.tree.leaves(state.masks, is_leaf=_is_none)
+  return [i for i, mask in enumerate(masks) if mask is not None]
+
+
+def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
+  """Updates that leave pruned weights at exactly zero after `optax.apply_updates`."""
+  return jax.tree.map(
+      lambda mask, u, p: u if mask is None else jnp.where(mask, _rounded(u), -p).astype(
+          u.dtype),
+      masks, updates, params, is_leaf=_is_none)
+
+
+def _ordered_after(tree: PyTree, token: Array) -> PyTree:
+  """`tree` unchanged, but computed from `token` (a count >= 0) as far as XLA can tell.
+
+  The mask update reads the optimizer state; the optimizer then overwrites that
+  state in place (donated buffers). Without a data dependency XLA may run the
+  optimizer first and must copy the whole state for the conditional to read.
+  A select on `token < 0` (never true) orders it for the cost of a fused compare.
+  """
+  return jax.tree.map(lambda x: jnp.where(token < 0, jnp.zeros_like(x), x), tree)
+
+
+def _rounded(updates: Array) -> Array:
+  """`updates` rounded to their dtype, as the chained form stores them between transforms
+  (computed inline, narrow floats would keep XLA's float32 excess precision)."""
+  return _as_stored(updates, updates.dtype)
+
+
+def _stored_sum(params: Array, updates: Array) -> Array:
+  """`params + updates` as `optax.apply_updates` stores them, for updates computed inline.
+
+  XLA:CPU fuses a bare `p + u` whose `u` ends in a multiply into one multiply-add,
+  which rounds once where the step rounds twice. The select (whose condition
+  is always true: a NaN param gives NaN either way) keeps the add separate, as
+  it is in the masked step, so both round alike.
+  """
+  keep = ~jnp.isnan(params)
+  return _as_stored(params + jnp.where(keep, _rounded(updates), -params), params.dtype)
+
+
+def _weights_of(arrays: list[Array]) -> list[Callable[[Any], Array]]:
+  """Each array as the `token -> values` callable the mask rules read."""
+  return [functools.partial(counting.fresh, a) for a in arrays]
+
+
+class _Engine:
+  """What `pruning` and `pruned` share: hparams, the rule, the state, one masking step."""
+
+  def __init__(self, hparams, sparsity_fn, prune_filter, mask_rule):
+    self.hparams = hparams_lib.freeze(hparams)
+    if sparsity_fn is not None and self.hparams.sparsity_entries:
+      raise ValueError(
+          f'weight_sparsity_map={[f"{r}:{v}" for r, v in self.hparams.sparsity_entries]!r} '
+          'cannot be combined with sparsity_fn: per-variable targets follow the polynomial '
+          'schedule. Drop one of them.')
+    if mask_rule is not None:
+      if prune_filter is not None:
+        raise ValueError('prune_filter cannot be combined with mask_rule: the mask rule picks '
+                         'the pruned leaves. Drop one of them.')
+      mask_rule.check(self.hparams)
+    self.sparsity_fn, self.prune_filter, self.mask_rule = sparsity_fn, prune_filter, mask_rule
+
+  def rule(self, params: PyTree, warn: bool = False) -> MaskRule:
+    if self.mask_rule is not None:
+      return self.mask_rule
+    # Specs are rebuilt (from static shapes) at each trace; warn once, at init.
+    specs = specs_lib.leaf_specs(params, self.hparams, self.prune_filter, warn=warn)
+    return MagnitudeRule(self.hparams, specs, self.sparsity_fn)
+
+  def init(self, params: PyTree) -> PruningState:
+    masks, thresholds = self.rule(params, warn=True).init(params)
+    return PruningState(
+        step=jnp.zeros((), jnp.int32), last_update_step=jnp.zeros((), jnp.int32),
+        masks=masks, thresholds=thresholds, nonfinite_skips=jnp.zeros((), jnp.int32),
+        sparsity=jnp.zeros((), jnp.float32))
+
+  def step(self, state: PruningState, params: PyTree, operands: Any,
+           weights_of: Callable[[Any], list[Callable[[Any], Array]]]
+           ) -> tuple[PyTree, PruningState]:
+    """(masks, new state) of one step: the schedule, the gating (SPEC 3), and the rule's
+    mask update under a conditional that reads only `operands`.
+
+    `weights_of(operands)`, called inside the conditional, gives the pruned
+    leaves' values as `token -> array` callables in the params' order.
+    """
+    hparams, rule = self.hparams, self.rule(params)
+    step = state.step
+    global_sparsity = (schedule.sparsity_at(hparams, step) if self.sparsity_fn is None
+                       else jnp.asarray(self.sparsity_fn(step), jnp.float32))
+    sparsity_of = getattr(rule, 'sparsity', None)
+    sparsity = global_sparsity if sparsity_of is None else sparsity_of(step, global_sparsity)
+    do_update = schedule.should_update(hparams, step, state.last_update_step)
+    old_masks, old_thresholds = jax.tree.leaves(state.masks), jax.tree.leaves(state.thresholds)
+
+    def compute(operands, state, sparsity):
+      masks, thresholds, skips = rule.new_masks(
+          hparams, weights_of(operands), jax.tree.leaves(state.masks), state.thresholds,
+          sparsity)
+      return masks, jax.tree.leaves(thresholds), skips
+
+    def recompute(operands):
+      return _new_masks_on_any_mesh(compute, operands, state, sparsity)
+
+    def keep(_):
+      return old_masks, old_thresholds, jnp.int32(0)
+
+    new_masks, new_thresholds, skips = lax.cond(do_update, recompute, keep, operands)
+    masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
+    return masks, PruningState(
+        step=optax.safe_increment(step),
+        last_update_step=jnp.where(do_update, step, state.last_update_step),
+        masks=masks,
+        thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
+        nonfinite_skips=state.nonfinite_skips + skips,
+        sparsity=global_sparsity)
+
+
+def _need_params(params: PyTree | None, what: str) -> PyTree:
+  if params is None:
+    raise ValueError(f'{what} needs the params: call tx.update(grads, state, params).')
+  return params
+
+
+def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
+            sparsity_fn: SparsityFn | None = None,
+            prune_filter: specs_lib.PruneFilter | None = None,
+            mask_rule: MaskRule | None = None) -> optax.GradientTransformation:
+  """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
+
+  Chain it after the optimizer: `optax.chain(optax.adam(1e-3), pruning(hparams))`.
+  `pruned(optax.adam(1e-3), hparams)` gives the same masks and params and is
+  cheaper on steps without a mask update (see its docstring).
+
+  Args:
+    hparams: from `get_pruning_hparams()` / `parse_hparams(...)`; validated and
+      parsed once, here.
+    sparsity_fn: optional `step -> sparsity` (e.g. an optax schedule) replacing
+      the polynomial schedule for every pruned leaf; it cannot be combined with
+      `weight_sparsity_map`.
+    prune_filter: optional `(name, leaf) -> bool` replacing `weight_name_regex`.
+    mask_rule: optional `MaskRule` that picks the pruned leaves and computes
+      their masks at each mask update, e.g. `jaxprune.channels.ChannelRule`
+      for whole coupled channels; the schedule, gating and the application of
+      the masks stay as above. The default is `jaxprune._magnitude.MagnitudeRule`.
+
+  Returns:
+    An `optax.GradientTransformation` whose `update` needs `params`.
+  """
+  engine = _Engine(hparams, sparsity_fn, prune_filter, mask_rule)
+
+  def update_fn(updates, state, params=None):
+    params = _need_params(params, 'jaxprune.pruning')
+    _check_like_init(state, params, updates)
+    pruned = _pruned_indices(state)
+    param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
+    if engine.hparams.mask_source == 'params':
+      # The weights the step starts from: already in memory, so steps without an
+      # update pay nothing for the update's conditional.
+      operands, weights_of = [param_leaves[i] for i in pruned], _weights_of
+    else:
+      # The weights as they will be stored (SPEC 7): optax.apply_updates casts
+      # params + updates to the params' dtype.
+      operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
+
+      def weights_of(operands):
+        def stored(p, u, token):
+          p, u = counting.fresh((p, u), token)
+          return _as_stored(p + u, p.dtype)
+        return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
+    masks, state = engine.step(state, params, operands, weights_of)
+    return _masked(masks, updates, params), state
+
+  return optax.GradientTransformation(engine.init, update_fn)
+
+
+def pruned(optimizer: optax.GradientTransformation,
+           hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
+           sparsity_fn: SparsityFn | None = None,
+           prune_filter: specs_lib.PruneFilter | None = None,
+           mask_rule: MaskRule | None = None) -> optax.GradientTransformation:
+  """`optimizer` followed by gradual magnitude pruning, as one optax transform.
+
+  The same masks, thresholds and params, bit for bit, as
+  `optax.chain(optimizer, pruning(hparams, ...))`, and the same state (a tuple
+  `(optimizer state, PruningState)`, so checkpoints of either form restore into
+  the other). It is cheaper: the chained form must keep the optimizer's
+  updates in a buffer of their own for the mask update's conditional to read,
+  every step; here the conditional reads the gradients, the optimizer state and
+  the params, which are in memory anyway, and recomputes the updates only when
+  it runs. Steps without a mask update then cost what the optimizer alone costs
+  plus one read of the masks.
+
+  Args:
+    optimizer: any optax transform, e.g. `optax.adam(1e-3)`.
+    hparams, sparsity_fn, prune_filter, mask_rule: as in `pruning`.
+
+  Returns:
+    An `optax.GradientTransformation` whose `update(grads, state, params)` needs
+    `params`; apply its updates with `optax.apply_updates`.
+  """
+  engine = _Engine(hparams, sparsity_fn, prune_filter, mask_rule)
+
+  def init_fn(params):
+    return optimizer.init(params), engine.init(params)
+
+  def update_fn(grads, state, params=None):
+    params = _need_params(params, 'jaxprune.pruned')
+    inner, pruning_state = state
+    _check_like_init(pruning_state, params, grads)
+    pruned = _pruned_indices(pruning_state)
+    if engine.hparams.mask_source == 'params':
+      operands = [jax.tree.leaves(params)[i] for i in pruned]
+      weights_of = _weights_of
+    else:
+      operands = (grads, inner, params)
+
+      def weights_of(operands):
+        # Stored once: every counting pass then reads one array per leaf.
+        grads, inner, params = operands
+        updates = jax.tree.leaves(optimizer.update(grads, inner, params)[0])
+        leaves = jax.tree.leaves(params)
+        return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
+    masks, pruning_state = engine.step(pruning_state, params, operands, weights_of)
+    inner = _ordered_after(inner, pruning_state.nonfinite_skips)
+    updates, inner = optimizer.update(grads, inner, params)
+    return _masked(masks, updates, params), (inner, pruning_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)

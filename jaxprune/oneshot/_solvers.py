@@ -1,0 +1,136 @@
+"""The per-layer rules on a weight matrix `W` of shape (outputs, inputs), jitted per shape.
+
+Masks are bool, True for kept weights. A target sparsity `s` prunes
+`round(s * count)` entries of each compared set; among equal scores the lower
+index is pruned first. `nm=(n, m)` keeps `n` of every `m` consecutive inputs
+of each output row instead.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxprune import _nm as nm_lib
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _keep(scores: jax.Array, pruned: int, axis: int | None) -> jax.Array:
+  """True except for the `pruned` lowest `scores` along `axis` (None: all entries)."""
+  flat = scores.reshape(-1) if axis is None else scores
+  order = jnp.argsort(flat, axis=-1 if axis is None else axis, stable=True)
+  ranks = jnp.argsort(order, axis=-1 if axis is None else axis)
+  return (ranks >= pruned).reshape(scores.shape)
+
+
+def _select(scores: jax.Array, sparsity: float, nm: tuple[int, int] | None,
+            per_row: bool) -> jax.Array:
+  if nm is not None:
+    return nm_lib.nm_mask_from_scores(scores, nm[0], nm[1], axis=-1)
+  if per_row:
+    return _keep(scores, round(sparsity * scores.shape[1]), axis=1)
+  return _keep(scores, round(sparsity * scores.size), axis=None)
+
+
+@functools.partial(jax.jit, static_argnames=('sparsity', 'nm', 'per_row'))
+def magnitude(w: jax.Array, *, sparsity: float, nm: tuple[int, int] | None,
+              per_row: bool) -> jax.Array:
+  """Keeps the largest |W|, over the whole layer or within each output row."""
+  return _select(jnp.abs(w.astype(jnp.float32)), sparsity, nm, per_row)
+
+
+@functools.partial(jax.jit, static_argnames=('sparsity', 'nm'))
+def wanda(w: jax.Array, sqnorm: jax.Array, *, sparsity: float,
+          nm: tuple[int, int] | None) -> jax.Array:
+  """Wanda (Sun et al. 2023, arXiv 2306.11695): keeps the largest |W_ij| * ||X_j||_2
+  within each output row i, `X_j` the j-th input channel over all calibration tokens."""
+  scores = jnp.abs(w.astype(jnp.float32)) * jnp.sqrt(sqnorm)[None, :]
+  return _select(scores, sparsity, nm, per_row=True)
+
+
+def inverse_hessian_factor(h: jax.Array, w: jax.Array, percdamp: float
+                           ) -> tuple[jax.Array, jax.Array]:
+  """(upper Cholesky factor U of the dampened H^-1 with H^-1 = U^T U, W with dead inputs
+  zeroed). A dead input (diag H = 0: never nonzero on the calibration data) gets H_jj = 1."""
+  dead = jnp.diag(h) == 0
+  h = h + jnp.diag(dead.astype(h.dtype))
+  w = jnp.where(dead[None, :], 0.0, w)
+  h = h + percdamp * jnp.mean(jnp.diag(h)) * jnp.eye(h.shape[0], dtype=h.dtype)
+  lower = jnp.linalg.cholesky(h)
+  hinv = jax.scipy.linalg.cho_solve((lower, True), jnp.eye(h.shape[0], dtype=h.dtype))
+  return jnp.linalg.cholesky(hinv).T, w
+
+
+def _nm_block_step(w1, u1, prune1, i, nm):
+  """At the first column of each group of m: prune the m - n of least w^2 / [H^-1]_jj^2."""
+  n, m = nm
+  group = jax.lax.dynamic_slice_in_dim(w1, i, m, axis=1)
+  diag = jax.lax.dynamic_slice_in_dim(jnp.diag(u1), i, m)
+  chosen = ~_keep(group ** 2 / diag[None, :] ** 2, m - n, axis=1)
+  updated = jax.lax.dynamic_update_slice_in_dim(prune1, chosen, i, axis=1)
+  return jnp.where(i % m == 0, updated, prune1)
+
+
+@functools.partial(jax.jit, static_argnames=('sparsity', 'nm', 'blocksize', 'percdamp'))
+def sparsegpt(w: jax.Array, h: jax.Array, *, sparsity: float, nm: tuple[int, int] | None,
+              blocksize: int, percdamp: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """SparseGPT (Frantar & Alistarh 2023, arXiv 2301.00774, Algorithm 1) on one layer.
+
+  Columns (inputs) are visited left to right in blocks of `blocksize`. At the
+  start of a block the mask of the block is chosen adaptively: the entries of
+  least `w^2 / [U]_jj^2` (the OBS saliency) within the block, or per row and
+  group of `m` columns for N:M, at the first column of the group. Each column's
+  pruning error is spread over the remaining columns of the block at once (the
+  OBS update, row i of U), and over the later blocks lazily, one matrix product
+  per block.
+
+  Args:
+    w: float32 (outputs, inputs).
+    h: float32 (inputs, inputs), the Hessian 2 X^T X / n of the layer's inputs.
+    sparsity: the share pruned in each block (ignored for N:M).
+    nm: (n, m) to keep n of every m inputs per row, or None.
+    blocksize: columns per block, a multiple of m for N:M.
+    percdamp: dampening, as a share of the mean diagonal of H added to it.
+
+  Returns:
+    (the updated weights, zero where pruned; the mask; whether H^-1 was finite).
+  """
+  u, w = inverse_hessian_factor(h, w, percdamp)
+  inputs = w.shape[1]
+  masks = []
+  for i1 in range(0, inputs, blocksize):
+    i2 = min(i1 + blocksize, inputs)
+    u1 = u[i1:i2, i1:i2]
+    w1 = w[:, i1:i2]
+    if nm is None:
+      scores = w1 ** 2 / jnp.diag(u1)[None, :] ** 2
+      prune1 = ~_keep(scores, round(sparsity * w1.size), axis=None)
+    else:
+      prune1 = jnp.zeros(w1.shape, bool)
+
+    def column(i, carry, u1=u1):
+      w1, q1, err1, prune1 = carry
+      if nm is not None:
+        prune1 = _nm_block_step(w1, u1, prune1, i, nm)
+      col = jax.lax.dynamic_index_in_dim(w1, i, axis=1, keepdims=False)
+      q = jnp.where(jax.lax.dynamic_index_in_dim(prune1, i, axis=1, keepdims=False), 0.0, col)
+      err = (col - q) / u1[i, i]
+      w1 = w1 - err[:, None] * jax.lax.dynamic_index_in_dim(u1, i, axis=0)
+      q1 = jax.lax.dynamic_update_index_in_dim(q1, q, i, axis=1)
+      err1 = jax.lax.dynamic_update_index_in_dim(err1, err, i, axis=1)
+      return w1, q1, err1, prune1
+
+    zeros = jnp.zeros_like(w1)
+    _, q1, err1, prune1 = jax.lax.fori_loop(0, i2 - i1, column, (w1, zeros, zeros, prune1))
+    w = w.at[:, i1:i2].set(q1)
+    w = w.at[:, i2:].add(-jnp.matmul(err1, u[i1:i2, i2:], precision=_HIGHEST))
+    masks.append(~prune1)
+  return w, jnp.concatenate(masks, axis=1), jnp.all(jnp.isfinite(u))
+
+
+def hessian(gram: jax.Array, rows: jax.Array) -> jax.Array:
+  """H = 2 X^T X / n from the Gram matrix of n input rows."""
+  return gram * (2.0 / rows)

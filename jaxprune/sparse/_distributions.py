@@ -1,0 +1,125 @@
+"""Which leaves are sparse and how dense each one is: uniform, ERK and per-leaf maps.
+
+The Erdos-Renyi-Kernel distribution is that of Evci et al. 2020 ("Rigging the
+Lottery", arXiv:1911.11134, section 3; Mocanu et al. 2018 for Erdos-Renyi):
+the density of a leaf is `eps * sum(shape) / prod(shape)`, with one `eps` for
+all leaves chosen so that the kept count over all of them is `(1 - S)` of
+their size. A leaf whose density would exceed 1 is made dense and `eps` is
+solved again over the rest, as in RigL's and jaxpruner's code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxprune import _maps as maps
+from jaxprune._names import named_leaves
+
+PyTree = Any
+PruneFilter = Callable[[str, Any], bool]
+DISTRIBUTIONS = ('uniform', 'erk')
+
+
+def sparse_names(params: PyTree, weight_name_regex: str = '(kernel|embedding)$',
+                 prune_filter: PruneFilter | None = None) -> list[str]:
+  """Names of the leaves that get a mask, in the params' flattening order.
+
+  By default those whose name matches `weight_name_regex` and that have at
+  least 2 dimensions and some elements (jaxprune.pruning's rule);
+  `prune_filter(name, leaf)` replaces the rule.
+  """
+  maps.check_regex('weight_name_regex', weight_name_regex)
+  pattern = re.compile(weight_name_regex)
+  if prune_filter is None:
+    def prune_filter(name, leaf):
+      return bool(pattern.search(name)) and len(leaf.shape) >= 2
+  return [name for name, leaf in named_leaves(params)
+          if math.prod(leaf.shape) > 0 and prune_filter(name, leaf)]
+
+
+def erk_densities(shapes: Mapping[str, tuple[int, ...]], sparsity: float,
+                  power: float = 1.0) -> dict[str, float]:
+  """ERK densities (Evci et al. 2020) of leaves with these shapes, for global `sparsity`.
+
+  Args:
+    shapes: leaf name -> shape.
+    sparsity: the fraction of zeros over all these leaves together, in [0, 1).
+    power: the exponent of `sum(shape) / prod(shape)` (RigL's `erk_power_scale`).
+
+  Returns:
+    name -> density in (0, 1]; leaves that would exceed 1 are exactly 1.
+  """
+  sizes = {name: math.prod(shape) for name, shape in shapes.items()}
+  raw = {name: (sum(shape) / sizes[name]) ** power for name, shape in shapes.items()}
+  dense: set[str] = set()
+  while True:
+    sparse = [name for name in shapes if name not in dense]
+    if not sparse:
+      return dict.fromkeys(shapes, 1.0)
+    # Kept entries left for the sparse leaves once the dense ones take all theirs.
+    budget = (1.0 - sparsity) * sum(sizes.values()) - sum(sizes[n] for n in dense)
+    eps = budget / sum(raw[n] * sizes[n] for n in sparse)
+    largest = max(raw[n] for n in sparse)
+    if eps * largest <= 1.0:
+      return {name: 1.0 if name in dense else eps * raw[name] for name in shapes}
+    dense.update(n for n in sparse if raw[n] == largest)
+
+
+def densities(params: PyTree, sparsity: float, distribution: str = 'uniform', *,
+              sparsity_map: Mapping[str, float] | None = None,
+              weight_name_regex: str = '(kernel|embedding)$',
+              prune_filter: PruneFilter | None = None,
+              erk_power: float = 1.0) -> dict[str, float]:
+  """The density (kept fraction) of every sparse leaf.
+
+  Args:
+    params: the params (arrays or shape structs).
+    sparsity: the target fraction of zeros, in [0, 1).
+    distribution: 'uniform' (every leaf at `sparsity`) or 'erk' (`erk_densities`
+      over the leaves not in `sparsity_map`).
+    sparsity_map: `{regex: sparsity}`; a leaf whose name matches an entry gets
+      that sparsity and is left out of the distribution (a leaf matching two
+      entries is an error).
+    weight_name_regex, prune_filter: which leaves are sparse (`sparse_names`).
+    erk_power: the ERK exponent.
+
+  Returns:
+    name -> density in (0, 1], for the sparse leaves only.
+  """
+  if not 0.0 <= sparsity < 1.0:
+    raise ValueError(f'sparsity={sparsity!r}: must be in [0, 1), e.g. 0.9.')
+  if distribution not in DISTRIBUTIONS:
+    raise ValueError(f'distribution={distribution!r}: use one of {DISTRIBUTIONS}.')
+  entries = dict(sparsity_map or {})
+  for regex, value in entries.items():
+    maps.check_regex(f'sparsity_map entry {regex!r}', regex)
+    if not 0.0 <= value < 1.0:
+      raise ValueError(f'sparsity_map entry {regex!r}: {value!r}: sparsity must be in [0, 1).')
+  shapes = {name: tuple(leaf.shape) for name, leaf in named_leaves(params)}
+  names = sparse_names(params, weight_name_regex, prune_filter)
+  if not names:
+    raise ValueError(f'no leaf is sparse: none matches weight_name_regex={weight_name_regex!r} '
+                     'with 2 or more dimensions; pass another regex or a prune_filter.')
+  fixed = {}
+  for name in names:
+    matches = [regex for regex in entries if re.search(regex, name)]
+    if len(matches) > 1:
+      raise ValueError(f'sparsity_map: leaf {name!r} matches several entries {matches}; '
+                       'make the regexes exclusive.')
+    if matches:
+      fixed[name] = 1.0 - entries[matches[0]]
+  rest = [name for name in names if name not in fixed]
+  if distribution == 'erk':
+    spread = erk_densities({n: shapes[n] for n in rest}, sparsity, erk_power) if rest else {}
+  else:
+    spread = dict.fromkeys(rest, 1.0 - sparsity)
+  return {name: fixed[name] if name in fixed else spread[name] for name in names}
+
+
+def kept_count(size: int, density: float) -> int:
+  """Entries kept in a leaf of `size` at `density`: round(size * density), at least 1."""
+  return min(size, max(1, round(size * density)))
+

@@ -1,0 +1,38 @@
+"""Reading the masks of a sparse-training state, and applying them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxprune._names import named_leaves
+from jaxprune.sparse._ste import STEState
+from jaxprune.sparse._training import SparseState
+
+PyTree = Any
+_STATES = (SparseState, STEState)
+
+
+def find_state(opt_state: PyTree) -> SparseState | STEState:
+  """The one `SparseState` or `STEState` inside an optax state (or the state itself)."""
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _STATES))
+           if isinstance(x, _STATES)]
+  if len(found) != 1:
+    raise ValueError(f'expected one jaxprune.sparse state in the optimizer state, found '
+                     f'{len(found)}; pass the SparseState or STEState itself.')
+  return found[0]
+
+
+def get_masks(opt_state: PyTree) -> dict[str, Array]:
+  """`{leaf name: bool mask}` of the sparse leaves (True = kept)."""
+  masks = find_state(opt_state).masks
+  return {name: mask for name, mask in named_leaves(masks) if mask is not None}
+
+
+def apply_masks(params: PyTree, opt_state: PyTree) -> PyTree:
+  """`params` with the entries outside the masks set to zero (e.g. right after `init`)."""
+  return jax.tree.map(lambda m, p: p if m is None else jnp.where(m, p, jnp.zeros_like(p)),
+                      find_state(opt_state).masks, params, is_leaf=lambda x: x is None)

@@ -1,0 +1,234 @@
+"""`jaxprune-train`: train and prune a Flax model from an ml_collections config.
+
+    jaxprune-train                                   # the default: MLP on digits, GMP to 90%
+    jaxprune-train --config configs/digits_cnn.py --workdir runs/cnn
+    jaxprune-train --config.pruning.target_sparsity=0.95
+    jaxprune-train --config.pruning.weight_sparsity_map="['Dense_0/kernel:0.5']"
+    jaxprune-train --pruning_hparams="target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]"
+
+In every process of a multi-process job (README: "Running on many hosts"):
+
+    jaxprune-train --config.mesh_shape="(2,4)" --coordinator_address=HOST0:1234
+                   --num_processes=2 --process_id=0      # 1 in the other process
+
+Rerunning with the `--workdir` of an earlier run resumes it from its newest
+checkpoint (the config must be the same, up to `num_steps` and how often it
+logs, evaluates and checkpoints).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any, NamedTuple, NoReturn
+
+import ml_collections
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxprune.train import _channels as channels
+from jaxprune.train import _defaults as defaults
+from jaxprune.train import _distributed as distributed
+from jaxprune.train import _errors as errors
+from jaxprune.train import _loop as loop
+from jaxprune.train import _plots as plots
+from jaxprune.train import _report as report
+from jaxprune.train import _usage as usage
+from jaxprune.train._metrics import METRICS_FILE
+
+PROGRAM = 'jaxprune-train'
+
+_HELP = {
+    'config': 'An ml_collections config file (e.g. configs/digits_cnn.py); the default '
+              'trains a 300-100 MLP on digits and prunes it to 90% sparsity. Fields can '
+              'be overridden: --config.pruning.target_sparsity=0.95.',
+    'workdir': 'Output directory (checkpoints, metrics, plots); default runs/<config.name>. '
+               'The workdir of an earlier run resumes that run.',
+    'pruning_hparams': 'TF model_pruning HParams string applied on top of config.pruning, '
+                       'e.g. "target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]".',
+    'coordinator_address': 'Multi-process jobs: host:port of process 0, the same in every '
+                           'process (found by JAX on SLURM, Open MPI and TPU pod slices).',
+    'num_processes': 'Multi-process jobs: the number of processes (1: a one-process run).',
+    'process_id': 'Multi-process jobs: this process\'s index, 0 to num_processes - 1.',
+    'heartbeat_timeout_seconds': 'Multi-process jobs: how long a silent (dead) process is '
+                                 'waited for before the others stop (default 100).',
+}
+
+
+class _Flags(NamedTuple):
+  config: flags.FlagHolder
+  workdir: flags.FlagHolder
+  pruning_hparams: flags.FlagHolder
+  coordinator_address: flags.FlagHolder
+  num_processes: flags.FlagHolder
+  process_id: flags.FlagHolder
+  heartbeat_timeout_seconds: flags.FlagHolder
+
+
+def _define_flags() -> _Flags:
+  # Defined when the command runs rather than at import: without --config,
+  # ml_collections loads the default config and applies the --config.*
+  # overrides of sys.argv right here, and its errors must become one line too.
+  return _Flags(
+      config_flags.DEFINE_config_file('config', usage.DEFAULT_CONFIG, _HELP['config'],
+                                      lock_config=False),
+      flags.DEFINE_string('workdir', None, _HELP['workdir']),
+      flags.DEFINE_string('pruning_hparams', '', _HELP['pruning_hparams']),
+      flags.DEFINE_string('coordinator_address', None, _HELP['coordinator_address']),
+      flags.DEFINE_integer('num_processes', None, _HELP['num_processes'], lower_bound=1),
+      flags.DEFINE_integer('process_id', None, _HELP['process_id'], lower_bound=0),
+      flags.DEFINE_integer('heartbeat_timeout_seconds', 100, _HELP['heartbeat_timeout_seconds'],
+                           lower_bound=1))
+
+
+def _fail(message: str) -> NoReturn:
+  """Prints `jaxprune-train: <message>` as one line on stderr and exits with status 1."""
+  sys.exit(f'{PROGRAM}: {errors.one_line(message)}')
+
+
+_SHOWN: set[str] = set()
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+  del category, filename, lineno, file, line
+  text = errors.one_line(str(message))
+  # The hparams are checked in several places, and each would repeat its warning.
+  if text not in _SHOWN:
+    _SHOWN.add(text)
+    print(f'{PROGRAM}: warning: {text}', file=sys.stderr)
+
+
+class _WithoutClosedLoopTracebacks(io.TextIOBase):
+  """`sys.stderr` less the tracebacks of a checkpoint write that failed.
+
+  When a write fails (a full disk), orbax closes its event loop while
+  tensorstore's threads still finish the other writes; each then prints a
+  'RuntimeError: Event loop is closed' traceback, dozens in all, around the
+  one-line error the job prints. Everything else passes through.
+  """
+
+  _NOISE = 'RuntimeError: Event loop is closed'
+
+  def __init__(self, stream: Any):
+    super().__init__()
+    self._stream = stream
+    self._held = threading.local()  # a traceback being written, per thread
+
+  def write(self, text: str) -> int:
+    held = getattr(self._held, 'text', None)
+    if held is None and not text.startswith('Traceback (most recent call last):'):
+      return self._stream.write(text)
+    held = (held or '') + text
+    last = held.rstrip('\n').rsplit('\n', 1)[-1]
+    if held.endswith('\n') and last[:1] not in ('', ' ') and not last.startswith('Traceback'):
+      self._held.text = None  # the exception line closes the traceback
+      if last != self._NOISE:
+        self._stream.write(held)
+    else:
+      self._held.text = held
+    return len(text)
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+
+def _parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
+  """absl's flag parsing, with one-line errors."""
+  try:
+    rest = flags.FLAGS(argv)
+    # A config file that fails to load only raises once the config is used.
+    usage.ensure_loaded(config.value)
+  except Exception as err:  # noqa: BLE001 -- every parse failure is described in one line
+    _fail(usage.describe_flag_error(err, argv))
+  return rest
+
+
+def main(argv: Sequence[str], defined: _Flags) -> None:
+  """Runs the job described by the flags."""
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value '
+          f'({PROGRAM} --help lists them).')
+  if not flags.FLAGS['verbosity'].present:
+    # Orbax logs every checkpoint step, and its failures at length; the job
+    # reports them itself, in one line. --verbosity=0 shows the logs.
+    logging.set_verbosity(logging.FATAL)
+  warnings.showwarning = _show_warning
+  _join_processes(defined)  # first thing that touches JAX
+  config, hparams_text = defined.config.value, defined.pruning_hparams.value
+  ignored = usage.pruning_flags(sys.argv[1:])
+  if config.get('prune') is False and ignored:
+    _fail(f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
+          'drop the pruning flags, or set --config.prune=True.')
+  # A config without a pruning block is reported by train(), with the other fields.
+  if isinstance(config.get('pruning'), ml_collections.ConfigDict):
+    try:
+      config.pruning = (defaults.parse_pruning_flag(hparams_text, config.pruning)
+                        if hparams_text else defaults.pruning_config(config.pruning))
+    except (ValueError, TypeError) as err:
+      _fail(str(err))
+  workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
+  print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
+  try:
+    result = distributed.guarded(loop.train, config, workdir)
+  except errors.RunError as err:
+    _fail(str(err))
+  except KeyboardInterrupt:
+    print(f'\nInterrupted; run the same command again to resume from the newest checkpoint '
+          f'in {workdir} (training writes one when interrupted).', file=sys.stderr)
+    sys.exit(130)
+  print()
+  print(report.format_report(result.report))
+  outputs = [loop.REPORT_FILE, METRICS_FILE, 'checkpoints/']
+  if config.prune and config.channels.enabled:
+    outputs.append(channels.MODEL_FILE)
+  if config.tensorboard:
+    outputs.append('tensorboard/')
+  if config.plots:
+    outputs += [plots.SPARSITY_PNG, plots.ACCURACY_PNG]
+    if result.report.leaves:
+      outputs.append(plots.LAYERS_PNG)
+  print(f'\nOutputs in {os.path.abspath(workdir)}: {", ".join(outputs)}')
+
+
+def _join_processes(defined: _Flags) -> None:
+  """Joins the other processes of a multi-process job (before JAX starts its devices).
+
+  Process 0 prints as one process does; the others print one line, then only
+  their errors.
+  """
+  try:
+    distributed.initialize(defined.coordinator_address.value, defined.num_processes.value,
+                           defined.process_id.value, defined.heartbeat_timeout_seconds.value)
+  except errors.RunError as err:
+    _fail(str(err))
+  if not distributed.multiprocess():
+    return
+  print(f'{PROGRAM}: {distributed.describe()}'
+        + ('' if distributed.is_primary() else '; process 0 prints the report and writes the '
+           'metrics, the report and the plots'), flush=True)
+  if not distributed.is_primary():
+    sys.stdout = open(os.devnull, 'w')  # noqa: SIM115 -- for the life of the process
+    warnings.simplefilter('ignore')  # process 0 shows the same warnings
+
+
+def run() -> None:
+  """Console-script entry point (`jaxprune-train`)."""
+  argv = sys.argv
+  if any(arg in usage.HELP_FLAGS for arg in argv[1:]) or '--helpfull' in argv[1:]:
+    print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()],
+                          argv))
+    if '--helpfull' in argv[1:]:
+      print('\nAll flags (absl, JAX and the libraries):\n' + flags.FLAGS.get_help())
+    sys.exit(0)
+  try:
+    defined = _define_flags()
+  except Exception as err:  # noqa: BLE001 -- every parse failure is described in one line
+    _fail(usage.describe_flag_error(err, argv))
+  sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
+  app.run(functools.partial(main, defined=defined),
+          flags_parser=functools.partial(_parse_flags, config=defined.config))

@@ -1,0 +1,88 @@
+"""Numbers a run reports about its pruning: per-step scalars and final per-leaf stats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+import jaxprune
+from jaxprune import _specs as specs_lib
+from jaxprune.train._report import LeafReport
+from jaxprune.train._step import TrainState
+
+
+def pruned_params(state: TrainState) -> dict[str, np.ndarray]:
+  """The params the pruning transform masks, by name, fetched to host memory."""
+  masks = jaxprune.get_masks(state.opt_state)
+  # named_leaves skips the None masks of unpruned leaves.
+  names = {name for name, _ in jaxprune.named_leaves(masks)}
+  return {name: np.asarray(leaf) for name, leaf in jaxprune.named_leaves(state.params)
+          if name in names}
+
+
+def pruning_scalars(state: TrainState, hparams: ml_collections.ConfigDict | None
+                    ) -> dict[str, float | int]:
+  """The pruning summaries of `state` plus global target and achieved sparsity.
+
+  Args:
+    state: the train state.
+    hparams: the run's pruning hparams; None when the run does not prune.
+
+  Returns:
+    `jaxprune.summaries` (per pruned leaf '<leaf>/sparsity' and
+    '<leaf>/threshold', '<name>/sparsity', '<name>/last_mask_update_step'),
+    and 'target_sparsity' (the schedule's global value at the last update)
+    and 'achieved_sparsity' (the fraction of exact zeros over all pruned
+    leaves). Empty when `hparams` is None.
+  """
+  if hparams is None:
+    return {}
+  # .item() keeps integer summaries (the last update step) integers.
+  scalars = {k: np.asarray(v).item() for k, v in
+             jax.device_get(jaxprune.summaries(state.opt_state, hparams)).items()}
+  scalars['target_sparsity'] = scalars[f'{hparams.name}/sparsity']
+  leaves = pruned_params(state).values()
+  size = sum(leaf.size for leaf in leaves)
+  zeros = sum(int(np.sum(leaf == 0)) for leaf in leaves)
+  scalars['achieved_sparsity'] = zeros / size if size else 0.0
+  return scalars
+
+
+def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None
+                 ) -> list[LeafReport]:
+  """One `LeafReport` per pruned leaf (none when `hparams` is None).
+
+  Each leaf's target, block shape (with -1 resolved) and N:M pattern are the
+  ones the transform prunes it with (`jaxprune._specs.leaf_specs`).
+  """
+  if hparams is None:
+    return []
+  # Map entries that match no leaf were reported when the transform was built.
+  specs = {spec.name: spec for spec in specs_lib.spec_leaves(
+      specs_lib.leaf_specs(state.params, hparams, warn=False)) if spec is not None}
+  thresholds = {k: float(v) for k, v in
+                jax.device_get(jaxprune.get_thresholds(state.opt_state)).items()}
+  reports = []
+  for name, leaf in pruned_params(state).items():
+    spec = specs[name]
+    nonzero = int(np.count_nonzero(leaf))
+    if spec.nm is not None:
+      # N:M keeps n of every m: no schedule, no threshold.
+      target, threshold = 1 - spec.nm[0] / spec.nm[1], None
+    else:
+      target, threshold = spec.target, thresholds[name]
+    reports.append(LeafReport(
+        name=name, shape=tuple(leaf.shape), nonzero=nonzero, target=target,
+        achieved=1 - nonzero / leaf.size, threshold=threshold, block=spec.block_dims,
+        nm=spec.nm))
+  return reports
+
+
+def param_counts(params: Any) -> dict[str, int]:
+  """`{'total_params': entries in all leaves, 'total_nonzero': nonzero entries}`."""
+  leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(params)]
+  return {'total_params': sum(leaf.size for leaf in leaves),
+          'total_nonzero': sum(int(np.count_nonzero(leaf)) for leaf in leaves)}
