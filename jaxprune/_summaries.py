@@ -14,6 +14,7 @@ what its values are for:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -53,6 +54,26 @@ def find_pruning_state(state: Any) -> PruningState:
   return found[0]
 
 
+def _checked(state: Any) -> PruningState:
+  """`find_pruning_state(state)`, warning when its mask updates found pruned weights
+  moved (`PruningState.moved_updates`): the masks then describe params that are not
+  pruned. Quiet under `jit`, where the count is not known yet."""
+  state = find_pruning_state(state)
+  try:
+    moved = int(state.moved_updates)
+  except (TypeError, RuntimeError):  # a tracer, or not addressable from this process
+    return state
+  if moved:
+    warnings.warn(
+        f'jaxprune: {moved} mask update(s) found pruned weights that were no longer zero, so '
+        'the params are not as sparse as the masks say. Is jaxprune.pruning placed before the '
+        'optimizer, as in optax.chain(jaxprune.pruning(hp), optax.adam(lr))? The optimizer '
+        'then trains the pruned weights again. Put pruning last: optax.chain(optax.adam(lr), '
+        'jaxprune.pruning(hp)), or use jaxprune.pruned(optax.adam(lr), hp). (Params changed '
+        'outside the optimizer step have the same effect.)', UserWarning, stacklevel=3)
+  return state
+
+
 def _is_named_tuple(x: Any) -> bool:
   return isinstance(x, tuple) and hasattr(x, '_fields')
 
@@ -83,7 +104,7 @@ def get_masks(state: Any) -> PyTree:
     The bool mask tree (True = kept), parallel to the params, None for
     unpruned leaves: what `apply_masks(params, masks)` takes.
   """
-  return find_pruning_state(state).masks
+  return _checked(state).masks
 
 
 def get_thresholds(state: Any) -> dict[str, Array]:
@@ -97,7 +118,7 @@ def get_thresholds(state: Any) -> dict[str, Array]:
     layer of a leaf with layer axes (`layer_axes_map`). With a mask rule
     (`mask_rule=`), the rule's own names (channel groups for `ChannelRule`).
   """
-  return _named(find_pruning_state(state).thresholds)
+  return _named(_checked(state).thresholds)
 
 
 def _fraction(flags: Array) -> Array:
@@ -126,7 +147,7 @@ def get_weight_sparsity(state_or_params: Any) -> dict[str, Array]:
       not weights), or with several.
   """
   if contains_pruning_state(state_or_params) or _is_optimizer_state(state_or_params):
-    masks = _named(find_pruning_state(state_or_params).masks)
+    masks = _named(_checked(state_or_params).masks)
     return {name: _fraction(~mask) for name, mask in masks.items()}
   return {name: _fraction(leaf == 0) for name, leaf in _named(state_or_params).items()
           if getattr(leaf, 'ndim', 0) >= 2}
@@ -183,20 +204,22 @@ def summaries(state: Any, hparams: ml_collections.ConfigDict | HParams | None = 
   """The scalars TF wrote as summaries, as a flat dict.
 
   Keys: '<name>/sparsity' (the target at the last step), '<name>/last_mask_update_step',
-  '<name>/nonfinite_skips', and '<leaf>/sparsity', '<leaf>/threshold' per pruned
+  '<name>/nonfinite_skips', '<name>/moved_updates' (see `PruningState`; the
+  accessors warn when it is not 0), and '<leaf>/sparsity', '<leaf>/threshold' per pruned
   leaf, with <name> = hparams.name (default 'model_pruning'); with a mask rule,
   '<key>/threshold' for each key of its thresholds (channel groups).
   """
-  state = find_pruning_state(state)
+  state = _checked(state)
   prefix = 'model_pruning' if hparams is None else hparams.name
   out = {
       f'{prefix}/sparsity': state.sparsity,
       f'{prefix}/last_mask_update_step': state.last_update_step,
       f'{prefix}/nonfinite_skips': state.nonfinite_skips,
+      f'{prefix}/moved_updates': state.moved_updates,
   }
-  thresholds = get_thresholds(state)
-  for name, sparsity in get_weight_sparsity(state).items():
-    out[f'{name}/sparsity'] = sparsity
+  thresholds = _named(state.thresholds)
+  for name, mask in _named(state.masks).items():
+    out[f'{name}/sparsity'] = _fraction(~mask)
     if name in thresholds:
       out[f'{name}/threshold'] = thresholds.pop(name)
   # A mask rule's thresholds need not be per leaf (channel groups).

@@ -73,6 +73,11 @@ class PruningState(NamedTuple):
     thresholds: float32 scalar tree parallel to the params, None for unpruned leaves.
     nonfinite_skips: int32, how many leaf updates were skipped for NaN/Inf weights.
     sparsity: float32, the global target sparsity at the last update call.
+    moved_updates: int32, how many mask updates found pruned weights that were no
+      longer zero. The transform zeroes them at every step, so something after it
+      changed them: a transform chained after `pruning` (an optimizer placed after
+      it, `optax.chain(pruning(hp), optax.adam(lr))`, trains the pruned weights
+      again) or params edited outside the step. The accessors warn when it is not 0.
   """
   step: Array
   last_update_step: Array
@@ -80,6 +85,7 @@ class PruningState(NamedTuple):
   thresholds: PyTree
   nonfinite_skips: Array
   sparsity: Array
+  moved_updates: Array
 
 
 def _as_stored(values: Array, dtype: Any) -> Array:
@@ -153,6 +159,15 @@ def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
       masks, updates, params, is_leaf=_is_none)
 
 
+def _any_moved(masks: list[Array], params: list[Array]) -> Array:
+  """Whether a pruned entry of `params` is nonzero (NaN aside): each step leaves the
+  entries its masks prune at exactly zero, so at the next step they still are
+  unless something after the transform changed them."""
+  moved = [jnp.any(~mask & (p != 0) & ~jnp.isnan(p)) for mask, p in zip(masks, params,
+                                                                          strict=True)]
+  return functools.reduce(jnp.logical_or, moved, jnp.bool_(False))
+
+
 def _ordered_after(tree: PyTree, token: Array) -> PyTree:
   """`tree` unchanged, but computed from `token` (a count >= 0) as far as XLA can tell.
 
@@ -216,7 +231,7 @@ class _Engine:
     return PruningState(
         step=jnp.zeros((), jnp.int32), last_update_step=jnp.zeros((), jnp.int32),
         masks=masks, thresholds=thresholds, nonfinite_skips=jnp.zeros((), jnp.int32),
-        sparsity=jnp.zeros((), jnp.float32))
+        sparsity=jnp.zeros((), jnp.float32), moved_updates=jnp.zeros((), jnp.int32))
 
   def step(self, state: PruningState, params: PyTree, operands: Any,
            weights_of: Callable[[Any], list[Callable[[Any], Array]]]
@@ -243,12 +258,17 @@ class _Engine:
       return masks, jax.tree.leaves(thresholds), skips
 
     def recompute(operands):
-      return _new_masks_on_any_mesh(compute, operands, state, sparsity)
+      operands, pruned_params = operands
+      masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
+      moved = (state.step > 0) & _any_moved(old_masks, pruned_params)
+      return masks, thresholds, skips, moved.astype(jnp.int32)
 
     def keep(_):
-      return old_masks, old_thresholds, jnp.int32(0)
+      return old_masks, old_thresholds, jnp.int32(0), jnp.int32(0)
 
-    new_masks, new_thresholds, skips = lax.cond(do_update, recompute, keep, operands)
+    pruned_params = [jax.tree.leaves(params)[i] for i in _pruned_indices(state)]
+    new_masks, new_thresholds, skips, moved = lax.cond(
+        do_update, recompute, keep, (operands, pruned_params))
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
     return masks, PruningState(
         step=optax.safe_increment(step),
@@ -256,7 +276,8 @@ class _Engine:
         masks=masks,
         thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
         nonfinite_skips=state.nonfinite_skips + skips,
-        sparsity=global_sparsity)
+        sparsity=global_sparsity,
+        moved_updates=state.moved_updates + moved)
 
 
 def _need_params(params: PyTree | None, what: str) -> PyTree:

@@ -8,11 +8,14 @@ import time
 import zlib
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
+import jaxprune
 from jaxprune.train import _checkpoints as checkpoints
 from jaxprune.train._errors import (
     DamagedCheckpointError,
@@ -225,3 +228,28 @@ def test_a_full_disk_during_a_save_keeps_the_older_checkpoints(tmp_path, monkeyp
   reopened.save(2, _state(2.0), {})  # the same step saves fine once there is space
   assert reopened.steps() == [1, 2]
   reopened.close()
+
+
+def test_a_checkpoint_written_before_moved_updates_resumes_it_at_zero(tmp_path):
+  """PruningState gained `moved_updates` after checkpoints were first written: such a
+  checkpoint restores into today's state with it at 0, not as a damaged checkpoint."""
+  params = {'kernel': jnp.arange(8.0).reshape(2, 4)}
+  tx = optax.chain(optax.sgd(0.1), jaxprune.pruning(jaxprune.get_pruning_hparams()))
+  today = tx.init(params)
+  pruning_state = today[1]
+  before = checkpoints._BEFORE(*pruning_state[:-1])  # the fields written then
+  assert before._fields + ('moved_updates',) == jaxprune.PruningState._fields
+  ckpt = checkpoints.Checkpointer(str(tmp_path))
+  ckpt.save(3, {'params': params, 'opt_state': (today[0], before)}, {'config': {}})
+  like = {'params': params, 'opt_state': today}
+  restored, _ = ckpt.restore(3, jax.eval_shape(lambda: like))
+  state = restored['opt_state'][1]
+  assert isinstance(state, jaxprune.PruningState)
+  assert int(state.moved_updates) == 0 and state.moved_updates.dtype == jnp.int32
+  assert state.masks['kernel'].shape == (2, 4)
+  np.testing.assert_array_equal(state.masks['kernel'], pruning_state.masks['kernel'])
+  # A checkpoint missing another array is still damaged.
+  ckpt.save(4, {'params': {}, 'opt_state': (today[0], before)}, {'config': {}})
+  with pytest.raises(DamagedCheckpointError):
+    ckpt.restore(4, jax.eval_shape(lambda: like))
+  ckpt.close()

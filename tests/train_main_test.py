@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -324,10 +325,13 @@ def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
   assert out.getvalue() == 'jaxprune-train: cannot write the checkpoint\n' + bug
 
 
-def test_each_warning_is_shown_once_in_one_line(capsys):
-  from jaxprune.train import _main as main
-  for _ in range(3):  # the hparams are checked in several places
-    main._show_warning(UserWarning('end_pruning_step=1500 stops\nmask updates'), UserWarning,
-                       'hparams.py', 1)
-  assert capsys.readouterr().err == (
-      'jaxprune-train: warning: end_pruning_step=1500 stops; mask updates\n')
+def test_each_warning_is_shown_once_in_one_line(tmp_path):
+  """The hparams are validated once (no de-duplication in the job): a warning of the
+  hparams string, one of the spec and one of the config each print one line, once."""
+  result = _run([SCRIPT, '--workdir', str(tmp_path / 'run'), *SHORT, '--config.num_steps=30',
+                 '--pruning_hparams=end_pruning_step=60,weight_name_regex=weight$'])
+  assert result.returncode == 0, result.stderr
+  lines = result.stderr.splitlines()
+  fields = [re.match(r'jaxprune-train: warning: (?:jaxprune: )?([\w.]+)=', line) for line in lines]
+  assert [m and m.group(1) for m in fields] == [
+      'end_pruning_step', 'weight_name_regex', 'config.num_steps'], lines

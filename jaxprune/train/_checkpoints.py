@@ -16,6 +16,7 @@ every checkpoint where it is.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxprune import PruningState
 from jaxprune.train import _distributed as distributed
 from jaxprune.train import _files as files
 from jaxprune.train._errors import DamagedCheckpointError, IncompatibleWorkdirError, one_line
@@ -157,15 +159,16 @@ class Checkpointer:
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)),
         like)
+    older = _as_written_before(abstract, set(meta[_CHECKSUMS]))
     error = None
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract)))
+          state=ocp.args.StandardRestore(abstract if older is None else older)))
     except Exception as err:  # noqa: BLE001 -- any failure to read means a damaged file
       error = err
     _agree(error, 'state')
     _verify(restored.state, meta)
-    return restored.state
+    return restored.state if older is None else _with_added_fields(restored.state, abstract)
 
   def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
     """Reads and verifies the checkpoint of `step`.
@@ -252,6 +255,46 @@ class Checkpointer:
   def close(self) -> None:
     """Waits for pending writes and releases the manager."""
     self._manager.close()
+
+
+# PruningState fields added after checkpoints were first written: a checkpoint
+# without them resumes with each at its initial value (0).
+_ADDED_FIELDS = ('moved_updates',)
+_BEFORE = collections.namedtuple(
+    'PruningState', [f for f in PruningState._fields if f not in _ADDED_FIELDS])
+
+
+def _is_pruning_state(x: Any) -> bool:
+  return isinstance(x, (PruningState, _BEFORE))
+
+
+def _as_written_before(abstract: Any, saved: set[str]) -> Any | None:
+  """`abstract` with its PruningStates as written before `_ADDED_FIELDS` existed, when
+  the checkpoint's arrays (`saved`, key paths) are exactly those; else None."""
+  paths = {jax.tree_util.keystr(path) for path, _ in
+           jax.tree_util.tree_flatten_with_path(abstract)[0]}
+  added = paths - saved
+  if not added or not all(p.rsplit('.', 1)[-1] in _ADDED_FIELDS for p in added):
+    return None
+  return jax.tree.map(
+      lambda x: _BEFORE(*(getattr(x, f) for f in _BEFORE._fields)) if _is_pruning_state(x)
+      else x, abstract, is_leaf=_is_pruning_state)
+
+
+def _with_added_fields(restored: Any, abstract: Any) -> Any:
+  """`restored` (from `_as_written_before`) with the added fields at 0, placed as in
+  `abstract`."""
+  states = iter([x for x in jax.tree.leaves(abstract, is_leaf=_is_pruning_state)
+                 if _is_pruning_state(x)])
+
+  def upgrade(old):
+    like = next(states)
+    added = {f: jax.device_put(np.zeros(getattr(like, f).shape, getattr(like, f).dtype),
+                               getattr(like, f).sharding) for f in _ADDED_FIELDS}
+    return PruningState(**old._asdict(), **added)
+
+  return jax.tree.map(lambda x: upgrade(x) if _is_pruning_state(x) else x, restored,
+                      is_leaf=_is_pruning_state)
 
 
 def _agree(error: Exception | None, item: str) -> None:

@@ -91,16 +91,9 @@ def _fail(message: str) -> NoReturn:
   sys.exit(f'{PROGRAM}: {errors.one_line(message)}')
 
 
-_SHOWN: set[str] = set()
-
-
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
   del category, filename, lineno, file, line
-  text = errors.one_line(str(message))
-  # The hparams are checked in several places, and each would repeat its warning.
-  if text not in _SHOWN:
-    _SHOWN.add(text)
-    print(f'{PROGRAM}: warning: {text}', file=sys.stderr)
+  print(f'{PROGRAM}: warning: {errors.one_line(str(message))}', file=sys.stderr)
 
 
 class _WithoutClosedLoopTracebacks(io.TextIOBase):

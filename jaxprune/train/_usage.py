@@ -23,7 +23,7 @@ import ml_collections
 from jaxprune.train import _defaults as defaults
 
 HELP_FLAGS = frozenset({'--help', '-help', '-h', '-?', '--helpshort', '-helpshort'})
-DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), 'defaults.py')
+DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), '_defaults.py')
 _KINDS = {bool: 'True or False', int: 'an integer', float: 'a number', str: 'a string',
           tuple: 'a tuple such as "(2, 4)"'}
 
