@@ -2,7 +2,7 @@
 
 Expected channels come from scores written out by hand (each group's members
 listed here, not read from the graph) and from SPEC's published numbers or
-the numpy references of `core_refs`.
+the numpy references of `references`.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 import warnings
 
-import core_refs
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import references
 
 import jaxprune
 from jaxprune.channels import ChannelRule
@@ -107,7 +107,7 @@ def test_exact_and_histogram_keep_the_reference_channels():
                            ('histogram', 0.3), ('histogram', 0.9)]:
     _, _, states, kept = _run(graph, params, _hparams(threshold_method=method), 2,
                               sparsities=sparsity)
-    threshold, mask = core_refs.threshold_and_mask(scores, sparsity, 256, method)
+    threshold, mask = references.threshold_and_mask(scores, sparsity, 256, method)
     np.testing.assert_array_equal(kept[1][0], mask, err_msg=f'{method} {sparsity}')
     assert float(jaxprune.get_thresholds(states[1])['w1:1']) == threshold
     assert kept[0][0].all()  # step 0 is no mask update (frequency 1 counts from step 0)
@@ -161,7 +161,7 @@ def test_scores_are_the_l2_norm_of_the_whole_group():
                                           sparsities=sparsity)
     by_label = _by_label(rule, kept[1])
     for label, score in (('conv1/kernel:3', conv1), ('conv2/kernel:3', conv2)):
-      _, mask = core_refs.threshold_and_mask(score.astype(F32), sparsity, 256, 'exact')
+      _, mask = references.threshold_and_mask(score.astype(F32), sparsity, 256, 'exact')
       np.testing.assert_array_equal(by_label[label], mask, err_msg=f'{label} {sparsity}')
     # Every slice of a removed conv1 channel is zero: filter, bias, BN entries, conv2 rows.
     gone = ~by_label['conv1/kernel:3']

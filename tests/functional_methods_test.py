@@ -80,7 +80,7 @@ def test_nan_scores_rank_as_largest():
   np.testing.assert_array_equal(methods.prune_lowest(scores, 2), [0, 1, 0, 1])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     values=st.lists(st.integers(-4, 4), min_size=1, max_size=24),
     alive_bits=st.lists(st.booleans(), min_size=24, max_size=24),

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pruning_helpers as helpers
 import pytest
 import readme_blocks
 
@@ -269,3 +270,81 @@ def test_readme_hparams_example_runs_without_warnings():
   assert frozen is hparams_lib.freeze(namespace['hp'])  # frozen once, by parse_hparams
   assert frozen.sparsity_entries == (('conv1', 0.8), ('dense/kernel', 0.95))
   assert frozen.block_entries == (('dense1', (4, 4)),)
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('sparsity_function_exponent', float('nan'), 'finite'),
+    ('sparsity_function_exponent', -3.0, 'must be > 0'),
+    ('sparsity_function_exponent', 0.0, 'must be > 0'),
+    ('begin_pruning_step', 3_000_000_000, 'int32'),
+    ('sparsity_function_end_step', 2 ** 31, 'int32'),
+    ('nbins', 2 ** 31, 'int32'),
+    ('nbins', 2 ** 24 + 1, r'\[2, 2\*\*24\]'),
+    ('block_height', 3_000_000_000, 'int32'),
+    ('pruning_frequency', True, 'must be an integer'),
+    ('nbins', None, 'must be an integer'),
+    ('target_sparsity', None, 'must be a number'),
+    ('threshold_method', None, 'must be a string'),
+    ('weight_sparsity_map', None, 'list'),
+    ('global_pruning', 1, 'True or False'),
+])
+def test_field_types_and_int32_limits(field, value, message):
+  hparams = jaxprune.get_pruning_hparams().to_dict()  # a plain dict: no type checks of its own
+  hparams[field] = value
+  with pytest.raises(ValueError, match=f'{field}=.*{message}'):
+    jaxprune.pruning(hparams)
+
+
+def test_none_in_a_config_dict_names_the_field():
+  hparams = jaxprune.get_pruning_hparams()
+  hparams.nbins = None  # ConfigDict accepts None in any field
+  with pytest.raises(ValueError, match='nbins=None: must be an integer'):
+    jaxprune.pruning(hparams)
+
+
+def test_block_map_beyond_int32_is_rejected():
+  with pytest.raises(ValueError, match='block_dims_map entry.*2\\*\\*31'):
+    jaxprune.parse_hparams('block_dims_map=[kernel:3000000000x1]')
+
+
+def test_a_name_given_twice_is_an_error():
+  with pytest.raises(ValueError, match='target_sparsity is assigned twice'):
+    jaxprune.parse_hparams('target_sparsity=0.5,target_sparsity=0.9')
+
+
+def test_misspelled_field_is_refused_with_the_right_name():
+  hparams = jaxprune.get_pruning_hparams()
+  with pytest.raises(AttributeError, match='target_sparsity'):
+    hparams.target_sparisty = 0.95
+  unlocked = ml_collections.ConfigDict({'target_sparisty': 0.95})
+  with pytest.raises(ValueError, match="'target_sparisty': did you mean 'target_sparsity'"):
+    jaxprune.pruning(unlocked)
+
+
+def test_a_partial_config_takes_the_other_defaults():
+  frozen = hparams_lib.freeze(ml_collections.ConfigDict({'target_sparsity': 0.8}))
+  assert (frozen.target_sparsity, frozen.nbins, frozen.threshold_method) == (0.8, 256,
+                                                                             'histogram')
+
+
+def test_tfmot_m_by_n_is_translated_not_misread():
+  with pytest.raises(ValueError, match="m ZEROS in every n.*nm_sparsity='<n-m>:<n>'"):
+    jaxprune.parse_hparams('sparsity_m_by_n=1:4')
+  # nm_sparsity keeps N of every M: 1:4 is 75% sparse, 3:4 is tfmot's (1, 4).
+  w = jnp.asarray(np.arange(1, 33, dtype=np.float32).reshape(8, 4))
+  for text, kept in (('1:4', 8), ('3:4', 24)):
+    tx = jaxprune.pruning(helpers.hparams(nm_sparsity=text, **helpers.ONE_SHOT))
+    state = helpers.run_updates(tx, {'d': {'kernel': w}}, 2)
+    assert int(state.masks['d']['kernel'].sum()) == kept
+
+
+def test_window_that_can_never_update_is_an_error():
+  with pytest.raises(ValueError, match=r'end_pruning_step=5: comes before the first mask update'
+                                       r', at step .* = 10'):
+    jaxprune.parse_hparams('pruning_frequency=10,end_pruning_step=5')
+
+
+def test_stopping_before_the_schedule_ends_warns():
+  with pytest.warns(UserWarning, match='end_pruning_step=50 stops mask updates before '
+                                       'sparsity_function_end_step=100'):
+    jaxprune.parse_hparams('end_pruning_step=50')

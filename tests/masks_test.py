@@ -39,3 +39,21 @@ def test_non_finite_weights_are_counted_and_keep_their_masks(rule):
   assert int(after.nonfinite_skips) == len(BAD)
   for name in BAD:
     np.testing.assert_array_equal(after.masks[name]['kernel'], before[name])
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(block_pooling_function='MIN'), 'block_pooling_function'),
+    (dict(threshold_method='sort'), 'threshold_method'),
+    (dict(nbins=1), 'nbins'),
+    (dict(threshold_decay=1.0), 'threshold_decay'),
+    (dict(block_dims=(0, 2)), 'block_dims'),
+])
+def test_update_mask_checks_its_arguments(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    jaxprune.update_mask(jnp.ones((4, 4)), 0.0, 0.5, **kwargs)
+
+
+@pytest.mark.parametrize('sparsity', [1.5, -0.2, 1.0, float('nan')])
+def test_update_mask_checks_a_concrete_sparsity(sparsity):
+  with pytest.raises(ValueError, match='sparsity'):
+    jaxprune.update_mask(jnp.ones((4, 4)), 0.0, sparsity)

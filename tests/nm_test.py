@@ -5,8 +5,10 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pruning_helpers as helpers
 import pytest
 
+import jaxprune
 from jaxprune import _nm as nm
 
 
@@ -107,3 +109,17 @@ def test_parse_nm(text, expected):
 def test_parse_nm_rejects(text, match):
   with pytest.raises(ValueError, match=match):
     nm.parse_nm(text)
+
+
+def test_nm_leaf_with_nan_is_counted_and_keeps_its_mask():
+  w = np.arange(1, 33, dtype=np.float32).reshape(8, 4)
+  params = {'d': {'kernel': jnp.asarray(w)}}
+  tx = jaxprune.pruning(helpers.hparams(nm_sparsity='2:4', pruning_frequency=1))
+  state = helpers.run_updates(tx, params, 2)
+  before = np.asarray(state.masks['d']['kernel'])
+  w[0, 0] = np.nan
+  params = {'d': {'kernel': jnp.asarray(w)}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  _, state = jax.jit(tx.update)(zeros, state, params)
+  assert int(state.nonfinite_skips) == 1
+  np.testing.assert_array_equal(state.masks['d']['kernel'], before)

@@ -5,6 +5,8 @@ import warnings
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pruning_helpers as helpers
 import pytest
 import tiny_models
 
@@ -81,3 +83,35 @@ def test_per_leaf_values_come_from_the_one_matching_entry():
   overlapping = jaxprune.parse_hparams('weight_sparsity_map=[Dense:0.8,kernel:0.9]')
   with pytest.raises(ValueError, match="leaf 'Dense_0/kernel' matches several entries"):
     specs.leaf_specs(tiny_models.mlp_params(), overlapping)
+
+
+def test_unmatched_map_entry_warns_with_unpruned_leaves_present():
+  params = {'Dense_0': {'kernel': jnp.ones((4, 4)), 'bias': jnp.ones(4)}}
+  hparams = helpers.hparams(weight_sparsity_map=['no_such:0.5'], block_dims_map=['nothing:2x2'])
+  with pytest.warns(UserWarning) as record:
+    jaxprune.pruning(hparams).init(params)
+  message = str(record[0].message)
+  assert "weight_sparsity_map entry 'no_such'" in message
+  assert "block_dims_map entry 'nothing'" in message
+  assert "['Dense_0/kernel']" in message
+
+
+def test_blocks_on_a_conv_kernel_warn_naming_the_leaf():
+  params = {'Conv_0': {'kernel': jnp.ones((3, 3, 4, 8))}, 'Dense_0': {'kernel': jnp.ones((8, 4))}}
+  with pytest.warns(UserWarning, match=r"elementwise masks: \['Conv_0/kernel \(3, 3, 4, 8\)'\]"):
+    jaxprune.pruning(helpers.hparams(block_height=2, block_width=2)).init(params)
+
+
+def test_zero_size_leaf_is_not_pruned():
+  params = {'empty': {'kernel': jnp.ones((0, 5))}, 'd': {'kernel': jnp.arange(16.0).reshape(4, 4)}}
+  tx = jaxprune.pruning(helpers.hparams(threshold_method='exact', **helpers.ONE_SHOT))
+  state = helpers.run_updates(tx, params, 2)
+  assert state.masks['empty']['kernel'] is None
+  assert int(state.masks['d']['kernel'].sum()) == 8
+
+
+@pytest.mark.parametrize('dtype', [jnp.bool_, jnp.int32, jnp.complex64])
+def test_non_real_float_leaf_names_the_leaf(dtype):
+  params = {'odd': {'kernel': jnp.ones((4, 4), dtype)}}
+  with pytest.raises(ValueError, match=f"leaf 'odd/kernel' has dtype {np.dtype(dtype)}"):
+    jaxprune.pruning(helpers.hparams()).init(params)

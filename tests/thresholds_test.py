@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import references
 
 import jaxprune
 from jaxprune import _thresholds as thresholds
@@ -49,3 +50,36 @@ def test_histogram_answer_in_the_last_bin():
   assert int(mask.sum()) == 25
   cdf = jax.jit(lambda w: thresholds.histogram_cdf(w, 100.0, 4))(LINSPACE)
   np.testing.assert_array_equal(np.asarray(cdf), np.float32([0.24, 0.49, 0.74, 1.0]))
+
+
+def test_exact_rule_on_a_large_tensor_uses_the_full_count():
+  # Large enough for the search to start from an estimate made on every 16th row;
+  # those rows are 10x larger here, so the estimate is far off and only the full
+  # count can find the answer.
+  rng = np.random.default_rng(3)
+  w = rng.standard_normal((1024, 1024)).astype(np.float32)
+  w[::16] *= 10
+  threshold, mask = jax.jit(lambda w: jaxprune.update_mask(
+      w, 0.0, 0.5, threshold_method='exact'))(w)
+  assert threshold == references.exact_rule(np.abs(w), 0.5)
+  assert int(mask.sum()) == 524_288
+
+
+@pytest.mark.parametrize('size, kept', [(13, 6), (11, 6), (3, 2)])
+def test_keep_count_rounds_half_to_even(size, kept):
+  # tfmot's tf.round: 13 * 0.5 = 6.5 -> 6, 11 * 0.5 = 5.5 -> 6, 3 * 0.5 = 1.5 -> 2.
+  w = jnp.asarray(np.arange(1, size + 1, dtype=np.float32).reshape(1, size))
+  _, mask = jaxprune.update_mask(w, 0.0, 0.5, threshold_method='exact')
+  assert int(mask.sum()) == kept
+
+
+@pytest.mark.parametrize('kept, expected', [(3, np.float32(2e-35)), (4, np.float32(1e-35)),
+                                            (6, np.float32(0.0))])
+def test_exact_answer_far_below_the_maximum(kept, expected):
+  # The k-th largest magnitude is below 2**-100 of the largest: counted by the
+  # search's comparison path, it must still be the element itself.
+  w = np.array([[1.0, -3e-35, 2e-35, -1e-35, 0.0, 0.0, 0.0, 0.0]], np.float32)
+  sparsity = 1.0 - kept / 8
+  threshold, mask = jaxprune.update_mask(jnp.asarray(w), 0.0, sparsity, threshold_method='exact')
+  assert threshold == expected
+  np.testing.assert_array_equal(mask, np.abs(w) >= expected)

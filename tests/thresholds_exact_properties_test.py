@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import core_refs
-import core_strategies as cs
 import jax
 import numpy as np
 import pytest
+import references
+import strategies as cs
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import jaxprune
 
 F32 = np.float32
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True)
+SETTINGS = settings(max_examples=30)
 SHAPES = [(1,), (17,), (6, 10)]
 
 
@@ -26,7 +26,7 @@ def test_equals_sort(shape, data):
   sparsity = data.draw(cs.sparsities(weights.size))
   threshold, mask = cs.run_update_mask(weights, sparsity, method='exact')
   magnitudes = np.abs(weights)
-  kept = core_refs.keep_count(weights.size, sparsity)
+  kept = references.keep_count(weights.size, sparsity)
   expected_threshold = np.sort(magnitudes.ravel())[::-1][kept - 1]
   np.testing.assert_array_equal(mask, magnitudes >= expected_threshold)
   assert threshold == expected_threshold
@@ -47,7 +47,7 @@ def test_sparsity_on_tie_free_data(shape, data):
   assert 1.0 - mask.sum() / total == 1.0 - kept / total
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=30)
 @given(data=st.data())
 def test_decay_blends_thresholds(data):
   weights = data.draw(cs.weights((6, 10), families=cs.TIE_FREE))
@@ -55,7 +55,7 @@ def test_decay_blends_thresholds(data):
   old = F32(data.draw(st.floats(0.0, 10.0, width=32)))
   threshold, mask = cs.run_update_mask(weights, sparsity, method='exact', decay=0.5,
                                        threshold=old)
-  current, _ = core_refs.threshold_and_mask(np.abs(weights), sparsity, 256, 'exact')
+  current, _ = references.threshold_and_mask(np.abs(weights), sparsity, 256, 'exact')
   expected = current * F32(0.5) + old * F32(0.5)
   np.testing.assert_allclose(threshold, expected, rtol=1e-6, atol=1e-30)
   np.testing.assert_array_equal(mask, np.abs(weights) >= threshold)

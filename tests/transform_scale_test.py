@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-import core_refs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import references
 
 import jaxprune
 
@@ -146,7 +146,7 @@ def test_params_source_thresholds_the_weights_the_step_starts_from():
   step = jax.jit(tx.update)
   _, state = step(grads, state, params)  # step 0: no update
   updates, state = step(grads, state, params)
-  threshold, mask = core_refs.threshold_and_mask(np.abs(w), 0.5, 100, 'histogram')
+  threshold, mask = references.threshold_and_mask(np.abs(w), 0.5, 100, 'histogram')
   assert np.asarray(state.thresholds['layer']['kernel']) == threshold
   np.testing.assert_array_equal(state.masks['layer']['kernel'], mask)
   new = np.asarray(optax.apply_updates(params, updates)['layer']['kernel'])

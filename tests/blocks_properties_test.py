@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-import core_refs
-import core_strategies as cs
 import numpy as np
 import pytest
+import references
+import strategies as cs
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +35,7 @@ def _assert_constant_on_blocks(mask, block_dims):
 
 
 @pytest.mark.parametrize('shape,block_dims,pooling,method,nbins', CONFIGS)
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=25)
 @given(data=st.data())
 def test_block_mask_equals_reference(shape, block_dims, pooling, method, nbins, data):
   # Dyadic data keep every block sum exact in float32, so AVG has one rounding.
@@ -44,7 +44,7 @@ def test_block_mask_equals_reference(shape, block_dims, pooling, method, nbins, 
   sparsity = data.draw(cs.sparsities(weights.size, nbins))
   threshold, mask = cs.run_update_mask(weights, sparsity, nbins=nbins, method=method,
                                        block_dims=block_dims, pooling=pooling)
-  expected_threshold, expected_mask = core_refs.block_mask(
+  expected_threshold, expected_mask = references.block_mask(
       weights, sparsity, block_dims, pooling, nbins, method)
   _assert_constant_on_blocks(mask, block_dims)
   np.testing.assert_array_equal(mask, expected_mask)
@@ -52,7 +52,7 @@ def test_block_mask_equals_reference(shape, block_dims, pooling, method, nbins, 
 
 
 @pytest.mark.parametrize('shape', [(4, 3, 5), (7,)])
-@settings(max_examples=15, deadline=None, derandomize=True)
+@settings(max_examples=15)
 @given(data=st.data())
 def test_not_two_dimensional_uses_elementwise_rule(shape, data):
   # squeeze(w) is not 2-D: the block dims are ignored (SPEC section 5).
@@ -60,7 +60,7 @@ def test_not_two_dimensional_uses_elementwise_rule(shape, data):
   assume(np.abs(weights).max() > 0)
   sparsity = data.draw(cs.sparsities(weights.size))
   threshold, mask = cs.run_update_mask(weights, sparsity, block_dims=(2, 2))
-  expected_threshold, expected_mask = core_refs.threshold_and_mask(
+  expected_threshold, expected_mask = references.threshold_and_mask(
       np.abs(weights), sparsity, 256, 'histogram')
   assert threshold == expected_threshold
   np.testing.assert_array_equal(mask, expected_mask)
@@ -70,7 +70,7 @@ def test_avg_pooling_counts_only_elements_inside():
   # SPEC's example: [[1,2,3],[4,5,6],[7,8,9]] with 2x2 blocks pools to [[3, 4.5], [7.5, 9]].
   # With s = 0.5 of 4 blocks, exact keeps k = 2 blocks: 7.5 and 9 (the bottom row).
   weights = np.arange(1, 10, dtype=F32).reshape(3, 3)
-  np.testing.assert_array_equal(core_refs.pool(weights, 2, 2, 'AVG'), [[3, 4.5], [7.5, 9]])
+  np.testing.assert_array_equal(references.pool(weights, 2, 2, 'AVG'), [[3, 4.5], [7.5, 9]])
   threshold, mask = cs.run_update_mask(weights, F32(0.5), method='exact', block_dims=(2, 2))
   assert threshold == F32(7.5)
   np.testing.assert_array_equal(mask, [[0, 0, 0], [0, 0, 0], [1, 1, 1]])

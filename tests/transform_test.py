@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import core_refs
+import warnings
+
 import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pruning_helpers as helpers
 import pytest
+import references
 
 import jaxprune
+from jaxprune import _hparams as hparams_lib
 
 F32 = np.float32
 
@@ -149,7 +153,7 @@ def test_transform_follows_numpy_simulation(begin, frequency, end):
     new = weights + np.asarray(grads['layer']['kernel'])
     sparsity = F32(min(F32(0.06) * F32(t), F32(0.9)))
     if updated:
-      threshold, mask = core_refs.threshold_and_mask(np.abs(new), sparsity, 100, 'histogram')
+      threshold, mask = references.threshold_and_mask(np.abs(new), sparsity, 100, 'histogram')
     weights = np.where(mask, new, F32(0.0))
     assert int(state.last_update_step) == last, t
     assert int(state.step) == t + 1
@@ -184,3 +188,43 @@ def test_polynomial_schedule_and_per_leaf_targets():
       kept = max(round(kernel.size * (1 - sparsity)), 1)
       mask = np.asarray(state.masks[name.split('/')[0]]['kernel'])
       assert mask.sum() == kept, (t, name)
+
+
+def test_params_unlike_init_name_the_leaf():
+  tx = jaxprune.pruning(helpers.hparams())
+  state = tx.init({'a': {'kernel': jnp.ones((4, 4))}})
+  other_shape = {'a': {'kernel': jnp.ones((4, 5))}}
+  with pytest.raises(ValueError, match="params leaf 'a/kernel' has shape \\(4, 5\\)"):
+    tx.update(other_shape, state, other_shape)
+  other_tree = {'b': {'kernel': jnp.ones((4, 4))}}
+  with pytest.raises(ValueError, match='params tree has another structure'):
+    tx.update({'a': {'kernel': jnp.ones((4, 4))}}, state, other_tree)
+
+
+def test_step_saturates_instead_of_wrapping():
+  hparams = helpers.hparams(pruning_frequency=2, target_sparsity=0.5,
+                            sparsity_function_end_step=2)
+  params = {'d': {'kernel': jnp.asarray(np.arange(1, 17, dtype=F32).reshape(4, 4))}}
+  tx = jaxprune.pruning(hparams)
+  top = hparams_lib.INT32_MAX
+  state = tx.init(params)._replace(step=jnp.int32(top - 3), last_update_step=jnp.int32(top - 5))
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  update = jax.jit(tx.update)
+  last = []
+  for _ in range(5):
+    _, state = update(zeros, state, params)
+    last.append(int(state.last_update_step))
+  # Updates at top - 3 and top - 1; the step then stays at top, where one more update
+  # happens two steps after the last, and nothing after that.
+  assert int(state.step) == top
+  assert last == [top - 3, top - 3, top - 1, top - 1, top - 1]
+  assert int(state.masks['d']['kernel'].sum()) == 8
+
+
+def test_chain_with_sgd_still_runs_without_warnings():
+  params = {'d': {'kernel': jnp.ones((4, 4))}}
+  tx = optax.chain(optax.sgd(0.1), jaxprune.pruning(helpers.hparams()))
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    state = tx.init(params)
+    tx.update(params, state, params)

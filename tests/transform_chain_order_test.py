@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from tiny_models import mlp_params
 
 import jaxprune
-from tests.tiny_models import mlp_params
 
 FIX = r'Put pruning last: optax\.chain\(optax\.adam\(lr\), jaxprune\.pruning\(hp\)\)'
 

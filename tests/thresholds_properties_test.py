@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import core_refs
-import core_strategies as cs
 import numpy as np
 import pytest
+import references
+import strategies as cs
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 F32 = np.float32
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True)
+SETTINGS = settings(max_examples=30)
 
 # (shape, nbins): each pair is one jit compile; the data and sparsity vary freely.
 # The two large shapes hold >= 4096 elements in every 16th row, so the search
@@ -27,7 +27,7 @@ def test_equals_reference(shape, nbins, data):
   assume(np.abs(weights).max() > 0)
   sparsity = data.draw(cs.sparsities(weights.size, nbins))
   threshold, mask = cs.run_update_mask(weights, sparsity, nbins=nbins)
-  expected_threshold, expected_mask = core_refs.threshold_and_mask(
+  expected_threshold, expected_mask = references.threshold_and_mask(
       np.abs(weights), sparsity, nbins, 'histogram')
   assert threshold == expected_threshold
   np.testing.assert_array_equal(mask, expected_mask)
@@ -43,7 +43,7 @@ def test_sparsity_within_one_bin(shape, nbins, data):
   weights = data.draw(cs.weights(shape, families=('normal',), nbins=nbins))
   sparsity = data.draw(cs.sparsities(weights.size, nbins))
   _, mask = cs.run_update_mask(weights, sparsity, nbins=nbins)
-  _, first, bins = core_refs.histogram_rule(np.abs(weights), sparsity, nbins)
+  _, first, bins = references.histogram_rule(np.abs(weights), sparsity, nbins)
   share = np.mean(bins == first)
   achieved = 1.0 - mask.mean()
   tolerance = 1e-6  # the CDF is compared in float32
@@ -51,7 +51,7 @@ def test_sparsity_within_one_bin(shape, nbins, data):
   assert achieved >= sparsity - share - tolerance
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=30)
 @given(data=st.data())
 def test_decay_blends_thresholds(data):
   # thr = cur * (1 - decay) + old * decay, and the mask is a > thr.
@@ -60,7 +60,7 @@ def test_decay_blends_thresholds(data):
   sparsity = data.draw(cs.sparsities(weights.size, 100))
   old = F32(data.draw(st.floats(0.0, 10.0, width=32)))
   threshold, mask = cs.run_update_mask(weights, sparsity, nbins=100, decay=0.9, threshold=old)
-  current, _ = core_refs.threshold_and_mask(np.abs(weights), sparsity, 100, 'histogram')
+  current, _ = references.threshold_and_mask(np.abs(weights), sparsity, 100, 'histogram')
   expected = current * F32(0.1) + old * F32(0.9)
   np.testing.assert_allclose(threshold, expected, rtol=1e-6, atol=1e-30)
   np.testing.assert_array_equal(mask, np.abs(weights) > threshold)

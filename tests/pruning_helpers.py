@@ -1,0 +1,27 @@
+"""Helpers the core's test files share: hparams with overrides, and steps of a transform."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+import jaxprune
+
+# The masks reach their target at the first update (step 1).
+ONE_SHOT = dict(pruning_frequency=1, sparsity_function_end_step=1)
+
+
+def hparams(**overrides) -> ml_collections.ConfigDict:
+  """`get_pruning_hparams()` with `overrides`."""
+  hp = jaxprune.get_pruning_hparams()
+  hp.update(overrides)
+  return hp
+
+
+def run_updates(tx, params, steps):
+  """The transform's state after `steps` jitted updates with zero gradients."""
+  state = tx.init(params)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  update = jax.jit(tx.update)
+  for _ in range(steps):
+    _, state = update(zeros, state, params)
+  return state
