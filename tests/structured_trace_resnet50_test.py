@@ -1,29 +1,17 @@
-"""ResNet-50 (the benchmark's model): groups and FLOPs against published counts."""
-
-import importlib.util
-import pathlib
-import sys
+"""ResNet-50 (tests/resnet50.py, also timed by benchmarks/trace.py): groups and FLOPs against
+published counts."""
 
 import jax
 import jax.numpy as jnp
 import pytest
+from resnet50 import ResNet50
 
 import jaxprune.structured as structured
-
-_BENCHMARK = pathlib.Path(__file__).parent.parent / 'benchmarks' / 'trace.py'
-
-
-def _benchmark_module():
-  spec = importlib.util.spec_from_file_location('trace_benchmark', _BENCHMARK)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclass fields of Flax modules look it up
-  spec.loader.exec_module(module)
-  return module
 
 
 @pytest.mark.slow
 def test_resnet50_groups_and_flops():
-  model = _benchmark_module().ResNet50()
+  model = ResNet50()
   x = jnp.zeros((1, 224, 224, 3))
   variables = jax.eval_shape(model.init, jax.random.key(0), x)  # shapes are enough
   graph = structured.trace(model.apply, variables, x)
