@@ -1,4 +1,5 @@
-"""The main job's inputs that only fail once the model exists: each is a one-line ConfigError."""
+"""`loop.train` on inputs that only fail once the model exists (one-line ConfigErrors), and
+on workdirs whose files were changed by hand."""
 
 import json
 import os
