@@ -259,9 +259,11 @@ class _Engine:
 
     def recompute(operands):
       operands, pruned_params = operands
+      moved = ((state.step > 0) & _any_moved(old_masks, pruned_params)).astype(jnp.int32)
+      # The check first: its temporaries are gone before the search's stored weights.
+      operands = _ordered_after(operands, moved)
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
-      moved = (state.step > 0) & _any_moved(old_masks, pruned_params)
-      return masks, thresholds, skips, moved.astype(jnp.int32)
+      return masks, thresholds, skips, moved
 
     def keep(_):
       return old_masks, old_thresholds, jnp.int32(0), jnp.int32(0)
