@@ -2,12 +2,12 @@
 
 import warnings
 
+import docs_blocks
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-import readme_blocks
 
 import jaxprune
 from jaxprune import hparams as hparams_lib
@@ -167,7 +167,8 @@ def test_pruning_accepts_a_string():
   update = jax.jit(tx.update)
   for _ in range(2):
     _, state = update(zeros, state, params)
-  # SPEC reference: linspace(1, 100, 100) at s = 0.9 keeps 11 weights (threshold 89.84375).
+  # docs/explanation/semantics.md#reference-numbers: linspace(1, 100, 100) at s = 0.9 keeps 11
+  # weights (threshold 89.84375).
   assert int(state.masks['d']['kernel'].sum()) == 11
   assert hparams_lib.freeze('nbins=64').nbins == 64
 
@@ -261,8 +262,8 @@ def test_few_bins_prune_nothing_on_normal_weights():
   assert bool(mask.all())
 
 
-def test_readme_hparams_example_runs_without_warnings():
-  block, = readme_blocks.python_blocks("Hyperparameters keep TF's names")
+def test_docs_hparams_example_runs_without_warnings():
+  block, = docs_blocks.code_cells('guides/gradual.md', start="Hyperparameters keep TF's names")
   namespace = {'jaxprune': jaxprune}
   assert _warnings_of(lambda: exec(block, namespace)) == []  # noqa: S102
   frozen = hparams_lib.freeze(namespace['hp'])
