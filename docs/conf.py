@@ -9,6 +9,7 @@ package, so a public name without a page cannot exist.
 
 import importlib
 import os
+import re
 import sys
 
 from sphinx.util import logging
@@ -51,6 +52,9 @@ autodoc_typehints = 'signature'
 autoclass_content = 'class'
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+napoleon_use_ivar = True          # NamedTuple fields once, as fields of their class
+# The docstrings are written with markdown habits (`name` is code, |w| a magnitude,
+# *args a star): `_rst_safe` below turns them into reST before napoleon reads them.
 intersphinx_mapping = {
     'python': ('https://docs.python.org/3', None),
 }
@@ -101,6 +105,37 @@ def _write_api_pages() -> None:
 _write_api_pages()
 
 
+_BARS = re.compile(r'(?<![\\|])\|(?![|])')      # |w| is a magnitude, not a substitution
+_STAR = re.compile(r'(?<![*\\])\*(?![*\s])')     # *args is not emphasis
+
+
+def _rst_safe(text: str) -> str:
+  """A markdown-style docstring as reST: `code` becomes ``code``, |w| and *args escaped.
+
+  Runs before napoleon, so that its parsing of `name: description` never splits a
+  code span that holds a colon. Doctest examples (from the first `>>>` on) stay as
+  written.
+  """
+  head, sep, examples = text.partition('>>>')
+  if '``' in head:
+    return text          # already reST
+  parts = head.split('`')
+  if len(parts) % 2 == 0:
+    return text          # an unpaired backtick: leave it to the warning
+  for i in range(0, len(parts), 2):
+    parts[i] = _STAR.sub(r'\\*', _BARS.sub(r'\\|', parts[i]))
+  for i in range(1, len(parts), 2):
+    after = parts[i + 1][:1]
+    parts[i] = f'``{parts[i]}``' + ('\\ ' if after.isalnum() else '')  # ``Struct``\ s
+  head = ''.join(parts)
+  return head + sep + examples
+
+
+def _markdown_to_rst(app, what, name, obj, options, lines):
+  text = _rst_safe('\n'.join(lines))
+  lines[:] = text.split('\n')
+
+
 def _check_docstrings(app, what, name, obj, options, lines):
   """A public name without a docstring is a warning, so `-W` fails the build."""
   public = name.rsplit('.', 1)
@@ -110,4 +145,5 @@ def _check_docstrings(app, what, name, obj, options, lines):
 
 
 def setup(app):
+  app.connect('autodoc-process-docstring', _markdown_to_rst, priority=100)  # before napoleon
   app.connect('autodoc-process-docstring', _check_docstrings)
