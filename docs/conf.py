@@ -69,7 +69,8 @@ html_theme_options = {
     'navigation_with_keys': False,
     'home_page_in_toc': True,
 }
-html_static_path = []
+html_static_path = ['_static']
+html_css_files = ['custom.css']
 
 # The API pages: one per public package, listing every name in its `__all__`.
 PACKAGES = {
