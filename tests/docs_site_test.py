@@ -146,3 +146,13 @@ def test_docs_references_in_the_code_point_at_anchors_that_exist():
     if not os.path.exists(path) or (anchor and anchor not in _ids(path)):
       missing.append(f'docs/{page}.md#{anchor}')
   assert missing == []
+
+
+@needs_site
+def test_search_finds_the_semantics_page():
+  """The search page, run by the browser's JavaScript over the built search index."""
+  result = subprocess.run(
+      [_chromium(), '--headless', '--no-sandbox', '--disable-gpu', '--virtual-time-budget=10000',
+       '--dump-dom', 'file://' + os.path.join(SITE, 'search.html') + '?q=histogram+threshold'],
+      capture_output=True, text=True, timeout=120, check=True)
+  assert 'explanation/semantics.html#histogram-thresholds' in result.stdout
