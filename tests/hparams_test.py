@@ -132,7 +132,8 @@ def _warnings_of(make):
 
 
 def test_parse_then_pruning_checks_and_warns_once():
-  # The README's path: before, parse_hparams and pruning each validated and warned.
+  # The documented path (docs/guides/gradual.md): before, parse_hparams and pruning each
+  # validated and warned.
   def make():
     hp = jaxprune.parse_hparams('end_pruning_step=50')
     jaxprune.pruning(hp)
