@@ -1,6 +1,6 @@
 """jaxprune: gradual magnitude pruning and structured channel pruning for JAX.
 
-The public API (see README.md):
+The public API (docs/api/index.md lists every name):
   * the core engine (TF model_pruning semantics): get_pruning_hparams, parse_hparams,
     sparsity_at, update_mask, pruning, PruningState and the accessors;
   * N:M masks, export (strip, BCOO, size report), sharding helpers;

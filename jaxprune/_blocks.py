@@ -1,4 +1,4 @@
-"""Block pooling and expansion for block-sparse masks (SPEC section 5).
+"""Block pooling and expansion for block-sparse masks (docs/explanation/semantics.md#blocks).
 
 Blocks start at index 0 of both dimensions and the last block of a dimension
 that is not a multiple of the block is partial. This keeps the pooled scores

@@ -87,6 +87,22 @@ def strip(params: PyTree, masks: Any) -> PyTree:
   Raises:
     ValueError: if the masks are not parallel to params or a mask's shape
       differs from its leaf's.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxprune
+    >>> params = {'Dense_0': {'kernel': jnp.array([[1., 2.], [3., 4.]])}}
+    >>> masks = {'Dense_0': {'kernel': jnp.array([[True, False], [False, True]])}}
+    >>> jaxprune.strip(params, masks)['Dense_0']['kernel']
+    Array([[1., 0.],
+           [0., 4.]], dtype=float32)
+
+  Example:
+    >>> import jax.numpy as jnp, jaxprune
+    >>> params = {'Dense_0': {'kernel': jnp.array([[1., 2.], [3., 4.]])}}
+    >>> masks = {'Dense_0': {'kernel': jnp.array([[True, False], [False, True]])}}
+    >>> jaxprune.strip(params, masks)['Dense_0']['kernel']
+    Array([[1., 0.],
+           [0., 4.]], dtype=float32)
   """
   return apply_masks(params, masks)
 

@@ -34,7 +34,8 @@ from jaxprune._numerics import INT32_MAX, MAX_NBINS, SMALLEST_NORMAL
 POOLING = ('AVG', 'MAX')
 THRESHOLD_METHODS = ('histogram', 'exact')
 MASK_SOURCES = ('updated', 'params')
-# Which leaves are pruned by default: Dense/Conv kernels and embeddings (SPEC section 6).
+# Which leaves are pruned by default: Dense/Conv kernels and embeddings
+# (docs/explanation/semantics.md#names-and-maps).
 DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
 _NO_ENTRIES = ('',)
 
@@ -123,12 +124,32 @@ _RENAMED = {
 
 
 def get_pruning_hparams() -> ml_collections.ConfigDict:
-  """Returns the default hyperparameters (SPEC section 1).
+  """Returns the default hyperparameters (docs/explanation/semantics.md#hyperparameters).
 
   Returns:
     A locked ConfigDict: field types are fixed by their defaults (an int field
     rejects `2.5`), and a misspelled field (`hp.target_sparisty = 0.9`) is an
     error that suggests the right name instead of a silently ignored new field.
+
+  Example:
+    >>> import jaxprune
+    >>> hp = jaxprune.get_pruning_hparams()
+    >>> hp.target_sparsity, hp.pruning_frequency, hp.threshold_method
+    (0.5, 10, 'histogram')
+    >>> hp.target_sparisty = 0.9
+    Traceback (most recent call last):
+    ...
+    AttributeError: ...
+
+  Example:
+    >>> import jaxprune
+    >>> hp = jaxprune.get_pruning_hparams()
+    >>> hp.target_sparsity, hp.pruning_frequency, hp.threshold_method
+    (0.5, 10, 'histogram')
+    >>> hp.target_sparisty = 0.9
+    Traceback (most recent call last):
+    ...
+    AttributeError: ...
   """
   config = ml_collections.ConfigDict(
       {k: list(v) if isinstance(v, tuple) else v for k, v in _DEFAULTS.items()})
@@ -159,6 +180,18 @@ def parse_hparams(text: str, base: ml_collections.ConfigDict | None = None
   Returns:
     A new, validated, locked ConfigDict. It is frozen here, so `pruning(...)`
     of it, unchanged, neither checks it again nor repeats a warning.
+
+  Example:
+    >>> import jaxprune
+    >>> hp = jaxprune.parse_hparams('target_sparsity=0.9,weight_sparsity_map=[conv1:0.8]')
+    >>> hp.target_sparsity, list(hp.weight_sparsity_map)
+    (0.9, ['conv1:0.8'])
+
+  Example:
+    >>> import jaxprune
+    >>> hp = jaxprune.parse_hparams('target_sparsity=0.9,weight_sparsity_map=[conv1:0.8]')
+    >>> hp.target_sparsity, list(hp.weight_sparsity_map)
+    (0.9, ['conv1:0.8'])
   """
   hparams = get_pruning_hparams()
   if base is not None:
@@ -220,7 +253,8 @@ def _check(condition: bool, field: str, value: Any, rule: str) -> None:
     raise ValueError(f'{field}={value!r}: {rule}.')
 
 
-# The rules of single fields (SPEC section 1, and the limits of int32 / float32
+# The rules of single fields (docs/explanation/semantics.md#hyperparameters, and the limits of int32
+# / float32
 # arithmetic); the rules between fields are in `_check_window`.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     'begin_pruning_step': ((lambda v: v >= 0), 'must be >= 0'),
@@ -377,8 +411,9 @@ def lowest_bin_share(nbins: int, max_in_stds: float) -> float:
 def _warn_about_bins(h: HParams) -> None:
   """Warns when the histogram rule prunes nothing at a target, for normal weights.
 
-  A histogram threshold is a multiple of max|w| / nbins (SPEC section 4): 0, so
-  nothing pruned, while the lowest bin holds the target share of the weights.
+  A histogram threshold is a multiple of max|w| / nbins
+  (docs/explanation/semantics.md#histogram-thresholds): 0, so nothing pruned, while the
+  lowest bin holds the target share of the weights.
   The largest of 10**4 normal weights is about 4 standard deviations, of 10**6
   about 5; with 5, nbins <= 7 prune nothing at 50%, nbins <= 3 nothing at 90%.
   """

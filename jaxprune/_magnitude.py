@@ -1,4 +1,6 @@
-"""The default mask rule: per-leaf magnitude thresholds and N:M patterns (SPEC sections 4-6).
+"""The default mask rule: per-leaf magnitude thresholds and N:M patterns.
+
+See docs/explanation/semantics.md#histogram-thresholds, #blocks and #names-and-maps.
 
 `MagnitudeRule` is what `jaxprune.pruning(hparams)` runs when no other
 `MaskRule` is given: each pruned leaf (chosen by `weight_name_regex` or a

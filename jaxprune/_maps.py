@@ -1,4 +1,6 @@
-"""The hyperparameters as text: TF's HParams string and the per-variable maps (SPEC section 1).
+"""The hyperparameters as text: TF's HParams string and the per-variable maps.
+
+See docs/explanation/semantics.md#hyperparameters.
 
 A string is comma-separated `name=value` pairs, list values in brackets. A
 map is a list of 'regex:value' entries: the value is the text after the LAST

@@ -1,4 +1,4 @@
-"""Leaf names: a pytree key path joined with '/' (SPEC section 6)."""
+"""Leaf names: a pytree key path joined with '/' (docs/explanation/semantics.md#names-and-maps)."""
 
 from __future__ import annotations
 

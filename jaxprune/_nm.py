@@ -99,6 +99,18 @@ def nm_mask(weights: jax.Array, n: int, m: int, axis: int = -2, *,
   Raises:
     ValueError: if `weights.shape[axis]` is not divisible by `m`, `axis` is out
       of range, or `n`, `m` are invalid.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxprune
+    >>> kernel = jnp.array([[0.1], [-0.9], [0.5], [0.2]])  # (in, out): groups run along `in`
+    >>> jaxprune.nm_mask(kernel, 2, 4).ravel()
+    Array([False,  True,  True, False], dtype=bool)
+
+  Example:
+    >>> import jax.numpy as jnp, jaxprune
+    >>> kernel = jnp.array([[0.1], [-0.9], [0.5], [0.2]])  # (in, out): groups run along `in`
+    >>> jaxprune.nm_mask(kernel, 2, 4).ravel()
+    Array([False,  True,  True, False], dtype=bool)
   """
   magnitudes = jnp.abs(weights)
   if jnp.issubdtype(magnitudes.dtype, jnp.inexact):

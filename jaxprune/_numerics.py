@@ -1,9 +1,10 @@
 """Exact float32 building blocks for thresholds, and the limits of the engine's arithmetic.
 
-SPEC section 4 defines thresholds on correctly rounded float32 quotients, but
-XLA's float32 division is not guaranteed to be correctly rounded, and values on
-a bin edge decide the result. These helpers give exact answers at scalar or
-small-vector cost; `thresholds` builds its exact searches on them.
+docs/explanation/semantics.md#float32-numerics defines thresholds on correctly
+rounded float32 quotients, but XLA's float32 division is not guaranteed to be
+correctly rounded, and values on a bin edge decide the result. These helpers
+give exact answers at scalar or small-vector cost; `thresholds` builds its
+exact searches on them.
 
 The limits below are where the hyperparameters' checks come from: steps and
 sizes are int32 arrays inside jit, and counts, bin indices and the schedule

@@ -1,4 +1,6 @@
-"""The polynomial sparsity schedule and the mask-update gating (SPEC sections 2 and 3).
+"""The polynomial sparsity schedule and the mask-update gating.
+
+See docs/explanation/semantics.md#schedule and #gating.
 
 Zhu & Gupta 2017, "To prune, or not to prune", arXiv:1710.01878. The gating
 rule is defined here once: `should_update` is the rule, applied inside jit;
@@ -44,7 +46,16 @@ def polynomial_sparsity(step: ArrayLike, *, initial: float, target: ArrayLike, b
 
 def sparsity_at(hparams: ml_collections.ConfigDict | HParams, step: ArrayLike,
                 target: ArrayLike | None = None) -> Array:
-  """The sparsity of SPEC section 2 at `step`; `target` overrides `target_sparsity`."""
+  """The sparsity of the schedule at `step`; `target` overrides `target_sparsity`.
+
+  See docs/explanation/semantics.md#schedule.
+
+  Example:
+    >>> import jaxprune
+    >>> hp = jaxprune.get_pruning_hparams()  # 0 -> 0.5 over steps 0..100, cubic
+    >>> [round(float(jaxprune.sparsity_at(hp, t)), 4) for t in (0, 50, 100, 200)]
+    [0.0, 0.4375, 0.5, 0.5]
+  """
   return polynomial_sparsity(
       step,
       initial=hparams.initial_sparsity,
@@ -56,7 +67,7 @@ def sparsity_at(hparams: ml_collections.ConfigDict | HParams, step: ArrayLike,
 
 def should_update(hparams: ml_collections.ConfigDict | HParams, step: ArrayLike,
                   last_update_step: ArrayLike) -> Array:
-  """Whether masks are recomputed at `step` (SPEC section 3); a bool scalar.
+  """Whether masks are recomputed at `step` (docs/explanation/semantics.md#gating); a bool scalar.
 
   Masks change at step t when t >= begin_pruning_step, t <= end_pruning_step
   (unless -1) and t - last_update_step >= pruning_frequency. As in TF, updates

@@ -1,4 +1,7 @@
-"""Which leaves are pruned, and each one's target and block shape (SPEC section 6)."""
+"""Which leaves are pruned, and each one's target and block shape.
+
+See docs/explanation/semantics.md#names-and-maps.
+"""
 
 from __future__ import annotations
 

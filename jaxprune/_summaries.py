@@ -1,4 +1,6 @@
-"""TF's accessors: masks, thresholds, sparsities and a flat summary dict (SPEC section 8).
+"""TF's accessors: masks, thresholds, sparsities and a flat summary dict.
+
+See docs/explanation/semantics.md#reports.
 
 Each accessor takes the `PruningState` or any optax state that holds exactly
 one (a state without one is a ValueError), and returns one of two shapes, by
@@ -103,6 +105,22 @@ def get_masks(state: Any) -> PyTree:
   Returns:
     The bool mask tree (True = kept), parallel to the params, None for
     unpruned leaves: what `apply_masks(params, masks)` takes.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxprune
+    >>> tx = jaxprune.pruning('target_sparsity=0.5')
+    >>> state = tx.init({'Dense_0': {'kernel': jnp.ones((2, 3)), 'bias': jnp.ones(3)}})
+    >>> jaxprune.get_masks(state)  # all kept before the first mask update; None: not pruned
+    {'Dense_0': {'bias': None, 'kernel': Array([[ True,  True,  True],
+           [ True,  True,  True]], dtype=bool)}}
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxprune
+    >>> tx = jaxprune.pruning('target_sparsity=0.5')
+    >>> state = tx.init({'Dense_0': {'kernel': jnp.ones((2, 3)), 'bias': jnp.ones(3)}})
+    >>> jaxprune.get_masks(state)  # all kept before the first mask update; None: not pruned
+    {'Dense_0': {'bias': None, 'kernel': Array([[ True,  True,  True],
+           [ True,  True,  True]], dtype=bool)}}
   """
   return _checked(state).masks
 
@@ -145,6 +163,18 @@ def get_weight_sparsity(state_or_params: Any) -> dict[str, Array]:
   Raises:
     ValueError: for an optax state without a PruningState (its moments are
       not weights), or with several.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxprune
+    >>> params = {'Dense_0': {'kernel': jnp.array([[0., 1.], [0., 0.]]), 'bias': jnp.zeros(2)}}
+    >>> jaxprune.get_weight_sparsity(params)  # pruned leaves only (default regex)
+    {'Dense_0/kernel': Array(0.75, dtype=float32)}
+
+  Example:
+    >>> import jax.numpy as jnp, jaxprune
+    >>> params = {'Dense_0': {'kernel': jnp.array([[0., 1.], [0., 0.]]), 'bias': jnp.zeros(2)}}
+    >>> jaxprune.get_weight_sparsity(params)  # pruned leaves only (default regex)
+    {'Dense_0/kernel': Array(0.75, dtype=float32)}
   """
   if contains_pruning_state(state_or_params) or _is_optimizer_state(state_or_params):
     masks = _named(_checked(state_or_params).masks)
@@ -208,6 +238,30 @@ def summaries(state: Any, hparams: ml_collections.ConfigDict | HParams | None = 
   accessors warn when it is not 0), and '<leaf>/sparsity', '<leaf>/threshold' per pruned
   leaf, with <name> = hparams.name (default 'model_pruning'); with a mask rule,
   '<key>/threshold' for each key of its thresholds (channel groups).
+
+  Example:
+    >>> import jax.numpy as jnp, jaxprune
+    >>> hp = jaxprune.parse_hparams('target_sparsity=0.8')
+    >>> state = jaxprune.pruning(hp).init({'Dense_0': {'kernel': jnp.ones((4, 4))}})
+    >>> for name, value in jaxprune.summaries(state, hp).items():
+    ...   print(name, float(value))
+    model_pruning/sparsity 0.0
+    model_pruning/last_mask_update_step 0.0
+    model_pruning/nonfinite_skips 0.0
+    Dense_0/kernel/sparsity 0.0
+    Dense_0/kernel/threshold 0.0
+
+  Example:
+    >>> import jax.numpy as jnp, jaxprune
+    >>> hp = jaxprune.parse_hparams('target_sparsity=0.8')
+    >>> state = jaxprune.pruning(hp).init({'Dense_0': {'kernel': jnp.ones((4, 4))}})
+    >>> for name, value in jaxprune.summaries(state, hp).items():
+    ...   print(name, float(value))
+    model_pruning/sparsity 0.0
+    model_pruning/last_mask_update_step 0.0
+    model_pruning/nonfinite_skips 0.0
+    Dense_0/kernel/sparsity 0.0
+    Dense_0/kernel/threshold 0.0
   """
   state = _checked(state)
   prefix = 'model_pruning' if hparams is None else hparams.name

@@ -1,4 +1,6 @@
-"""Magnitude thresholds of many variables at once (SPEC section 4).
+"""Magnitude thresholds of many variables at once.
+
+See docs/explanation/semantics.md#histogram-thresholds.
 
 TF's histogram CDF rule and the exact k-th value, for every unit (a pruned
 variable, a stacked layer, or one global set; see `counting.Layout`) in one
@@ -150,7 +152,8 @@ def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], spars
   """TF's histogram threshold of every unit, given its maximum > 0.
 
   Returns (number of bins whose CDF is below the unit's sparsity) / nbins * max:
-  the lower edge of the first bin whose CDF reaches the sparsity (SPEC section 4).
+  the lower edge of the first bin whose CDF reaches the sparsity
+  (docs/explanation/semantics.md#histogram-thresholds).
 
   Args:
     layout: the parts and their units.

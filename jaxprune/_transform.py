@@ -1,4 +1,4 @@
-"""The pruning optax transform (SPEC sections 3 and 7).
+"""The pruning optax transform (docs/explanation/semantics.md#gating and #applying-the-masks).
 
 Chain it after the optimizer:
 
@@ -236,7 +236,9 @@ class _Engine:
   def step(self, state: PruningState, params: PyTree, operands: Any,
            weights_of: Callable[[Any], list[Callable[[Any], Array]]]
            ) -> tuple[PyTree, PruningState]:
-    """(masks, new state) of one step: the schedule, the gating (SPEC 3), and the rule's
+    """(masks, new state) of one step: the schedule, the gating, and the rule's
+
+    See docs/explanation/semantics.md#gating.
     mask update under a conditional that reads only `operands`.
 
     `weights_of(operands)`, called inside the conditional, gives the pruned
@@ -312,6 +314,20 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
 
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxprune
+    >>> hp = jaxprune.parse_hparams('target_sparsity=0.5,pruning_frequency=1,'
+    ...                             'sparsity_function_end_step=1,threshold_method=exact')
+    >>> tx = optax.chain(optax.sgd(0.0), jaxprune.pruning(hp))
+    >>> params = {'Dense_0': {'kernel': jnp.array([[1., -4.], [3., 2.]])}}
+    >>> state = tx.init(params)
+    >>> for _ in range(2):  # no mask update at step 0; at step 1, s = 0.5
+    ...   updates, state = tx.update(params, state, params)
+    ...   params = optax.apply_updates(params, updates)
+    >>> params['Dense_0']['kernel']
+    Array([[ 0., -4.],
+           [ 3.,  0.]], dtype=float32)
   """
   engine = _Engine(hparams, sparsity_fn, prune_filter, mask_rule)
 
@@ -325,7 +341,8 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
       # update pay nothing for the update's conditional.
       operands, weights_of = [param_leaves[i] for i in pruned], _weights_of
     else:
-      # The weights as they will be stored (SPEC 7): optax.apply_updates casts
+      # The weights as they will be stored (docs/explanation/semantics.md#applying-the-masks):
+      # optax.apply_updates casts
       # params + updates to the params' dtype.
       operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
 
@@ -364,6 +381,13 @@ def pruned(optimizer: optax.GradientTransformation,
   Returns:
     An `optax.GradientTransformation` whose `update(grads, state, params)` needs
     `params`; apply its updates with `optax.apply_updates`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxprune
+    >>> tx = jaxprune.pruned(optax.adam(1e-3), 'target_sparsity=0.9')
+    >>> state = tx.init({'Dense_0': {'kernel': jnp.ones((4, 4))}})
+    >>> type(state[1]).__name__  # (optimizer state, PruningState), as the chained form
+    'PruningState'
   """
   engine = _Engine(hparams, sparsity_fn, prune_filter, mask_rule)
 

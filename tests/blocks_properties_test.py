@@ -1,4 +1,7 @@
-"""Property tests of block masks (SPEC section 5) against a block-by-block numpy reference."""
+"""Property tests of block masks against a block-by-block numpy reference.
+
+See docs/explanation/semantics.md#blocks.
+"""
 
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ def test_block_mask_equals_reference(shape, block_dims, pooling, method, nbins, 
 @settings(max_examples=15)
 @given(data=st.data())
 def test_not_two_dimensional_uses_elementwise_rule(shape, data):
-  # squeeze(w) is not 2-D: the block dims are ignored (SPEC section 5).
+  # squeeze(w) is not 2-D: the block dims are ignored (docs/explanation/semantics.md#blocks).
   weights = data.draw(cs.weights(shape))
   assume(np.abs(weights).max() > 0)
   sparsity = data.draw(cs.sparsities(weights.size))
@@ -67,7 +70,8 @@ def test_not_two_dimensional_uses_elementwise_rule(shape, data):
 
 
 def test_avg_pooling_counts_only_elements_inside():
-  # SPEC's example: [[1,2,3],[4,5,6],[7,8,9]] with 2x2 blocks pools to [[3, 4.5], [7.5, 9]].
+  # The example of docs/explanation/semantics.md#blocks: [[1,2,3],[4,5,6],[7,8,9]] with 2x2 blocks
+  # pools to [[3, 4.5], [7.5, 9]].
   # With s = 0.5 of 4 blocks, exact keeps k = 2 blocks: 7.5 and 9 (the bottom row).
   weights = np.arange(1, 10, dtype=F32).reshape(3, 3)
   np.testing.assert_array_equal(references.pool(weights, 2, 2, 'AVG'), [[3, 4.5], [7.5, 9]])

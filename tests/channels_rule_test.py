@@ -1,8 +1,8 @@
 """Gradual channel pruning in the transform: scores, thresholds, schedule, decay, constraints.
 
 Expected channels come from scores written out by hand (each group's members
-listed here, not read from the graph) and from SPEC's published numbers or
-the numpy references of `references`.
+listed here, not read from the graph) and from the numbers of
+docs/explanation/semantics.md#reference-numbers or the numpy references of `references`.
 """
 
 from __future__ import annotations
@@ -176,7 +176,8 @@ def test_scores_are_the_l2_norm_of_the_whole_group():
 
 
 def test_gating_follows_spec_reference():
-  # SPEC's gating reference: frequency 2, begin 1, end 6, s(t) = linspace(0, .9, 10)[t].
+  # docs/explanation/semantics.md#reference-numbers (gating): frequency 2, begin 1, end 6, s(t) =
+  # linspace(0, .9, 10)[t].
   scores = np.arange(1, 11, dtype=F32)
   _, params, graph = _two_layer(scores)
   schedule = jnp.linspace(0.0, 0.9, 10)
@@ -201,7 +202,8 @@ def test_polynomial_schedule_removes_channels_gradually():
 
 
 def test_decay_follows_spec_reference():
-  # SPEC: decay 0.9, s = 0.5, linspace(1, 100, 100): (threshold, nonzero) per update.
+  # docs/explanation/semantics.md#reference-numbers: decay 0.9, s = 0.5, linspace(1, 100, 100):
+  # (threshold, nonzero) per update.
   _, params, graph = _two_layer(np.linspace(1, 100, 100).astype(F32))
   hparams = _hparams(threshold_decay=0.9)
   _, _, states, kept = _run(graph, params, hparams, 6, sparsities=0.5)

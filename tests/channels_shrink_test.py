@@ -22,7 +22,8 @@ from jaxprune._names import named_leaves
 from jaxprune.channels import ChannelRule
 from jaxprune.structured import Constraint, trace
 
-# Kept channels: max(round(n / 2), 1), half to even (SPEC's exact rule).
+# Kept channels: max(round(n / 2), 1), half to even
+# (docs/explanation/semantics.md#exact-thresholds).
 # BatchNorm (resnet_identity), residual partners, concat and Flax NNX; the other zoo
 # models are left to structured_shrink_zoo_test (each case here costs a compilation).
 SHAPES = {

@@ -2,13 +2,13 @@
 
 import warnings
 
+import docs_blocks
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pruning_helpers as helpers
 import pytest
-import readme_blocks
 
 import jaxprune
 from jaxprune import _hparams as hparams_lib
@@ -133,7 +133,8 @@ def _warnings_of(make):
 
 
 def test_parse_then_pruning_checks_and_warns_once():
-  # The README's path: before, parse_hparams and pruning each validated and warned.
+  # The documented path (docs/guides/gradual.md): before, parse_hparams and pruning each
+  # validated and warned.
   def make():
     hp = jaxprune.parse_hparams('end_pruning_step=50')
     jaxprune.pruning(hp)
@@ -168,7 +169,8 @@ def test_pruning_accepts_a_string():
   update = jax.jit(tx.update)
   for _ in range(2):
     _, state = update(zeros, state, params)
-  # SPEC reference: linspace(1, 100, 100) at s = 0.9 keeps 11 weights (threshold 89.84375).
+  # docs/explanation/semantics.md#reference-numbers: linspace(1, 100, 100) at s = 0.9 keeps 11
+  # weights (threshold 89.84375).
   assert int(state.masks['d']['kernel'].sum()) == 11
   assert hparams_lib.freeze('nbins=64').nbins == 64
 
@@ -262,8 +264,8 @@ def test_few_bins_prune_nothing_on_normal_weights():
   assert bool(mask.all())
 
 
-def test_readme_hparams_example_runs_without_warnings():
-  block, = readme_blocks.python_blocks("Hyperparameters keep TF's names")
+def test_docs_hparams_example_runs_without_warnings():
+  block, = docs_blocks.code_cells('guides/gradual.md', start="Hyperparameters keep TF's names")
   namespace = {'jaxprune': jaxprune}
   assert _warnings_of(lambda: exec(block, namespace)) == []  # noqa: S102
   frozen = hparams_lib.freeze(namespace['hp'])

@@ -1,4 +1,7 @@
-"""Masks through the public transform: weights that cannot be thresholded (SPEC section 4)."""
+"""Masks through the public transform: weights that cannot be thresholded.
+
+See docs/explanation/semantics.md#weights-that-cannot-be-thresholded.
+"""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Leaf names: the key path joined with '/' (SPEC section 6)."""
+"""Leaf names: the key path joined with '/' (docs/explanation/semantics.md#names-and-maps)."""
 
 from typing import NamedTuple
 

@@ -1,6 +1,7 @@
-"""Slow, plainly written numpy references of SPEC sections 4, 5 and N:M masks (tests only).
+"""Slow, plainly written numpy references of thresholds, blocks and N:M masks (tests only).
 
-Every float32 operation that SPEC section 4 names (`a / m`, `nbins * q`,
+See docs/explanation/semantics.md#histogram-thresholds and #blocks. Every float32
+operation that the semantics name (`a / m`, `nbins * q`,
 `count / N`, `bins / nbins`, `* m`) is a numpy float32 operation, which is
 correctly rounded (IEEE 754); counting is done on integers.
 """
@@ -16,7 +17,9 @@ F32 = np.float32
 
 def histogram_rule(magnitudes: np.ndarray, sparsity: float, nbins: int
                    ) -> tuple[np.float32, int, np.ndarray]:
-  """TF's histogram threshold of SPEC section 4 on magnitudes (max > 0, finite).
+  """TF's histogram threshold on magnitudes (max > 0, finite).
+
+  See docs/explanation/semantics.md#histogram-thresholds.
 
   Returns:
     (threshold, first, bins): `first` is the number of bins whose CDF is below
@@ -57,7 +60,10 @@ def threshold_and_mask(magnitudes: np.ndarray, sparsity: float, nbins: int, meth
 
 
 def pool(magnitudes: np.ndarray, bh: int, bw: int, pooling: str) -> np.ndarray:
-  """Pools a 2-D array over blocks aligned at 0, one block at a time (SPEC section 5)."""
+  """Pools a 2-D array over blocks aligned at 0, one block at a time.
+
+  See docs/explanation/semantics.md#blocks.
+  """
   height, width = magnitudes.shape
   rows, cols = math.ceil(height / bh), math.ceil(width / bw)
   out = np.zeros((rows, cols), F32)
@@ -74,7 +80,10 @@ def pool(magnitudes: np.ndarray, bh: int, bw: int, pooling: str) -> np.ndarray:
 
 def block_mask(weights: np.ndarray, sparsity: float, block_dims: tuple[int, int],
                pooling: str, nbins: int, method: str) -> tuple[np.float32, np.ndarray]:
-  """(threshold, mask) of SPEC section 5 for weights whose squeezed shape is 2-D."""
+  """(threshold, mask) of block pruning for weights whose squeezed shape is 2-D.
+
+  See docs/explanation/semantics.md#blocks.
+  """
   a = np.abs(np.asarray(weights, F32))
   squeezed = a.reshape([d for d in a.shape if d != 1])
   assert squeezed.ndim == 2

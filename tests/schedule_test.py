@@ -1,4 +1,7 @@
-"""The sparsity schedule and the mask-update gating (SPEC sections 2 and 3)."""
+"""The sparsity schedule and the mask-update gating.
+
+See docs/explanation/semantics.md#schedule and #gating.
+"""
 
 import jax
 import numpy as np
@@ -10,7 +13,7 @@ from jaxprune import _schedule as schedule
 
 
 def _spec_update_steps(begin, frequency, end, num_steps):
-  """SPEC section 3, step by step: the steps at which masks are recomputed."""
+  """docs/explanation/semantics.md#gating, step by step: the steps at which masks are recomputed."""
   last, updates = 0, []
   for t in range(num_steps):
     if t >= begin and (end < 0 or t <= end) and last + frequency <= t:

@@ -75,7 +75,7 @@ def test_sharded_run_resumes_and_agrees_with_one_device(tmp_path):
       'Dense_2/bias': 'P()', 'Dense_2/kernel': 'P()'}
   assert out['mask_specs'] == {'Dense_0/kernel': "P(None, 'model')",
                                'Dense_1/kernel': "P(None, 'model')", 'Dense_2/kernel': 'P()'}
-  # What the README says holds over a run. Gradients are summed over the 'data'
+  # What docs/guides/sharding.md says holds over a run. Gradients are summed over the 'data'
   # devices in another order than on one device, and training amplifies the
   # rounding: over these 100 steps the params still agree within 1e-4 and the
   # masks are identical (over the default 3,000-step run they do not).

@@ -1,4 +1,7 @@
-"""Which leaves are pruned, and each one's target, blocks and layer axes (SPEC section 6)."""
+"""Which leaves are pruned, and each one's target, blocks and layer axes.
+
+See docs/explanation/semantics.md#names-and-maps.
+"""
 
 import warnings
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import thirdparty_zoo_hf as hf
-from readme_blocks import python_blocks
+from docs_blocks import code_cells
 
 import jaxprune.structured as jps
 from jaxprune.structured import oracle
@@ -248,13 +248,13 @@ def test_vit_renormalised_width_slices_cls_token_and_positions():
   assert report.ok and report.approximate == (width.id,) and report.frozen_rel_diff < 1e-4
 
 
-def test_readme_width_example_runs_as_written():
-  blocks = python_blocks('## Structured pruning: transformer width')
+def test_docs_width_example_runs_as_written():
+  blocks = code_cells('guides/width.md')
   assert len(blocks) == 1
   namespace, out = {}, io.StringIO()
   with contextlib.redirect_stdout(out):
-    exec(compile(blocks[0], 'README.md', 'exec'), namespace)  # noqa: S102
-  # What its comments claim: MLP 128 and width 64; 64 - 16 = 48 kept; group 1 approximate.
+    exec(compile(blocks[0], 'docs/guides/width.md', 'exec'), namespace)  # noqa: S102
+  # MLP 128 and width 64; 64 - 16 = 48 kept; group 1 approximate.
   assert out.getvalue().splitlines() == [
       "[(128, 'channels', False), (64, 'width', False)]", '(100, 48)', '(1,) True']
 

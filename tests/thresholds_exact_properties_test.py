@@ -1,4 +1,7 @@
-"""Property tests of the exact (k-th magnitude) threshold and of special inputs (SPEC section 4)."""
+"""Property tests of the exact (k-th magnitude) threshold and of special inputs.
+
+See docs/explanation/semantics.md#exact-thresholds and #weights-that-cannot-be-thresholded.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Property tests of the histogram threshold and mask (SPEC section 4) against a numpy reference."""
+"""Property tests of the histogram threshold and mask against a numpy reference.
+
+See docs/explanation/semantics.md#histogram-thresholds.
+"""
 
 from __future__ import annotations
 

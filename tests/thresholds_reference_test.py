@@ -1,4 +1,7 @@
-"""Every "Reference behaviour" of SPEC.md: the numbers TF itself printed."""
+"""Every reference number of the semantics page: the numbers TF itself printed.
+
+See docs/explanation/semantics.md#reference-numbers.
+"""
 
 import jax
 import jax.numpy as jnp

@@ -290,7 +290,7 @@ def test_a_short_run_is_warned_about(tmp_path):
 
 @pytest.mark.slow
 def test_default_run_with_no_flags_meets_the_goal(tmp_path):
-  """The README's command: >= 90% sparsity, within 2 points of the dense model."""
+  """The README's first command: >= 90% sparsity, within 2 points of the dense model."""
   result = _run([SCRIPT], cwd=str(tmp_path))
   assert result.returncode == 0, result.stderr
   workdir = tmp_path / 'runs' / 'digits_mlp'

@@ -75,7 +75,7 @@ def test_two_processes_end_as_one_process_with_eight_devices(runs, name):
       # after the first mask update that prunes (step 31) and at the end (step 60).
       np.testing.assert_array_equal(value, gloo[leaf], err_msg=f'{name} {step} {leaf}')
       # JAX's in-process collectives sum across devices in another order: the
-      # bound the README gives, and the same masks (zeros) in every kernel.
+      # bound docs/guides/sharding.md gives, and the same masks (zeros) in every kernel.
       scale = np.max(np.abs(default[leaf]))
       assert np.max(np.abs(value - default[leaf])) <= 1e-5 * scale, (name, step, leaf)
       np.testing.assert_array_equal(value == 0, default[leaf] == 0, err_msg=leaf)

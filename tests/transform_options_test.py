@@ -1,4 +1,7 @@
-"""The transform's options, maps, errors and accessors (SPEC sections 5-8) vs numpy references."""
+"""The transform's options, maps, errors and accessors vs numpy references.
+
+See docs/explanation/semantics.md#blocks, #names-and-maps, #applying-the-masks and #reports.
+"""
 
 from __future__ import annotations
 
@@ -53,7 +56,8 @@ def test_accessors_on_state_and_chain_state():
   state = opt_state[1]
   assert jaxprune.find_pruning_state(opt_state) is state
   assert jaxprune.find_pruning_state(state) is state
-  # SPEC reference: linspace(1, 100, 100) at s = 0.5 has threshold 50 and keeps 51..100.
+  # docs/explanation/semantics.md#reference-numbers: linspace(1, 100, 100) at s = 0.5 has threshold
+  # 50 and keeps 51..100.
   expected_mask = np.linspace(1, 100, 100).reshape(10, 10) > 50
   for source in (state, opt_state):
     masks = jaxprune.get_masks(source)

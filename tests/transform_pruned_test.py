@@ -164,8 +164,11 @@ def test_pruned_needs_the_params():
 
 
 def test_multisteps_around_pruning_counts_optimizer_steps():
-  """The README's gradient-accumulation recipe: the schedule counts optimizer steps and
-  pruned weights stay zero through the micro-steps."""
+  """The gradient-accumulation recipe: the schedule counts optimizer steps and pruned weights
+  stay zero through the micro-steps.
+
+  See docs/explanation/semantics.md#order-in-an-optax-chain.
+  """
   hparams = jaxprune.parse_hparams('target_sparsity=0.5,sparsity_function_end_step=2,'
                                    'pruning_frequency=1')
   params = _params()

@@ -1,4 +1,7 @@
-"""Tests of the pruning optax transform (SPEC sections 3, 6, 7, 8) against numpy references."""
+"""Tests of the pruning optax transform against numpy references.
+
+See docs/explanation/semantics.md#gating, #names-and-maps, #applying-the-masks and #reports.
+"""
 
 from __future__ import annotations
 
@@ -122,7 +125,10 @@ def test_pruned_weights_zero_and_kept_weights_equal_optimizer_alone(optimizer):
 
 
 def _gating_reference(begin, frequency, end, steps):
-  """last_update_step after each step and whether that step updated (SPEC section 3)."""
+  """last_update_step after each step and whether that step updated.
+
+  See docs/explanation/semantics.md#gating.
+  """
   last, history = 0, []
   for t in range(steps):
     update = t >= begin and (end < 0 or t <= end) and last + frequency <= t
@@ -135,7 +141,8 @@ def _gating_reference(begin, frequency, end, steps):
 @pytest.mark.parametrize('begin,frequency,end', [(0, 3, -1), (4, 2, 9), (1, 5, 12), (7, 1, 10)])
 def test_transform_follows_numpy_simulation(begin, frequency, end):
   # The transform alone (updates = grads), a sparsity_fn, random updates: a numpy
-  # simulation of SPEC sections 3, 4 and 7 gives every mask, threshold and weight.
+  # simulation of docs/explanation/semantics.md#gating, #histogram-thresholds and
+  # #applying-the-masks gives every mask, threshold and weight.
   hparams = _hparams(begin_pruning_step=begin, pruning_frequency=frequency,
                      end_pruning_step=end, nbins=100)
   sparsity_fn = lambda step: jnp.minimum(0.06 * step, 0.9)
@@ -164,7 +171,8 @@ def test_transform_follows_numpy_simulation(begin, frequency, end):
 
 
 def test_polynomial_schedule_and_per_leaf_targets():
-  # Without sparsity_fn the polynomial of SPEC section 2 drives each leaf with its own target.
+  # Without sparsity_fn the polynomial of docs/explanation/semantics.md#schedule drives each leaf
+  # with its own target.
   hparams = _hparams(pruning_frequency=1, sparsity_function_end_step=10, target_sparsity=0.5,
                      weight_sparsity_map=['Dense_1/kernel:0.8'], threshold_method='exact',
                      initial_sparsity=0.1)
@@ -183,7 +191,7 @@ def test_polynomial_schedule_and_per_leaf_targets():
                          ('Dense_1/kernel', params['Dense_1']['kernel'])):
       target = expected[name]
       sparsity = target + (0.1 - target) * (1 - progress) ** 3
-      if t == 0:  # no update at step 0 (SPEC section 3)
+      if t == 0:  # no update at step 0 (docs/explanation/semantics.md#gating)
         sparsity = 0.0
       kept = max(round(kernel.size * (1 - sparsity)), 1)
       mask = np.asarray(state.masks[name.split('/')[0]]['kernel'])

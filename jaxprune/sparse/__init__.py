@@ -1,6 +1,6 @@
 """Sparse training from scratch: static masks, SET, RigL and the straight-through estimator.
 
-See README.md, "Sparse training: static, SET, RigL, STE".
+See docs/guides/sparse.md.
 """
 
 from jaxprune.sparse._distributions import densities, erk_densities, kept_count, sparse_names

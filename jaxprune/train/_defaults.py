@@ -59,7 +59,7 @@ def parse_pruning_flag(text: str, base: ml_collections.ConfigDict) -> ml_collect
 
 # What each field of the job's config means: shown by `jaxprune-train --help`
 # (with the values of the config given, or the defaults below). The `pruning`
-# block holds jaxprune's pruning hparams, documented in the README.
+# block holds jaxprune's pruning hparams, documented in docs/explanation/semantics.md.
 FIELD_HELP = {
     'name': 'name of the run; the default --workdir is runs/<name>',
     'seed': 'seed of the params init and of the batch order',
@@ -78,8 +78,8 @@ FIELD_HELP = {
     'mesh_shape': '(data, model) device counts, e.g. "(2, 4)"; () runs on one device',
     'num_steps': 'training steps in all; rerun with a larger value to extend a run',
     'prune': 'False trains the dense model only',
-    'pruning': "jaxprune's pruning hparams (TF model_pruning names; README, section "
-               '"Gradual magnitude pruning")',
+    'pruning': "jaxprune's pruning hparams (TF model_pruning names; "
+               'docs/explanation/semantics.md#hyperparameters)',
     'log_every': 'steps between train-metric records (metrics.jsonl, TensorBoard)',
     'eval_every': 'steps between test-set evaluations',
     'checkpoint_every': 'steps between checkpoints (one is also written at the end)',
@@ -93,8 +93,8 @@ FIELD_HELP = {
     'channels.min_channels': 'channels only: each group keeps at least this many channels',
 }
 
-# What each pruning hparam means, for `--help` (the README's "Gradual magnitude
-# pruning" section has the whole rule). Map fields take lists of 'regex:value'.
+# What each pruning hparam means, for `--help` (docs/explanation/semantics.md has
+# the whole rule). Map fields take lists of 'regex:value'.
 PRUNING_HELP = {
     'name': 'prefix of the summary names',
     'begin_pruning_step': 'first step at which the masks may change',

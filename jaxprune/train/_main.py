@@ -6,7 +6,7 @@
     jaxprune-train --config.pruning.weight_sparsity_map="['Dense_0/kernel:0.5']"
     jaxprune-train --pruning_hparams="target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]"
 
-In every process of a multi-process job (README: "Running on many hosts"):
+In every process of a multi-process job (docs/guides/sharding.md#running-on-many-hosts):
 
     jaxprune-train --config.mesh_shape="(2,4)" --coordinator_address=HOST0:1234
                    --num_processes=2 --process_id=0      # 1 in the other process

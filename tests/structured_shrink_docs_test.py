@@ -1,20 +1,20 @@
-"""Runs the README's "removing channels" examples in order, exactly as written."""
+"""Runs the structured guide's select/shrink/deploy cells (docs/guides/structured.md) in order."""
 
 import contextlib
 import io
 
 import numpy as np
-from readme_blocks import python_blocks
+from docs_blocks import code_cells
 
 
-def test_readme_removing_channels_examples_run():
-  blocks = python_blocks('## Structured pruning: removing channels')
+def test_docs_removing_channels_examples_run():
+  blocks = code_cells('guides/structured.md', start='## Select, shrink, verify')
   assert len(blocks) == 5, 'Linen one-liner and steps, deploy, Linen rebuild, linen_resized, NNX'
   namespace = {}
   with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     for block in blocks:
-      exec(compile(block, 'README.md', 'exec'), namespace)  # noqa: S102
-  # what the README's comments claim.
+      exec(compile(block, 'docs/guides/structured.md', 'exec'), namespace)  # noqa: S102
+  # what the guide's comments claim.
   summary = namespace['result'].summary()
   # unrounded (the default round_to=1): 19 x 30 of 32 x 64 channels keep 0.3 of the FLOPs.
   assert 'group 0: 32 -> 19' in summary and 'group 1: 64 -> 30' in summary

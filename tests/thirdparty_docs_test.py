@@ -1,4 +1,4 @@
-"""Runs the README's "Pruning models from other libraries" recipes exactly as written."""
+"""Runs the recipes of docs/guides/thirdparty.md (haiku, equinox, transformers, keras)."""
 
 import contextlib
 import io
@@ -6,18 +6,18 @@ import io
 import jax
 import numpy as np
 import pytest
-from readme_blocks import python_blocks
+from docs_blocks import code_cells
 
 
 @pytest.mark.slow  # four libraries' models built and pruned: ~15-40 s
-def test_readme_thirdparty_recipes_run():
-  haiku_block, equinox_block, hf_block, keras_block = python_blocks('<!-- section:thirdparty -->')
+def test_docs_thirdparty_recipes_run():
+  haiku_block, equinox_block, hf_block, keras_block = code_cells('guides/thirdparty.md')
   namespace = {}
 
   def run(block):
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-      exec(compile(block, 'README.md', 'exec'), namespace)  # noqa: S102
+      exec(compile(block, 'docs/guides/thirdparty.md', 'exec'), namespace)  # noqa: S102
     return out.getvalue().split()
 
   # haiku MobileNetV1, 2 blocks: the stem's 32 channels with the first

@@ -1,18 +1,18 @@
-"""Runs the README's "Gradual channel pruning" example exactly as written."""
+"""Runs the gradual channel pruning guide's example (docs/guides/channels.md) as written."""
 
 import contextlib
 import io
 
 import numpy as np
-from readme_blocks import python_blocks
+from docs_blocks import code_cells
 
 
-def test_readme_gradual_channel_example_runs():
-  blocks = python_blocks('## Gradual channel pruning: whole channels during training')
+def test_docs_gradual_channel_example_runs():
+  blocks = code_cells('guides/channels.md')
   assert len(blocks) == 1
   namespace = {}
   with contextlib.redirect_stdout(io.StringIO()):
-    exec(compile(blocks[0], 'README.md', 'exec'), namespace)  # noqa: S102
+    exec(compile(blocks[0], 'docs/guides/channels.md', 'exec'), namespace)  # noqa: S102
   # 50% of 64 and of 32 hidden units: 32 and 16 stay (multiples of round_to=8).
   summary = namespace['result'].summary()
   assert 'group 0: 64 -> 32' in summary and 'group 2: 32 -> 16' in summary

@@ -1,14 +1,14 @@
-"""The README's sparse-training example runs as written and does what it says."""
+"""The sparse-training guide's example (docs/guides/sparse.md) runs as written."""
 
 import numpy as np
-from readme_blocks import python_blocks
+from docs_blocks import code_cells
 
 
-def test_readme_example(capsys):
-  blocks = python_blocks('<!-- section:sparse -->')
+def test_docs_example(capsys):
+  blocks = code_cells('guides/sparse.md')
   assert len(blocks) == 1
   scope = {}
-  exec(blocks[0], scope)  # noqa: S102 - the README's own code
+  exec(blocks[0], scope)  # noqa: S102 - the guide's own code
   assert capsys.readouterr().out.split() == ['947', '9472']
   # ERK by hand: density = eps * sum(shape) / prod(shape), eps = 0.1 * 9472 / (192 + 138).
   eps = 0.1 * 9472 / 330
