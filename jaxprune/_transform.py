@@ -77,7 +77,8 @@ class PruningState(NamedTuple):
       longer zero. The transform zeroes them at every step, so something after it
       changed them: a transform chained after `pruning` (an optimizer placed after
       it, `optax.chain(pruning(hp), optax.adam(lr))`, trains the pruned weights
-      again) or params edited outside the step. The accessors warn when it is not 0.
+      again) or params edited outside the step. The accessors warn when it is not 0
+      (docs/explanation/semantics.md#order-in-an-optax-chain).
   """
   step: Array
   last_update_step: Array
