@@ -68,6 +68,7 @@ def test_accessors_on_state_and_chain_state():
     summary = jaxprune.summaries(source, hparams)
     assert {k: float(v) for k, v in summary.items()} == {
         'prune/sparsity': 0.5, 'prune/last_mask_update_step': 1.0, 'prune/nonfinite_skips': 0.0,
+        'prune/moved_updates': 0.0,
         'Dense_0/kernel/sparsity': 0.5, 'Dense_0/kernel/threshold': 50.0}
     assert 'model_pruning/sparsity' in jaxprune.summaries(source)
     masked = jaxprune.apply_masks(params, source)
