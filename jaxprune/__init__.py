@@ -30,7 +30,7 @@ from jaxprune._summaries import (
     get_weight_sparsity,
     summaries,
 )
-from jaxprune._transform import PruningState, pruned, pruning
+from jaxprune._transform import MaskRule, PruningState, pruned, pruning
 
 if TYPE_CHECKING:
   from jaxprune import channels, functional, methods, oneshot, sparse, structured, train
@@ -41,6 +41,7 @@ _NAMESPACES = ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'struct
                'train')
 
 __all__ = [
+    'MaskRule',
     'PruningState',
     'abstract_with_shardings',
     'apply_masks',

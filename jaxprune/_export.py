@@ -95,14 +95,6 @@ def strip(params: PyTree, masks: Any) -> PyTree:
     >>> jaxprune.strip(params, masks)['Dense_0']['kernel']
     Array([[1., 0.],
            [0., 4.]], dtype=float32)
-
-  Example:
-    >>> import jax.numpy as jnp, jaxprune
-    >>> params = {'Dense_0': {'kernel': jnp.array([[1., 2.], [3., 4.]])}}
-    >>> masks = {'Dense_0': {'kernel': jnp.array([[True, False], [False, True]])}}
-    >>> jaxprune.strip(params, masks)['Dense_0']['kernel']
-    Array([[1., 0.],
-           [0., 4.]], dtype=float32)
   """
   return apply_masks(params, masks)
 

@@ -140,16 +140,6 @@ def get_pruning_hparams() -> ml_collections.ConfigDict:
     Traceback (most recent call last):
     ...
     AttributeError: ...
-
-  Example:
-    >>> import jaxprune
-    >>> hp = jaxprune.get_pruning_hparams()
-    >>> hp.target_sparsity, hp.pruning_frequency, hp.threshold_method
-    (0.5, 10, 'histogram')
-    >>> hp.target_sparisty = 0.9
-    Traceback (most recent call last):
-    ...
-    AttributeError: ...
   """
   config = ml_collections.ConfigDict(
       {k: list(v) if isinstance(v, tuple) else v for k, v in _DEFAULTS.items()})
@@ -180,12 +170,6 @@ def parse_hparams(text: str, base: ml_collections.ConfigDict | None = None
   Returns:
     A new, validated, locked ConfigDict. It is frozen here, so `pruning(...)`
     of it, unchanged, neither checks it again nor repeats a warning.
-
-  Example:
-    >>> import jaxprune
-    >>> hp = jaxprune.parse_hparams('target_sparsity=0.9,weight_sparsity_map=[conv1:0.8]')
-    >>> hp.target_sparsity, list(hp.weight_sparsity_map)
-    (0.9, ['conv1:0.8'])
 
   Example:
     >>> import jaxprune

@@ -29,7 +29,7 @@ PyTree = Any
 
 
 class MagnitudeRule:
-  """Per-leaf magnitude (or N:M) masks, as a `jaxprune._transform.MaskRule`.
+  """Per-leaf magnitude (or N:M) masks, as a `jaxprune.MaskRule`.
 
   Args:
     hparams: the frozen hparams.

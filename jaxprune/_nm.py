@@ -105,12 +105,6 @@ def nm_mask(weights: jax.Array, n: int, m: int, axis: int = -2, *,
     >>> kernel = jnp.array([[0.1], [-0.9], [0.5], [0.2]])  # (in, out): groups run along `in`
     >>> jaxprune.nm_mask(kernel, 2, 4).ravel()
     Array([False,  True,  True, False], dtype=bool)
-
-  Example:
-    >>> import jax.numpy as jnp, jaxprune
-    >>> kernel = jnp.array([[0.1], [-0.9], [0.5], [0.2]])  # (in, out): groups run along `in`
-    >>> jaxprune.nm_mask(kernel, 2, 4).ravel()
-    Array([False,  True,  True, False], dtype=bool)
   """
   magnitudes = jnp.abs(weights)
   if jnp.issubdtype(magnitudes.dtype, jnp.inexact):

@@ -113,14 +113,6 @@ def get_masks(state: Any) -> PyTree:
     >>> jaxprune.get_masks(state)  # all kept before the first mask update; None: not pruned
     {'Dense_0': {'bias': None, 'kernel': Array([[ True,  True,  True],
            [ True,  True,  True]], dtype=bool)}}
-
-  Example:
-    >>> import jax.numpy as jnp, optax, jaxprune
-    >>> tx = jaxprune.pruning('target_sparsity=0.5')
-    >>> state = tx.init({'Dense_0': {'kernel': jnp.ones((2, 3)), 'bias': jnp.ones(3)}})
-    >>> jaxprune.get_masks(state)  # all kept before the first mask update; None: not pruned
-    {'Dense_0': {'bias': None, 'kernel': Array([[ True,  True,  True],
-           [ True,  True,  True]], dtype=bool)}}
   """
   return _checked(state).masks
 
@@ -163,12 +155,6 @@ def get_weight_sparsity(state_or_params: Any) -> dict[str, Array]:
   Raises:
     ValueError: for an optax state without a PruningState (its moments are
       not weights), or with several.
-
-  Example:
-    >>> import jax.numpy as jnp, jaxprune
-    >>> params = {'Dense_0': {'kernel': jnp.array([[0., 1.], [0., 0.]]), 'bias': jnp.zeros(2)}}
-    >>> jaxprune.get_weight_sparsity(params)  # pruned leaves only (default regex)
-    {'Dense_0/kernel': Array(0.75, dtype=float32)}
 
   Example:
     >>> import jax.numpy as jnp, jaxprune
@@ -248,18 +234,7 @@ def summaries(state: Any, hparams: ml_collections.ConfigDict | HParams | None = 
     model_pruning/sparsity 0.0
     model_pruning/last_mask_update_step 0.0
     model_pruning/nonfinite_skips 0.0
-    Dense_0/kernel/sparsity 0.0
-    Dense_0/kernel/threshold 0.0
-
-  Example:
-    >>> import jax.numpy as jnp, jaxprune
-    >>> hp = jaxprune.parse_hparams('target_sparsity=0.8')
-    >>> state = jaxprune.pruning(hp).init({'Dense_0': {'kernel': jnp.ones((4, 4))}})
-    >>> for name, value in jaxprune.summaries(state, hp).items():
-    ...   print(name, float(value))
-    model_pruning/sparsity 0.0
-    model_pruning/last_mask_update_step 0.0
-    model_pruning/nonfinite_skips 0.0
+    model_pruning/moved_updates 0.0
     Dense_0/kernel/sparsity 0.0
     Dense_0/kernel/threshold 0.0
   """

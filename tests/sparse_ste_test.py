@@ -1,4 +1,4 @@
-"""jaxprune.sparse._ste: forward on masked weights, updates to the dense ones, magnitude and N:M."""
+"""jaxprune.sparse.ste: forward on masked weights, updates to the dense ones, magnitude and N:M."""
 
 import jax
 import jax.numpy as jnp

@@ -180,16 +180,6 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     >>> pruned, masks = oneshot.prune(fn, params, batches, method='wanda', sparsity=0.5)
     >>> masks['w'].sum(axis=0)  # each output keeps half of its 8 inputs
     Array([4, 4, 4, 4], dtype=int32)
-
-  Example:
-    >>> import jax, jax.numpy as jnp
-    >>> from jaxprune import oneshot
-    >>> params = {'w': jax.random.normal(jax.random.key(0), (8, 4))}
-    >>> fn = lambda p, x: x @ p['w']
-    >>> batches = [jax.random.normal(jax.random.key(1), (16, 8))]
-    >>> pruned, masks = oneshot.prune(fn, params, batches, method='wanda', sparsity=0.5)
-    >>> masks['w'].sum(axis=0)  # each output keeps half of its 8 inputs
-    Array([4, 4, 4, 4], dtype=int32)
   """
   if method not in METHODS:
     raise ValueError(f'method={method!r}: choose one of {METHODS}.')

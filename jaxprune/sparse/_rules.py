@@ -117,16 +117,6 @@ def rigl(inner: optax.GradientTransformation, sparsity: float, *, end_step: int,
     >>> params = sparse.apply_masks(params, state)  # sparse from step 0
     >>> int((params['Dense_0']['kernel'] != 0).sum())  # 25% of 128 kept
     32
-
-  Example:
-    >>> import jax, jax.numpy as jnp, optax
-    >>> from jaxprune import sparse
-    >>> params = {'Dense_0': {'kernel': jax.random.normal(jax.random.key(0), (16, 8))}}
-    >>> tx = sparse.rigl(optax.sgd(0.1), sparsity=0.75, end_step=100, update_freq=10)
-    >>> state = tx.init(params)
-    >>> params = sparse.apply_masks(params, state)  # sparse from step 0
-    >>> int((params['Dense_0']['kernel'] != 0).sum())  # 25% of 128 kept
-    32
   """
   return sparse_training(inner, sparsity, rule='rigl', distribution=distribution,
                          sparsity_map=sparsity_map, update_freq=update_freq,

@@ -105,7 +105,7 @@ def ste(inner: optax.GradientTransformation, sparsity: float = 0.5, *,
 
   def update_fn(grads, state, params=None):
     if params is None:
-      raise ValueError('jaxprune.sparse._ste: the update needs the params: call '
+      raise ValueError('jaxprune.sparse.ste: the update needs the params: call '
                        'tx.update(grads, state, params).')
     targets = sparsities(params)
     names = [name for name, _ in named_leaves(params)]

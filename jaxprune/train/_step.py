@@ -36,7 +36,7 @@ class TrainState(NamedTuple):
 
 
 def make_optimizer(config: ml_collections.ConfigDict,
-                   mask_rule: jaxprune._transform.MaskRule | None = None
+                   mask_rule: jaxprune.MaskRule | None = None
                    ) -> optax.GradientTransformation:
   """Builds `optax.chain(optimizer, jaxprune.pruning(config.pruning))`.
 

@@ -125,7 +125,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name, (check, rule) in RULES.items():
     if name not in fields:
       raise ConfigError(f'config.{name} is missing; start the config from '
-                        'jaxprune.train._defaults.get_config(), whose value is '
+                        'jaxprune.train.get_config(), whose value is '
                         f'{expected[name]!r}.')
     if not check(fields[name]):
       raise ConfigError(f'config.{name}={fields[name]!r}: {rule} (the default is '
@@ -135,12 +135,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                       'False trains the dense model only; set one of them the other way.')
   if 'pruning' not in config:
     raise ConfigError('config.pruning is missing; start the config from '
-                      'jaxprune.train._defaults.get_config(), or set it to '
-                      'jaxprune.train._defaults.pruning_config().')
+                      'jaxprune.train.get_config(), or set it to '
+                      'jaxprune.train.pruning_config().')
   pruning = config.pruning
   if not isinstance(pruning, _BLOCKS):
     raise ConfigError(f'config.pruning={pruning!r}: must be a ConfigDict of pruning hparams, '
-                      'e.g. jaxprune.train._defaults.pruning_config().')
+                      'e.g. jaxprune.train.pruning_config().')
   try:
     hparams_lib.freeze(pruning)
   except (ValueError, TypeError) as err:
