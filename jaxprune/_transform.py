@@ -311,7 +311,8 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
     mask_rule: optional `MaskRule` that picks the pruned leaves and computes
       their masks at each mask update, e.g. `jaxprune.channels.ChannelRule`
       for whole coupled channels; the schedule, gating and the application of
-      the masks stay as above. The default is the per-leaf magnitude rule (`jaxprune/_magnitude.py`).
+      the masks stay as above. The default is the per-leaf magnitude rule
+      (`jaxprune/_magnitude.py`).
 
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
