@@ -85,7 +85,7 @@ def test_unknown_and_missing_fields_are_named():
   config = defaults.get_config()
   del config['plots']
   with pytest.raises(ConfigError, match=r'^config.plots is missing; start the config from '
-                                        r'jaxprune.train._defaults.get_config\(\), whose value '
+                                        r'jaxprune.train.get_config\(\), whose value '
                                         r'is True.$'):
     validate.check_config(config)
   del config['pruning']
