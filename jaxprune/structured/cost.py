@@ -1,9 +1,9 @@
 """FLOPs of a traced function: in total, per group channel, and after a plan.
 
-One walk (`costed_eqns`) finds every equation with a `flops` rule in the
-primitives table, inside sub-jaxprs too, with how often it runs per call
-(a scan's length; a cond branch's 1 / number of branches; one iteration of a
-while loop). The same rules count the dense model, the first-order saving
+`costed_eqns` picks every equation with a `flops` rule in the primitives
+table out of `jaxprs.equations` (sub-jaxprs too, with how often each runs per
+call: a scan's length; a cond branch's 1 / number of branches; one iteration
+of a while loop). The same rules count the dense model, the first-order saving
 per channel (used to rank channels) and the exact FLOPs after a plan (used
 by the FLOPs selectors: removing half the input and half the output channels
 of a conv removes 3/4 of its FLOPs, not all of them).
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from jax.extend import core as jcore
 
-from jaxprune.structured import control, primitives
+from jaxprune.structured import jaxprs, primitives
 from jaxprune.structured.interpret import Shrinker
 from jaxprune.structured.shapes import is_static, var_shape
 
@@ -27,14 +27,10 @@ Scope = tuple[int, ...]
 def costed_eqns(jaxpr: Any, scope: Scope = (), times: float = 1.0
                 ) -> Iterator[tuple[Scope, Any, float, Any]]:
   """`(scope, eqn, times run per call, flops rule)` of every costed equation."""
-  for index, eqn in enumerate(control.inner(jaxpr).eqns):
+  for eqn_scope, _, eqn, eqn_times in jaxprs.equations(jaxpr, scope, times):
     entry = primitives.lookup(eqn.primitive.name)
-    if entry is None:
-      continue
-    if entry.flops is not None:
-      yield scope, eqn, times, entry.flops
-    for sub_index, sub, sub_times in entry.sub_jaxprs(eqn):
-      yield from costed_eqns(sub, scope + (index, sub_index), times * sub_times)
+    if entry is not None and entry.flops is not None:
+      yield eqn_scope, eqn, eqn_times, entry.flops
 
 
 def count(jaxpr: Any, var_axes: dict, n_groups: int,

@@ -2,13 +2,14 @@
 
 The function cannot be traced again with smaller variables (its Flax modules
 would refuse them), so the traced jaxpr is replayed equation by equation with
-`primitive.bind`. Every variable's new shape follows from the graph's
-`var_axes` and the plan; each primitive runs through its `shrink` rule in the
-primitives table (shape parameters rewritten, sub-jaxprs inlined or
-re-traced). An equation none of whose inputs changed runs as traced and its
-outputs are cut to the kept positions (broadcasts of scalars). Constants keep
-their full size; each equation that reads one takes the positions its own use
-keeps (`DependencyGraph.proxied`).
+`primitive.bind` (`jaxprs.evaluate`, with `Shrinker.step` as its hook). Every
+variable's new shape follows from the graph's `var_axes` and the plan; each
+primitive runs through its `shrink` rule in the primitives table (shape
+parameters rewritten, sub-jaxprs inlined or re-traced). An equation none of
+whose inputs changed runs as traced and its outputs are cut to the kept
+positions (broadcasts of scalars). Constants keep their full size; each
+equation that reads one takes the positions its own use keeps
+(`DependencyGraph.proxied`).
 
 Every result is checked against the shape the graph predicts, so a primitive
 the table does not cover fails loudly instead of computing something else.
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-from jaxprune.structured import primitives, shrink_rules
+from jaxprune.structured import jaxprs, primitives, shrink_rules
 
 Scope = tuple[int, ...]
 
@@ -78,12 +79,36 @@ class Shrinker:
   def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
           scope: Scope = ()) -> list:
     """Evaluates an (open) jaxpr whose consts and args already have their new shapes."""
-    return eval_jaxpr(self, jaxpr, consts, args, scope)
+    return jaxprs.evaluate(jaxpr, consts, args, self.step, scope)
 
   def retrace(self, closed: Any, scope: Scope) -> jcore.ClosedJaxpr:
     """A ClosedJaxpr computing `closed` at the new shapes of its variables in `scope`."""
-    fn = lambda *args: eval_jaxpr(self, closed.jaxpr, closed.consts, args, scope)
+    fn = lambda *args: self.run(closed.jaxpr, closed.consts, args, scope)
     return jax.make_jaxpr(fn)(*self.avals(scope, closed.jaxpr.invars))
+
+  def step(self, scope: Scope, index: int, eqn: Any, invals: list) -> list:
+    """The evaluator's hook: one equation at the new shapes, its results checked."""
+    proxied = self.graph.proxied.get((scope, index))
+    if proxied is not None:
+      invals = [x if var is proxy else self.cut(scope, proxy, x)
+                for var, proxy, x in zip(eqn.invars, proxied.invars, invals, strict=True)]
+      eqn = proxied
+    if (scope, index) in self.overrides:
+      outs = [self.cut(scope, v, x)
+              for v, x in zip(eqn.outvars, self.overrides[(scope, index)], strict=True)]
+    elif not any(self.changed(scope, v) for v in eqn.invars):
+      outs = [self.cut(scope, v, x)
+              for v, x in zip(eqn.outvars, shrink_rules.bind(eqn, invals), strict=True)]
+    else:
+      outs = _shrink_rule(eqn)(self, eqn, scope, index, invals)
+    for v, x in zip(eqn.outvars, outs, strict=True):
+      expected = None if isinstance(v, jcore.DropVar) else self.shape(scope, v)
+      if expected is not None and tuple(jnp.shape(x)) != expected:
+        raise NotImplementedError(
+            f'pruned callable: primitive {eqn.primitive.name!r} gave shape {jnp.shape(x)}, the '
+            f'channel groups predict {expected}. Register a rule for it with '
+            'jaxprune.structured.register_shrink_rule.')
+    return outs
 
 
 def _shrink_rule(eqn: Any) -> shrink_rules.ShrinkRule:
@@ -95,43 +120,3 @@ def _shrink_rule(eqn: Any) -> shrink_rules.ShrinkRule:
         f'pruned callable: primitive {eqn.primitive.name!r} holds sub-jaxprs and has no shrink '
         'rule; register one with jaxprune.structured.register_shrink_rule.')
   return shrink_rules.same_params
-
-
-def eval_jaxpr(shrinker: Shrinker, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
-               scope: Scope = ()) -> list:
-  """Evaluates an (open) jaxpr whose consts and args already have their new shapes."""
-  env: dict[Any, Any] = {}
-
-  def read(v):
-    return v.val if isinstance(v, jcore.Literal) else env[v]
-
-  for v, x in zip(jaxpr.constvars, consts, strict=True):
-    env[v] = x
-  for v, x in zip(jaxpr.invars, args, strict=True):
-    env[v] = x
-  for index, eqn in enumerate(jaxpr.eqns):
-    invals = [read(v) for v in eqn.invars]
-    proxied = shrinker.graph.proxied.get((scope, index))
-    if proxied is not None:
-      invals = [x if var is proxy else shrinker.cut(scope, proxy, x)
-                for var, proxy, x in zip(eqn.invars, proxied.invars, invals, strict=True)]
-      eqn = proxied
-    if (scope, index) in shrinker.overrides:
-      outs = [shrinker.cut(scope, v, x)
-              for v, x in zip(eqn.outvars, shrinker.overrides[(scope, index)], strict=True)]
-    elif not any(shrinker.changed(scope, v) for v in eqn.invars):
-      outs = [shrinker.cut(scope, v, x)
-              for v, x in zip(eqn.outvars, shrink_rules.bind(eqn, invals), strict=True)]
-    else:
-      outs = _shrink_rule(eqn)(shrinker, eqn, scope, index, invals)
-    for v, x in zip(eqn.outvars, outs, strict=True):
-      if isinstance(v, jcore.DropVar):
-        continue
-      expected = shrinker.shape(scope, v)
-      if tuple(jnp.shape(x)) != expected:
-        raise NotImplementedError(
-            f'pruned callable: primitive {eqn.primitive.name!r} gave shape {jnp.shape(x)}, the '
-            f'channel groups predict {expected}. Register a rule for it with '
-            'jaxprune.structured.register_shrink_rule.')
-      env[v] = x
-  return [read(v) for v in jaxpr.outvars]

@@ -30,19 +30,12 @@ outputs of the products that make them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-from jax.extend import core as jcore
-
-from jaxprune.structured import control, primitives
+from jaxprune.structured import control, jaxprs, primitives
 
 Scope = tuple[int, ...]
 KINDS = ('width', 'heads', 'head_dim', 'channels', 'experts', 'recurrent')
-
-
-def _is_var(v: Any) -> bool:
-  return isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar)
 
 
 def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[bool]:
@@ -57,24 +50,26 @@ def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[
   Returns:
     Per outvar, whether it depends on a model input.
   """
-  dep = {v for v, d in zip(jaxpr.invars, inputs, strict=True) if d}
-  for index, eqn in enumerate(jaxpr.eqns):
-    ins = [_is_var(v) and v in dep for v in eqn.invars]
-    entry = primitives.lookup(eqn.primitive.name)
-    body = control.inner(eqn.params[entry.body]) if entry is not None and entry.body else None
-    if body is not None and len(body.invars) == len(ins):
-      outs = dependent(body, ins, scope + (index, 0), found)
+  found.update((scope, v) for v, d in zip(jaxpr.invars, inputs, strict=True) if d)
+
+  def step(s, index, eqn, ins):
+    body = jaxprs.call_body(eqn)
+    if body is not None:
+      outs = dependent(control.inner(body), ins, s + (index, 0), found)
     elif eqn.primitive.name in _LOOPS:
-      outs = _LOOPS[eqn.primitive.name](eqn, ins, scope + (index,), found)
+      outs = _LOOPS[eqn.primitive.name](eqn, ins, s + (index,), found)
     else:
       # Other sub-jaxprs: everything inside depends on the inputs if any operand does.
       for sub_index, sub, _ in primitives.sub_jaxprs(eqn):
         sub = control.inner(sub)
-        dependent(sub, [any(ins)] * len(sub.invars), scope + (index, sub_index), found)
+        dependent(sub, [any(ins)] * len(sub.invars), s + (index, sub_index), found)
       outs = [any(ins)] * len(eqn.outvars)
-    dep.update(v for v, d in zip(eqn.outvars, outs, strict=True) if d and _is_var(v))
-  found.update((scope, v) for v in dep)
-  return [_is_var(v) and v in dep for v in jaxpr.outvars]
+    found.update((s, v) for v, d in zip(eqn.outvars, outs, strict=True)
+                 if d and jaxprs.is_var(v))
+    return outs
+
+  return jaxprs.evaluate(jaxpr, [False] * len(jaxpr.constvars), inputs, step, scope,
+                         literal=lambda _: False)
 
 
 def _scan(eqn: Any, ins: list[bool], scope: Scope, found: set) -> list[bool]:
@@ -131,13 +126,6 @@ def _recurrent(scope: Scope, index: int, eqn: Any, found: set) -> list[Any]:
   return body.invars[eqn.params['num_consts']:n_fixed]
 
 
-def _eqns(jaxpr: Any, scope: Scope) -> Iterator[tuple[Scope, int, Any]]:
-  for index, eqn in enumerate(control.inner(jaxpr).eqns):
-    yield scope, index, eqn
-    for sub_index, sub, _ in primitives.sub_jaxprs(eqn):
-      yield from _eqns(sub, scope + (index, sub_index))
-
-
 def analyse(graph: Any, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]:
   """Kinds of the groups and their activation sites, from the first entry point.
 
@@ -162,14 +150,14 @@ def analyse(graph: Any, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]
     return [part.group_id for part in graph.var_axes.get((scope, var), {}).get(axis, ())]
 
   experts, recurrent = set(), set()
-  for scope, index, eqn in _eqns(point.closed_jaxpr, point.scope):
+  for scope, index, eqn, _ in jaxprs.equations(point.closed_jaxpr, point.scope):
     name = eqn.primitive.name
     for var in _recurrent(scope, index, eqn, found):
       for axis in range(len(var.aval.shape)):
         recurrent.update(groups_on(scope + (index, 0), var, axis))
     if name not in ('dot_general', 'conv_general_dilated'):
       continue
-    is_act = [_is_var(v) and (scope, v) in found for v in eqn.invars[:2]]
+    is_act = [jaxprs.is_var(v) and (scope, v) in found for v in eqn.invars[:2]]
     operands = graph.proxied.get((scope, index), eqn).invars[:2]
     if name == 'conv_general_dilated':
       lhs_spec, _, out_spec = eqn.params['dimension_numbers']

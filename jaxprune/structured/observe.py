@@ -13,9 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax.extend import core as jcore
 
-from jaxprune.structured import control, primitives, shrink_rules
+from jaxprune.structured import control, jaxprs, shrink_rules
 
 Scope = tuple[int, ...]
 # watch(scope, eqn_index, eqn, invals, outvals)
@@ -25,29 +24,17 @@ Watch = Callable[[Scope, int, Any, list, list], None]
 def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: Scope,
              watch: Watch) -> list:
   """Evaluates an open jaxpr on `args`, calling `watch` after every equation."""
-  env: dict[Any, Any] = {}
-
-  def read(v):
-    return v.val if isinstance(v, jcore.Literal) else env[v]
-
-  for v, x in zip(jaxpr.constvars, consts, strict=True):
-    env[v] = x
-  for v, x in zip(jaxpr.invars, args, strict=True):
-    env[v] = x
-  for index, eqn in enumerate(jaxpr.eqns):
-    invals = [read(v) for v in eqn.invars]
-    entry = primitives.lookup(eqn.primitive.name)
-    body = eqn.params[entry.body] if entry is not None and entry.body else None
-    inner = control.inner(body) if body is not None else None
-    if inner is not None and len(inner.invars) == len(invals):
-      outs = evaluate(inner, getattr(body, 'consts', ()), invals, scope + (index, 0), watch)
+  def step(s, index, eqn, invals):
+    body = jaxprs.call_body(eqn)
+    if body is not None:
+      outs = jaxprs.evaluate(control.inner(body), getattr(body, 'consts', ()), invals, step,
+                             s + (index, 0))
     else:
       outs = shrink_rules.bind(eqn, invals)
-    watch(scope, index, eqn, invals, outs)
-    for v, x in zip(eqn.outvars, outs, strict=True):
-      if not isinstance(v, jcore.DropVar):
-        env[v] = x
-  return [read(v) for v in jaxpr.outvars]
+    watch(s, index, eqn, invals, outs)
+    return outs
+
+  return jaxprs.evaluate(jaxpr, consts, args, step, scope)
 
 
 def collect(closed: Any, flat_args: Sequence[Any], scope: Scope,

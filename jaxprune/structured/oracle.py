@@ -13,7 +13,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from jaxprune.structured import observe
-from jaxprune.structured.interpret import Shrinker, eval_jaxpr
+from jaxprune.structured.interpret import Shrinker
 from jaxprune.structured.plan import Plan
 from jaxprune.structured.shrink import (
     as_plan,
@@ -153,7 +153,7 @@ def _frozen_outputs(graph: Any, variables: PyTree, plan: Plan, args: tuple, jit:
   shrinker = Shrinker(graph, plan.removed)
   shrinker.overrides = sums
   closed = point.closed_jaxpr
-  run = lambda flat: eval_jaxpr(shrinker, closed.jaxpr, closed.consts, flat, point.scope)
+  run = lambda flat: shrinker.run(closed.jaxpr, closed.consts, flat, point.scope)
   new = jax.tree_util.tree_leaves(shrink_variables(graph, variables, plan))
   outs = (jax.jit(run) if jit else run)([*new, *flat_args])
   return jax.tree_util.tree_unflatten(point.out_tree, outs)

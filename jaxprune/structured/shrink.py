@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxprune import names
 from jaxprune.structured import trace as trace_lib
-from jaxprune.structured.interpret import Shrinker, eval_jaxpr
+from jaxprune.structured.interpret import Shrinker
 from jaxprune.structured.plan import Plan, check_variables, make_plan, plan_for
 
 PyTree = Any
@@ -107,7 +107,7 @@ class _Replay:
 
   def __call__(self, flat: list[Any]) -> Any:
     closed = self.point.closed_jaxpr
-    outs = eval_jaxpr(self.shrinker, closed.jaxpr, closed.consts, flat, self.point.scope)
+    outs = self.shrinker.run(closed.jaxpr, closed.consts, flat, self.point.scope)
     return jax.tree_util.tree_unflatten(self.point.out_tree, outs)
 
 

@@ -16,13 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jax.extend import core as jcore
-
-from jaxprune.structured import control, primitives
-
-
-def _is_var(v: Any) -> bool:
-  return isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar)
+from jaxprune.structured import control, jaxprs
 
 
 def live_inputs(jaxpr: Any, live_outputs: Sequence[bool]) -> list[bool]:
@@ -30,21 +24,21 @@ def live_inputs(jaxpr: Any, live_outputs: Sequence[bool]) -> list[bool]:
 
   An input is needed when a live equation reads it or it is a live output
   itself. A call's operands are followed into its body; every operand of any
-  other live equation (loops, branches, effects) counts as read.
+  other live equation (loops, branches, effects) counts as read. (The one
+  backward pass over a jaxpr; forward passes run on `jaxprs.evaluate`.)
   """
-  live = {v for v, used in zip(jaxpr.outvars, live_outputs, strict=True) if used and _is_var(v)}
+  is_var = jaxprs.is_var
+  live = {v for v, used in zip(jaxpr.outvars, live_outputs, strict=True) if used and is_var(v)}
   for eqn in reversed(jaxpr.eqns):
-    outs = [_is_var(v) and v in live for v in eqn.outvars]
+    outs = [is_var(v) and v in live for v in eqn.outvars]
     if not any(outs) and not eqn.effects:
       continue
-    entry = primitives.lookup(eqn.primitive.name)
-    body = control.inner(eqn.params[entry.body]) if entry and entry.body else None
-    if body is not None and len(body.invars) == len(eqn.invars) and len(
-        body.outvars) == len(eqn.outvars):
-      used = live_inputs(body, outs if not eqn.effects else [True] * len(outs))
-      live |= {v for v, u in zip(eqn.invars, used, strict=True) if u and _is_var(v)}
+    body = jaxprs.call_body(eqn)
+    if body is not None:
+      used = live_inputs(control.inner(body), outs if not eqn.effects else [True] * len(outs))
+      live |= {v for v, u in zip(eqn.invars, used, strict=True) if u and is_var(v)}
     else:
-      live |= {v for v in eqn.invars if _is_var(v)}
+      live |= {v for v in eqn.invars if is_var(v)}
   return [v in live for v in jaxpr.invars]
 
 
@@ -59,14 +53,16 @@ def constants(jaxpr: Any, inputs_constant: Sequence[bool] | None = None) -> set[
     Its constvars and every output of an equation that has no variable
     operand that is not a constant.
   """
+  inputs = list(inputs_constant or [False] * len(jaxpr.invars))
   found = set(jaxpr.constvars)
-  for var, constant in zip(jaxpr.invars, inputs_constant or [False] * len(jaxpr.invars),
-                           strict=True):
+  found.update(v for v, constant in zip(jaxpr.invars, inputs, strict=True) if constant)
+
+  def step(scope, index, eqn, operands_constant):
+    del scope, index
+    constant = not eqn.effects and all(operands_constant)
     if constant:
-      found.add(var)
-  for eqn in jaxpr.eqns:
-    if eqn.effects:
-      continue
-    if all(v in found for v in eqn.invars if isinstance(v, jcore.Var)):
-      found.update(v for v in eqn.outvars if _is_var(v))
+      found.update(v for v in eqn.outvars if jaxprs.is_var(v))
+    return [constant] * len(eqn.outvars)
+
+  jaxprs.evaluate(jaxpr, [True] * len(jaxpr.constvars), inputs, step, literal=lambda _: True)
   return found
