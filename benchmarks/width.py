@@ -51,8 +51,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import thirdparty_zoo_hf as hf  # noqa: E402
 
 import jaxprune.structured as jps  # noqa: E402
-from jaxprune.structured import cost, kinds  # noqa: E402
-from jaxprune.structured.interpret import Shrinker  # noqa: E402
+from jaxprune.structured._core import cost  # noqa: E402
+from jaxprune.structured._shrink.shrinker import Shrinker  # noqa: E402
+from jaxprune.structured._trace import kinds  # noqa: E402
 
 try:
   from benchmarks._timing import interleaved, table

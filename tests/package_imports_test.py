@@ -80,8 +80,8 @@ def test_import_jaxprune_loads_only_the_core():
   assert loaded == []
   assert {'structured', 'channels', 'train', 'sparse', 'functional', 'methods'} <= set(
       report['dir'])
-  assert report['trace'] == 'jaxprune.structured.trace'
-  assert report['channels'] == 'jaxprune.channels.rule'
+  assert report['trace'] == 'jaxprune.structured._trace.tracing'
+  assert report['channels'] == 'jaxprune.channels._rule'
   assert report['after']
 
 

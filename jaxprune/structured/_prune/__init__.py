@@ -1,0 +1,3 @@
+"""`prune`: the three stages in one call for Flax Linen, NNX and plain functions (private)."""
+
+__all__ = []
