@@ -18,6 +18,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from jaxprune.structured._core import jaxprs
+from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.kept import PlanShapes
 from jaxprune.structured._core.shapes import is_static, var_shape
 from jaxprune.structured._primitives import table
@@ -62,7 +63,7 @@ def count(jaxpr: Any, var_axes: dict, n_groups: int,
   return per_channel, total
 
 
-def plan_flops(graph: Any, plan: Any) -> float:
+def plan_flops(graph: DependencyGraph, plan: Any) -> float:
   """FLOPs per call of the traced function after applying `plan`.
 
   Args:

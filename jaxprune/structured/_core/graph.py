@@ -69,7 +69,7 @@ class AxisPart:
   indices: np.ndarray
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ChannelGroup:
   """Channels that occupy the same axes and are removed with the same plan.
 
@@ -101,7 +101,7 @@ class ChannelGroup:
   approximate: bool = False
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class EntryPoint:
   """One traced function of a model (`trace`'s `fn`, or one of its `also`).
 
@@ -123,9 +123,13 @@ class EntryPoint:
   arg_avals: tuple[Any, ...]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class DependencyGraph:
   """The channel groups of a traced function, and how they map onto tensors.
+
+  Frozen: `trace` builds every field, then the graph once (the group kinds
+  and norms' marks make a new graph with `dataclasses.replace`). Only
+  `retraced`, a cache, fills in later.
 
   Attributes:
     groups: every group, prunable or not.
@@ -161,8 +165,8 @@ class DependencyGraph:
     variables_tree: treedef of the variables.
     variables_avals: `jax.ShapeDtypeStruct` of each variables leaf.
     warnings: human-readable notes produced while tracing (unknown primitives).
-    retraced: this graph traced again at other argument shapes (by entry
-      point, argument structure and static shapes), filled by `retrace`.
+    retraced: a cache of this graph traced again at other argument shapes (by
+      entry point, argument structure and static shapes), filled by `retrace`.
     norms: `trace`'s `norms` option: None (sums over channels block them),
       'exact' (they pass; the pruned model keeps the full-width divisors) or
       'renormalise' (they pass; the pruned model divides by the kept width).

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxprune.structured._core.graph import DependencyGraph
+
 
 @dataclasses.dataclass(frozen=True)
 class GroupKey:
@@ -63,7 +65,7 @@ def group_key(group: Any) -> GroupKey | None:
   return GroupKey(tuple(parts), canonical, label)
 
 
-def index(graph: Any) -> dict[tuple, Any]:
+def index(graph: DependencyGraph) -> dict[tuple, Any]:
   """`{signature: group}` of a graph's groups with variables leaves (cached on the graph)."""
   cached = getattr(graph, '_identity_index', None)
   if cached is not None and cached[0] is graph.groups:
@@ -82,7 +84,7 @@ def index(graph: Any) -> dict[tuple, Any]:
 
 
 def translate(removed: dict[int, np.ndarray], keys: dict[int, GroupKey],
-              graph: Any) -> dict[int, np.ndarray]:
+              graph: DependencyGraph) -> dict[int, np.ndarray]:
   """Maps `{group id: channels}` of another trace onto `graph` by group identity.
 
   Args:

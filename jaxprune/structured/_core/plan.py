@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxprune import names
 from jaxprune.structured._core import identity
+from jaxprune.structured._core.graph import DependencyGraph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,7 @@ def _channel_indices(gid: int, size: int, channels: Any) -> np.ndarray:
   return np.unique(array.astype(np.int64))
 
 
-def make_plan(graph: Any, removed: Mapping[int, Sequence[int]]) -> Plan:
+def make_plan(graph: DependencyGraph, removed: Mapping[int, Sequence[int]]) -> Plan:
   """Builds a checked Plan from `{group id: channels to remove}`.
 
   Args:
@@ -104,7 +105,7 @@ def make_plan(graph: Any, removed: Mapping[int, Sequence[int]]) -> Plan:
   return Plan(removed=out, sizes={g.id: g.size for g in graph.groups}, keys=keys)
 
 
-def check_variables(graph: Any, variables: Any, where: str) -> None:
+def check_variables(graph: DependencyGraph, variables: Any, where: str) -> None:
   """Raises a ValueError when `variables` are not shaped as the ones `graph` was traced with."""
   tree = jax.tree_util.tree_structure(variables)
   if tree != graph.variables_tree:
@@ -133,7 +134,7 @@ def _check_channels(plan: Plan) -> None:
                        'check them.')
 
 
-def plan_for(graph: Any, plan: Plan) -> Plan:
+def plan_for(graph: DependencyGraph, plan: Plan) -> Plan:
   """The plan in `graph`'s group ids: translated by group identity when it has keys.
 
   Raises:
@@ -158,6 +159,21 @@ def plan_for(graph: Any, plan: Plan) -> Plan:
       raise ValueError(f'plan: group {gid} is not prunable ({group.reason}).')
   _check_channels(plan)
   return plan
+
+
+def as_plan(graph: DependencyGraph, plan: Plan | Mapping[int, Sequence[int]]) -> Plan:
+  """The one normalisation of a plan, at the public boundary of every stage.
+
+  Accepts a `Plan` (made on this graph or another trace of the same model:
+  translated by `plan_for`) or `{group id: channel indices to remove}` of this
+  graph (checked by `make_plan`). Internal stages take the `Plan` it returns.
+  """
+  if isinstance(plan, Plan):
+    return plan_for(graph, plan)
+  if not isinstance(plan, Mapping):
+    raise TypeError(f'plan: give a Plan (from select or make_plan) or {{group id: channels}}, '
+                    f'got {type(plan).__name__}.')
+  return make_plan(graph, plan)
 
 
 @dataclasses.dataclass(frozen=True)

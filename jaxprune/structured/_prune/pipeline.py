@@ -22,6 +22,7 @@ import flax.linen as nn
 from flax import nnx
 
 from jaxprune.structured._core import cost
+from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan, make_plan
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._select import selectors
@@ -55,7 +56,7 @@ class PruneResult:
   model: Any
   variables: PyTree
   plan: Plan
-  graph: Any
+  graph: DependencyGraph
   pruned_fn: Callable
   flops_before: float
   flops_after: float

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune.structured._core import observe
+from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.progress import progress_bar
 from jaxprune.structured._core.shapes import same_avals
 from jaxprune.structured._select.importance import Scores, magnitude_importance, mean_normalised
@@ -31,7 +32,7 @@ from jaxprune.structured._select.importance import Scores, magnitude_importance,
 PyTree = Any
 
 
-def _wanted(graph: Any) -> dict[tuple, set[tuple[int, int]]]:
+def _wanted(graph: DependencyGraph) -> dict[tuple, set[tuple[int, int]]]:
   """`{(scope, eqn index): {(operand index or -1, axis)}}` of every site."""
   wanted: dict[tuple, set[tuple[int, int]]] = {}
   for sites in graph.activation_sites.values():
@@ -47,7 +48,7 @@ def _mean_abs(value: Any, axis: int) -> jax.Array:
   return jnp.mean(value, axis=others) if others else value
 
 
-def activation_importance(graph: Any, variables: PyTree, batches: Iterable[Any],
+def activation_importance(graph: DependencyGraph, variables: PyTree, batches: Iterable[Any],
                           progress: bool = False) -> Scores:
   """Mean |activation| per channel on calibration batches (see the module docstring).
 

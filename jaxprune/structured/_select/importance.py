@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import names
+from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.progress import progress_bar
 
 Scores = dict[int, np.ndarray]
@@ -53,7 +54,7 @@ def _reduce_positions(array: np.ndarray, axis: int, reduce: Callable) -> np.ndar
   return reduce(moved.reshape(moved.shape[0], -1))
 
 
-def group_scores(graph: Any, leaves: Mapping[str, Any], reduce: Callable,
+def group_scores(graph: DependencyGraph, leaves: Mapping[str, Any], reduce: Callable,
                  leaf_filter: Callable[[str], bool] = is_weight,
                  normalise: bool = True) -> Scores:
   """Sums a per-position statistic over each channel's slices in its group.
@@ -83,7 +84,7 @@ def group_scores(graph: Any, leaves: Mapping[str, Any], reduce: Callable,
   return scores
 
 
-def magnitude_importance(graph: Any, variables: PyTree, p: int = 2) -> Scores:
+def magnitude_importance(graph: DependencyGraph, variables: PyTree, p: int = 2) -> Scores:
   """L1 (`p=1`) or L2 (`p=2`) norm of each channel's weight slices.
 
   For L2 the squares are summed over all the group's slices before the root,
@@ -98,7 +99,7 @@ def magnitude_importance(graph: Any, variables: PyTree, p: int = 2) -> Scores:
   return {gid: mean_normalised(s) for gid, s in raw.items()}
 
 
-def bn_scale_importance(graph: Any, variables: PyTree) -> Scores:
+def bn_scale_importance(graph: DependencyGraph, variables: PyTree) -> Scores:
   """|scale| of the normalisation layers in the group (Liu et al. 2017, network slimming).
 
   Groups with no `scale` member fall back to the L2 magnitude, so every group
@@ -115,7 +116,7 @@ def bn_scale_importance(graph: Any, variables: PyTree) -> Scores:
   return out
 
 
-def random_importance(graph: Any, seed: int = 0) -> Scores:
+def random_importance(graph: DependencyGraph, seed: int = 0) -> Scores:
   """Uniform random scores: the baseline every criterion should beat."""
   rng = np.random.default_rng(seed)
   return {group.id: rng.uniform(size=group.size) for group in graph.groups}
@@ -130,7 +131,8 @@ def _mask_for(leaf: str, masks: Mapping[str, Any]) -> Any:
   return None
 
 
-def density_importance(graph: Any, variables: PyTree, masks: PyTree | None = None) -> Scores:
+def density_importance(graph: DependencyGraph, variables: PyTree,
+                       masks: PyTree | None = None) -> Scores:
   """Fraction of nonzero (or mask-kept) entries in each channel's slices.
 
   After gradual magnitude pruning a channel whose slices are all zero scores 0
@@ -160,7 +162,8 @@ def density_importance(graph: Any, variables: PyTree, masks: PyTree | None = Non
   return {gid: np.divide(nonzero[gid], np.maximum(sizes[gid], 1.0)) for gid in nonzero}
 
 
-def taylor_importance(graph: Any, variables: PyTree, loss_fn: Callable[[PyTree, Any], Any],
+def taylor_importance(graph: DependencyGraph, variables: PyTree,
+                      loss_fn: Callable[[PyTree, Any], Any],
                       batches: Iterable[Any], progress: bool = False) -> Scores:
   """First-order Taylor importance |w * dL/dw| (Molchanov et al. 2019, arXiv 1906.10771).
 
@@ -207,7 +210,8 @@ def taylor_importance(graph: Any, variables: PyTree, loss_fn: Callable[[PyTree, 
   return group_scores(graph, mean, lambda x: x.sum(1))
 
 
-def score_channels(graph: Any, variables: PyTree, method: str | Mapping[int, Any] = 'l2', *,
+def score_channels(graph: DependencyGraph, variables: PyTree,
+                   method: str | Mapping[int, Any] = 'l2', *,
                    masks: PyTree | None = None, seed: int = 0) -> Scores:
   """Scores every group with a named criterion, or validates precomputed scores.
 
@@ -235,7 +239,7 @@ def score_channels(graph: Any, variables: PyTree, method: str | Mapping[int, Any
   return _finite(graph, methods[method](), f'importance={method!r}')
 
 
-def _finite(graph: Any, scores: Scores, what: str) -> Scores:
+def _finite(graph: DependencyGraph, scores: Scores, what: str) -> Scores:
   """Raises a ValueError when a prunable group has a NaN score (its order is undefined)."""
   for gid, score in scores.items():
     bad = int(np.isnan(score).sum())
@@ -259,7 +263,7 @@ def check_method(method: Any, extra: tuple[str, ...] = ()) -> None:
                      "precomputed scores (e.g. from taylor_importance) as {group id: array}.")
 
 
-def _given_scores(graph: Any, given: Mapping[int, Any]) -> Scores:
+def _given_scores(graph: DependencyGraph, given: Mapping[int, Any]) -> Scores:
   sizes = {group.id: group.size for group in graph.groups}
   unknown = sorted(set(given) - set(sizes), key=str)
   if unknown:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from jaxprune.structured._core import cost as cost_lib
+from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan, check_variables, make_plan
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._trace.kinds import KINDS
@@ -30,7 +31,8 @@ from jaxprune.structured._trace.kinds import KINDS
 PyTree = Any
 
 
-def _candidates(graph: Any, scores: Mapping[int, np.ndarray], constraint: Constraint) -> list:
+def _candidates(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
+                constraint: Constraint) -> list:
   return [g for g in graph.groups
           if g.prunable and g.id in scores and not constraint.is_locked(g)
           and constraint.min_keep(g.size) < g.size]
@@ -40,14 +42,14 @@ def _least_important(scores: np.ndarray, count: int) -> np.ndarray:
   return np.sort(np.argsort(scores, kind='stable')[:count])
 
 
-def _plan_from_counts(graph: Any, scores: Mapping[int, np.ndarray],
+def _plan_from_counts(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
                       counts: Mapping[int, int], notes: tuple[str, ...] = ()) -> Plan:
   plan = make_plan(graph, {gid: _least_important(scores[gid], n)
                            for gid, n in counts.items() if n > 0})
   return dataclasses.replace(plan, notes=notes) if notes else plan
 
 
-def _rounding_notes(graph: Any, asked: Mapping[int, int], counts: Mapping[int, int],
+def _rounding_notes(graph: DependencyGraph, asked: Mapping[int, int], counts: Mapping[int, int],
                     constraint: Constraint) -> tuple[str, ...]:
   """One note per group where the constraint removed fewer channels than asked."""
   sizes = {g.id: g.size for g in graph.groups}
@@ -63,7 +65,8 @@ def _rounding_notes(graph: Any, asked: Mapping[int, int], counts: Mapping[int, i
                                if constraint.round_to > 1 else ''),)
 
 
-def uniform(graph: Any, scores: Mapping[int, np.ndarray], ratio: float | Mapping[str, float],
+def uniform(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
+            ratio: float | Mapping[str, float],
             constraint: Constraint | None = None) -> Plan:
   """Removes `ratio` of the channels of every prunable, unlocked group.
 
@@ -134,7 +137,7 @@ class _GlobalOrder:
     return self.plan(lo)
 
 
-def global_(graph: Any, scores: Mapping[int, np.ndarray], amount: float,
+def global_(graph: DependencyGraph, scores: Mapping[int, np.ndarray], amount: float,
             constraint: Constraint | None = None) -> Plan:
   """Removes the least important channels network-wide.
 
@@ -217,7 +220,8 @@ def _knapsack(graph, scores, constraint, cost_fn, target, buckets=256):
   return found
 
 
-def by_cost(graph: Any, scores: Mapping[int, np.ndarray], cost_fn: Callable[[Plan], float],
+def by_cost(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
+            cost_fn: Callable[[Plan], float],
             target: float, constraint: Constraint | None = None, search: str = 'greedy') -> Plan:
   """Removes channels until `cost_fn(plan) <= target`.
 
@@ -249,7 +253,8 @@ def by_cost(graph: Any, scores: Mapping[int, np.ndarray], cost_fn: Callable[[Pla
   raise ValueError(f"search={search!r}: use 'greedy' or 'knapsack'.")
 
 
-def select(graph: Any, variables: PyTree, *, ratio: float | Mapping[str, float] | None = None,
+def select(graph: DependencyGraph, variables: PyTree, *,
+           ratio: float | Mapping[str, float] | None = None,
            flops_target: float | None = None, importance: Any = 'l2',
            scope: str = 'uniform', n_channels: int | None = None,
            latency_fn: Callable[[Plan], float] | None = None,

@@ -1,4 +1,9 @@
-"""Applies a plan: smaller variables and the pruned callable."""
+"""Applies a plan: smaller variables and the pruned callable.
+
+The public functions take a `Plan` or `{group id: channels}` and normalise it
+once (`as_plan`); `cut_variables`, `zeroed_variables` and `replayed_fn` are
+the stage's implementation and take a `Plan` already in the graph's ids.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import names
-from jaxprune.structured._core.plan import Plan, check_variables, make_plan, plan_for
+from jaxprune.structured._core.graph import DependencyGraph
+from jaxprune.structured._core.plan import Plan, as_plan, check_variables, plan_for
 from jaxprune.structured._core.shapes import same_avals
 from jaxprune.structured._shrink.shrinker import Shrinker
 from jaxprune.structured._trace import tracing as trace_lib
@@ -18,18 +24,7 @@ from jaxprune.structured._trace import tracing as trace_lib
 PyTree = Any
 
 
-def as_plan(graph: Any, plan: Plan | Mapping[int, Sequence[int]]) -> Plan:
-  """Accepts a `Plan` (made on this graph or another trace of the same model) or
-  `{group id: channel indices to remove}` of this graph."""
-  if isinstance(plan, Plan):
-    return plan_for(graph, plan)
-  if not isinstance(plan, Mapping):
-    raise TypeError(f'plan: give a Plan (from select or make_plan) or {{group id: channels}}, '
-                    f'got {type(plan).__name__}.')
-  return make_plan(graph, plan)
-
-
-def _leaf_kept(graph: Any, name: str, shape: Sequence[int],
+def _leaf_kept(graph: DependencyGraph, name: str, shape: Sequence[int],
                removed: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
   """`{axis: kept positions}` for the axes of a leaf that lose positions."""
   kept = {}
@@ -40,7 +35,7 @@ def _leaf_kept(graph: Any, name: str, shape: Sequence[int],
   return kept
 
 
-def shrink_variables(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyTree:
+def shrink_variables(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping) -> PyTree:
   """Cuts the plan's channels out of every leaf (params, batch_stats, any collection).
 
   Args:
@@ -52,8 +47,11 @@ def shrink_variables(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyT
   Returns:
     The same pytree with smaller leaves.
   """
-  plan = as_plan(graph, plan)
+  return cut_variables(graph, variables, as_plan(graph, plan))
 
+
+def cut_variables(graph: DependencyGraph, variables: PyTree, plan: Plan) -> PyTree:
+  """`shrink_variables` for a normalised plan."""
   def cut(path, leaf):
     name = names.leaf_name(path)
     traced = graph.leaf_shapes.get(name)
@@ -73,15 +71,18 @@ def shrink_variables(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyT
   return jax.tree_util.tree_map_with_path(cut, variables)
 
 
-def zero_removed(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyTree:
+def zero_removed(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping) -> PyTree:
   """The dense variables with every removed channel's slices set to zero.
 
   Every member is zeroed (producer filters, biases, normalisation entries and
   consumer rows), so a removed channel contributes nothing anywhere: the dense
   model computed with these variables is what the pruned model must equal.
   """
-  plan = as_plan(graph, plan)
+  return zeroed_variables(graph, variables, as_plan(graph, plan))
 
+
+def zeroed_variables(graph: DependencyGraph, variables: PyTree, plan: Plan) -> PyTree:
+  """`zero_removed` for a normalised plan."""
   def zero(path, leaf):
     name = names.leaf_name(path)
     shape = jnp.shape(leaf)
@@ -102,9 +103,10 @@ def zero_removed(graph: Any, variables: PyTree, plan: Plan | Mapping) -> PyTree:
 class _Replay:
   """The jaxpr of one entry point of one trace, evaluated under one plan."""
 
-  def __init__(self, graph: Any, plan: Plan, entry: int):
+  def __init__(self, graph: DependencyGraph, plan: Plan, entry: int):
+    """`plan` in `graph`'s group ids."""
     self.point = graph.entries[entry]
-    self.shrinker = Shrinker(graph, plan_for(graph, plan).removed)
+    self.shrinker = Shrinker(graph, plan.removed)
 
   def __call__(self, flat: list[Any]) -> Any:
     closed = self.point.closed_jaxpr
@@ -112,11 +114,11 @@ class _Replay:
     return jax.tree_util.tree_unflatten(self.point.out_tree, outs)
 
 
-def pruned_callable(graph: Any, plan: Plan | Mapping, jit: bool = True,
+def pruned_callable(graph: DependencyGraph, plan: Plan | Mapping, jit: bool = True,
                     entry: int = 0) -> Callable:
   """The traced function at the pruned shapes: `pruned_fn(new_variables, *args)`.
 
-  It replays the traced jaxpr (see `interpret`), so it works for any function
+  It replays the traced jaxpr (see `Shrinker`), so it works for any function
   `trace` accepted, not only Flax modules. It runs at every input shape the
   original function accepts (batch 1, other batches, other sequence lengths):
   at a shape other than the example's, the function is traced again at that
@@ -137,7 +139,11 @@ def pruned_callable(graph: Any, plan: Plan | Mapping, jit: bool = True,
   if not 0 <= entry < len(graph.entries):
     raise ValueError(f'entry={entry}: the graph has {len(graph.entries)} entry point(s) '
                      f'(0..{len(graph.entries) - 1}).')
-  plan = as_plan(graph, plan)
+  return replayed_fn(graph, as_plan(graph, plan), jit, entry)
+
+
+def replayed_fn(graph: DependencyGraph, plan: Plan, jit: bool = True, entry: int = 0) -> Callable:
+  """`pruned_callable` for a normalised plan and a valid entry point."""
   point = graph.entries[entry]
   shrinker = Shrinker(graph, plan.removed)
   leaf_vars = point.closed_jaxpr.jaxpr.invars[:len(graph.leaf_names)]
@@ -151,8 +157,10 @@ def pruned_callable(graph: Any, plan: Plan | Mapping, jit: bool = True,
       return replays[id(graph)]
     traced = trace_lib.retrace(graph, entry, args)
     if any(traced is g for g in graph.retraced.values()):  # static shapes: kept
-      return replays.setdefault(id(traced), _Replay(traced, plan, entry))
-    return _Replay(traced, plan, entry)
+      if id(traced) not in replays:
+        replays[id(traced)] = _Replay(traced, plan_for(traced, plan), entry)
+      return replays[id(traced)]
+    return _Replay(traced, plan_for(traced, plan), entry)
 
   def pruned_fn(new_variables, *args):
     flat, tree = jax.tree_util.tree_flatten(new_variables)
@@ -169,7 +177,8 @@ def pruned_callable(graph: Any, plan: Plan | Mapping, jit: bool = True,
   return jax.jit(pruned_fn) if jit else pruned_fn
 
 
-def apply_plan(graph: Any, variables: PyTree, plan: Plan | Mapping) -> tuple[PyTree, Callable]:
+def apply_plan(graph: DependencyGraph, variables: PyTree,
+               plan: Plan | Mapping) -> tuple[PyTree, Callable]:
   """Removes the plan's channels: `(new_variables, pruned_fn)`.
 
   Args:
@@ -183,4 +192,4 @@ def apply_plan(graph: Any, variables: PyTree, plan: Plan | Mapping) -> tuple[PyT
   """
   check_variables(graph, variables, 'apply_plan')
   plan = as_plan(graph, plan)
-  return shrink_variables(graph, variables, plan), pruned_callable(graph, plan)
+  return cut_variables(graph, variables, plan), replayed_fn(graph, plan)

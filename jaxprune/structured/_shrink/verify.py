@@ -15,13 +15,8 @@ from jax.extend import core as jcore
 from jaxprune.structured._core import observe
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.kept import PlanShapes
-from jaxprune.structured._core.plan import Plan
-from jaxprune.structured._shrink.apply import (
-  as_plan,
-  pruned_callable,
-  shrink_variables,
-  zero_removed,
-)
+from jaxprune.structured._core.plan import Plan, as_plan
+from jaxprune.structured._shrink.apply import cut_variables, replayed_fn, zeroed_variables
 from jaxprune.structured._shrink.shrinker import Shrinker
 
 PyTree = Any
@@ -109,7 +104,7 @@ def dense_reference(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapp
   it op by op (for primitives with only an eager implementation).
   """
   plan = as_plan(graph, plan)
-  return traced_outputs(graph, plan, zero_removed(graph, variables, plan), *args, jit=jit)
+  return traced_outputs(graph, plan, zeroed_variables(graph, variables, plan), *args, jit=jit)
 
 
 def compare(reference: PyTree, outputs: PyTree, rtol: float | None = None,
@@ -152,24 +147,25 @@ def compare(reference: PyTree, outputs: PyTree, rtol: float | None = None,
   return VerifyReport(ok, rel, diff, scale)
 
 
-def _frozen_outputs(graph: Any, variables: PyTree, plan: Plan, args: tuple, jit: bool) -> PyTree:
+def _frozen_outputs(graph: DependencyGraph, variables: PyTree, plan: Plan, args: tuple,
+                    jit: bool) -> PyTree:
   """The pruned model's outputs with each norm sum taken from the zeroed dense model."""
   flat_args = jax.tree_util.tree_leaves(args)
   point = graph.entries[0]
   watched = set(graph.norm_sums)
-  zeroed = jax.tree_util.tree_leaves(zero_removed(graph, variables, plan))
+  zeroed = jax.tree_util.tree_leaves(zeroed_variables(graph, variables, plan))
   sums = observe.collect(point.closed_jaxpr, [*zeroed, *flat_args], point.scope,
                          lambda s, i, eqn, ins, outs: outs if (s, i) in watched else None)
   shrinker = Shrinker(graph, plan.removed)
   shrinker.overrides = sums
   closed = point.closed_jaxpr
   run = lambda flat: shrinker.run(closed.jaxpr, closed.consts, flat, point.scope)
-  new = jax.tree_util.tree_leaves(shrink_variables(graph, variables, plan))
+  new = jax.tree_util.tree_leaves(cut_variables(graph, variables, plan))
   outs = (jax.jit(run) if jit else run)([*new, *flat_args])
   return jax.tree_util.tree_unflatten(point.out_tree, outs)
 
 
-def verify(graph: Any, variables: PyTree, plan: Plan | Mapping, *example_args: Any,
+def verify(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping, *example_args: Any,
            pruned_fn: Callable | None = None, per_group: bool = False,
            rtol: float | None = None, atol: float = 0.0, jit: bool = True,
            approximate_rtol: float = APPROXIMATE_RTOL) -> VerifyReport:
@@ -202,10 +198,18 @@ def verify(graph: Any, variables: PyTree, plan: Plan | Mapping, *example_args: A
   Returns:
     A `VerifyReport`; truthy when the pruned outputs match.
   """
-  plan = as_plan(graph, plan)
-  fn = pruned_fn or pruned_callable(graph, plan, jit=jit)
-  outputs = fn(shrink_variables(graph, variables, plan), *example_args)
-  reference = dense_reference(graph, variables, plan, *example_args, jit=jit)
+  return _verify(graph, variables, as_plan(graph, plan), example_args, pruned_fn, per_group,
+                 rtol, atol, jit, approximate_rtol)
+
+
+def _verify(graph: DependencyGraph, variables: PyTree, plan: Plan, example_args: tuple,
+            pruned_fn: Callable | None, per_group: bool, rtol: float | None, atol: float,
+            jit: bool, approximate_rtol: float) -> VerifyReport:
+  """`verify` for a normalised plan."""
+  fn = pruned_fn or replayed_fn(graph, plan, jit=jit)
+  outputs = fn(cut_variables(graph, variables, plan), *example_args)
+  reference = traced_outputs(graph, plan, zeroed_variables(graph, variables, plan),
+                             *example_args, jit=jit)
   approximate = tuple(sorted(gid for gid in plan.removed if graph.groups[gid].approximate))
   if not approximate:
     report = compare(reference, outputs, rtol, atol)
@@ -220,7 +224,7 @@ def verify(graph: Any, variables: PyTree, plan: Plan | Mapping, *example_args: A
   errors, ok = {}, report.ok
   for gid, channels in plan.removed.items():
     single = Plan({gid: channels}, plan.sizes)
-    one = verify(graph, variables, single, *example_args, rtol=rtol, atol=atol, jit=jit,
-                 approximate_rtol=approximate_rtol)
+    one = _verify(graph, variables, single, example_args, None, False, rtol, atol, jit,
+                  approximate_rtol)
     errors[gid], ok = one.max_rel_diff, ok and one.ok
   return dataclasses.replace(report, ok=ok, per_group=errors)

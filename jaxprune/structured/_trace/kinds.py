@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxprune.structured._core import jaxprs
+from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._primitives import control, table
 
 Scope = tuple[int, ...]
@@ -127,7 +128,7 @@ def _recurrent(scope: Scope, index: int, eqn: Any, found: set) -> list[Any]:
   return body.invars[eqn.params['num_consts']:n_fixed]
 
 
-def analyse(graph: Any, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]:
+def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]:
   """Kinds of the groups and their activation sites, from the first entry point.
 
   Args:

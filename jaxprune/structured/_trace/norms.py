@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune.structured._core import observe
+from jaxprune.structured._core.graph import DependencyGraph
 
 MODES = ('exact', 'renormalise')
 
@@ -59,7 +60,7 @@ def _value(x: Any, rng: np.random.Generator) -> Any:
   return jnp.zeros(x.shape, x.dtype)
 
 
-def _zeroed(graph: Any, leaves: Sequence[Any], removed: dict[int, np.ndarray]) -> list:
+def _zeroed(graph: DependencyGraph, leaves: Sequence[Any], removed: dict[int, np.ndarray]) -> list:
   """Leaves with the removed channels' positions set to zero (as `zero_removed`)."""
   out = []
   for name, leaf in zip(graph.leaf_names, leaves, strict=True):
@@ -74,12 +75,12 @@ def _zeroed(graph: Any, leaves: Sequence[Any], removed: dict[int, np.ndarray]) -
   return out
 
 
-def _parts(graph: Any, reduction: tuple) -> list:
+def _parts(graph: DependencyGraph, reduction: tuple) -> list:
   scope, _, var, axis = reduction
   return graph.var_axes.get((scope, var), {}).get(axis, [])
 
 
-def _observed_exact(graph: Any, reductions: list, variables: Any, args: Sequence[Any],
+def _observed_exact(graph: DependencyGraph, reductions: list, variables: Any, args: Sequence[Any],
                     width: set[int]) -> set[int]:
   """Groups all of whose sums (in the first entry point) sum exact zeros at removed channels."""
   rng = np.random.default_rng(0)
@@ -102,20 +103,24 @@ def _observed_exact(graph: Any, reductions: list, variables: Any, args: Sequence
   return exact
 
 
-def classify(graph: Any, reductions: list, variables: Any, args: Sequence[Any]) -> None:
-  """Marks the groups the norms sum over as 'width', and the approximate ones.
+def classify(graph: DependencyGraph, reductions: list, variables: Any,
+             args: Sequence[Any]) -> dict[int, bool]:
+  """The groups the norms sum over (their kind is 'width'), and which are approximate.
 
   Args:
-    graph: the DependencyGraph, changed in place.
+    graph: the DependencyGraph.
     reductions: the walker's `(scope, eqn index, operand, axis)` of each sum
       over a channel axis it let through.
     variables: the traced variables (arrays or `ShapeDtypeStruct`s).
     args: the first entry point's example arguments.
+
+  Returns:
+    `{group id: approximate}` for every prunable group a norm sums over.
   """
   width = {part.group_id for r in reductions for part in _parts(graph, r)
            if graph.groups[part.group_id].prunable}
   if not width:
-    return
+    return {}
   # Scopes of entry point k > 0 start with -k (see `graph.VarKey`).
   first = [r for r in reductions if not r[0] or r[0][0] >= 0]
   others = [r for r in reductions if r not in first]
@@ -123,6 +128,4 @@ def classify(graph: Any, reductions: list, variables: Any, args: Sequence[Any]) 
   if graph.norms == 'exact':
     exact = _observed_exact(graph, first, variables, args, width)
     exact -= {part.group_id for r in others for part in _parts(graph, r)}
-  for gid in width:
-    graph.groups[gid].kind = 'width'
-    graph.groups[gid].approximate = gid not in exact
+  return {gid: gid not in exact for gid in width}

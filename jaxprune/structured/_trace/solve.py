@@ -195,7 +195,7 @@ _UNREAD = 'never read by the traced function'
 
 
 def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_tree,
-                variables_avals, blocked_primitives, warnings) -> DependencyGraph:
+                variables_avals, blocked_primitives, warnings, norms) -> DependencyGraph:
   """Groups the walker's channels; see the module docstring."""
   labels, tables, extra_blocks = _settle_merges(walker)
   own_e, own_o = _ownership(labels, tables)
@@ -235,4 +235,5 @@ def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_t
       blocked_primitives=blocked_primitives, total_flops=total_flops, entries=entries,
       var_axes=var_axes, leaf_axes=leaf_axes, unread=list(unread), proxied=walker.proxied,
       notes=walker.notes, variables_tree=variables_tree, variables_avals=variables_avals,
-      warnings=warnings)
+      warnings=warnings, norms=norms,
+      norm_sums=sorted({(r[0], r[1]) for r in walker.reductions}))

@@ -11,6 +11,7 @@ pruned callable uses it to run at every shape the original function accepts.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -119,15 +120,15 @@ def _trace(specs: Sequence[_Spec], variables: Any, norms: str | None = None,
       unread=[name for name in leaf_names if name not in read],
       variables_tree=jax.tree_util.tree_structure(variables),
       variables_avals=tuple(_aval(v.aval) for v in leaf_invars),
-      blocked_primitives=dict(walker.blocked_primitives), warnings=messages)
-  graph.norms = norms
-  graph.norm_sums = sorted({(r[0], r[1]) for r in walker.reductions})
+      blocked_primitives=dict(walker.blocked_primitives), warnings=messages, norms=norms)
   if classify:
     n_inputs = len(jax.tree_util.tree_leaves(tuple(specs[0][1])))
-    group_kinds, graph.activation_sites = kinds.analyse(graph, n_inputs)
-    for gid, kind in group_kinds.items():
-      graph.groups[gid].kind = kind
-    norms_lib.classify(graph, walker.reductions, variables, specs[0][1])
+    group_kinds, sites = kinds.analyse(graph, n_inputs)
+    width = norms_lib.classify(graph, walker.reductions, variables, specs[0][1])
+    groups = [dataclasses.replace(
+        g, kind='width' if g.id in width else group_kinds.get(g.id, g.kind),
+        approximate=width.get(g.id, g.approximate)) for g in graph.groups]
+    graph = dataclasses.replace(graph, groups=groups, activation_sites=sites)
   return graph, messages
 
 
