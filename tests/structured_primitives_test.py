@@ -146,3 +146,24 @@ def test_registration_checks_its_arguments():
   with pytest.raises(TypeError, match="flops for 'x' must be callable"):
     structured.register_primitive('x', trace=structured.elementwise, flops=3)
   assert 'x' not in primitives.TABLE
+
+
+def test_register_primitive_keeps_the_sub_jaxpr_columns(monkeypatch):
+  monkeypatch.setattr(primitives, 'TABLE', dict(primitives.TABLE))
+  jit_entry = structured.primitive_table()['jit']
+  structured.register_primitive('jit', trace=jit_entry.trace, shrink=jit_entry.shrink)
+  entry = structured.primitive_table()['jit']
+  assert (entry.body, entry.subjaxprs, entry.flops) == ('jaxpr', None, None)
+  params = {'w1': ones(5, 8), 'w2': ones(8, 3)}
+  fn = lambda p, x: jax.jit(lambda a, b: a @ b)(x, p['w1']) @ p['w2']
+  graph = structured.trace(fn, params, np.ones((2, 5), np.float32))
+  # 2*2*5*8 inside the jit body and 2*2*8*3 outside: the body is still walked.
+  assert graph.total_flops == 160 + 96
+  with pytest.raises(ValueError, match='not both'):
+    structured.register_primitive('y', trace=structured.elementwise, body='jaxpr',
+                                  subjaxprs=lambda eqn: [])
+  with pytest.raises(TypeError, match="body for 'y' must be the name of the parameter"):
+    structured.register_primitive('y', trace=structured.elementwise, body=3)
+  with pytest.raises(TypeError):
+    structured.primitive_table()['y'] = entry  # a read-only view
+  assert 'y' not in primitives.TABLE

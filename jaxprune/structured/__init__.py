@@ -6,6 +6,8 @@ from jaxprune.structured._core.graph import AxisPart, ChannelGroup, DependencyGr
 from jaxprune.structured._core.plan import Constraint, Plan, make_plan, plan_for
 from jaxprune.structured._primitives.rules import elementwise
 from jaxprune.structured._primitives.table import (
+    Primitive,
+    primitive_table,
     register_primitive,
     register_rule,
     register_shrink_rule,
@@ -46,12 +48,12 @@ from jaxprune.structured._trace.tracing import retrace, trace
 
 __all__ = [
     'APPROXIMATE_RTOL', 'AxisPart', 'ChannelGroup', 'Constraint', 'DependencyGraph', 'KINDS',
-    'Member', 'Plan', 'PruneResult', 'VarKey', 'VerifyReport', 'activation_importance',
+    'Member', 'Plan', 'Primitive', 'PruneResult', 'VarKey', 'VerifyReport', 'activation_importance',
     'apply_plan', 'bn_scale_importance', 'by_cost', 'check_linen_shapes', 'dense_reference',
     'density_importance', 'elementwise', 'global_', 'linen_feature_sizes', 'linen_resized',
-    'linen_update_fn', 'magnitude_importance', 'make_plan', 'plan_flops', 'plan_for', 'prune',
-    'pruned_callable', 'random_importance', 'recalibrate', 'recalibrate_nnx', 'register_primitive',
-    'register_rule', 'register_shrink_rule', 'retrace', 'score_channels', 'select',
-    'shrink_variables', 'taylor_importance', 'trace', 'uniform', 'update_nnx',
-    'update_nnx_attributes', 'verify', 'zero_removed',
+    'linen_update_fn', 'magnitude_importance', 'make_plan', 'plan_flops', 'plan_for',
+    'primitive_table', 'prune', 'pruned_callable', 'random_importance', 'recalibrate',
+    'recalibrate_nnx', 'register_primitive', 'register_rule', 'register_shrink_rule', 'retrace',
+    'score_channels', 'select', 'shrink_variables', 'taylor_importance', 'trace', 'uniform',
+    'update_nnx', 'update_nnx_attributes', 'verify', 'zero_removed',
 ]

@@ -2,11 +2,12 @@
 
 Each entry says, for one primitive (`eqn.primitive.name`):
 
-  trace      how it ties channels: `rule(ctx, eqn)` (rules.py, offsets.py, control.py)
+  trace      how it ties channels: `rule(ctx, eqn)` (`rules.py`, `offsets.py`,
+             `control.py`)
   shrink     how it runs at pruned shapes: `rule(shrinker, eqn, scope, index, invals)`
-             (shrink_rules.py); None binds it with its traced parameters, right
+             (`shrink_rules.py`); None binds it with its traced parameters, right
              for primitives whose parameters hold no shapes
-  flops      its cost: `rule(shape, eqn) -> (flops, iteration axes)` (flops.py);
+  flops      its cost: `rule(shape, eqn) -> (flops, iteration axes)` (`flops.py`);
              None counts nothing
   body       for a call (its body takes the operands and gives the results):
              the parameter holding the body
@@ -16,14 +17,15 @@ Each entry says, for one primitive (`eqn.primitive.name`):
 primitives carry sub-jaxprs. A primitive with no entry blocks every tracked
 axis it touches (never guess) and runs as traced. Equations computed from
 constants alone (`iota`, `jnp.ones`, captured arrays) are never walked: see
-`dataflow.constants`. Adding a primitive is one
-`register_primitive` call, or one entry below.
+`dataflow.constants`. Adding a primitive is one `register_primitive` call, or
+one entry below; `primitive_table()` shows the table as it is, every column.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxprune.structured._primitives import control, offsets, rules, shrink_rules
@@ -32,7 +34,10 @@ from jaxprune.structured._primitives import flops as flops_lib
 
 @dataclasses.dataclass(frozen=True)
 class Primitive:
-  """One row of the table (see the module docstring)."""
+  """One row of the primitives table: `trace`, `shrink`, `flops`, `body`, `subjaxprs`.
+
+  See `register_primitive` for what each column holds.
+  """
   trace: rules.Rule
   shrink: shrink_rules.ShrinkRule | None = None
   flops: flops_lib.FlopsRule | None = None
@@ -115,6 +120,15 @@ def lookup(name: str) -> Primitive | None:
   return TABLE.get(name)
 
 
+def primitive_table() -> Mapping[str, Primitive]:
+  """The primitives table as it is now (built in, and registered), read-only.
+
+  Returns:
+    `{eqn.primitive.name: Primitive}` with every column of every entry.
+  """
+  return types.MappingProxyType(TABLE)
+
+
 def sub_jaxprs(eqn: Any) -> list[tuple[int, Any, float]]:
   """`(sub_index, jaxpr, times run per call)` for each sub-jaxpr of an equation."""
   entry = TABLE.get(eqn.primitive.name)
@@ -134,8 +148,14 @@ def _check_callable(field: str, primitive_name: str, rule: Any, signature: str) 
 
 def register_primitive(primitive_name: str, *, trace: rules.Rule,
                        shrink: shrink_rules.ShrinkRule | None = None,
-                       flops: flops_lib.FlopsRule | None = None) -> None:
-  """Adds (or replaces) a primitive's whole entry: channel rule, shrink rule and cost.
+                       flops: flops_lib.FlopsRule | None = None, body: str | None = None,
+                       subjaxprs: control.SubJaxprs | None = None) -> None:
+  """Adds (or replaces) a primitive's entry: channel rule, shrink rule, cost, sub-jaxprs.
+
+  `trace`, `shrink` and `flops` are set as given. The sub-jaxpr columns
+  (`body`, `subjaxprs`) keep the table's when not given, so a call, loop or
+  branch registered again (e.g. with a rule of your own for `pjit`) still has
+  its sub-jaxprs walked, counted and evaluated.
 
   Args:
     primitive_name: `eqn.primitive.name`, e.g. 'my_fused_gelu'.
@@ -145,9 +165,15 @@ def register_primitive(primitive_name: str, *, trace: rules.Rule,
       parameters hold shapes (see `_primitives/shrink_rules.py`); None binds it as traced.
     flops: `rule(shape, eqn) -> (flops, iteration axes)` (see `_primitives/flops.py`);
       None counts no FLOPs for it.
+    body: for a call primitive, the name of the parameter holding the body
+      jaxpr, which takes the operands and gives the results.
+    subjaxprs: for other primitives with sub-jaxprs (loops, branches),
+      `fn(eqn) -> [(sub_index, jaxpr, times run per call)]`.
 
   Raises:
-    TypeError: for a name that is not a non-empty str or a rule that is not callable.
+    TypeError: for a name that is not a non-empty str, a rule that is not
+      callable or a `body` that is not a str.
+    ValueError: for both `body` and `subjaxprs`.
   """
   _check_name(primitive_name)
   _check_callable('trace', primitive_name, trace, '(ctx, eqn)')
@@ -155,7 +181,18 @@ def register_primitive(primitive_name: str, *, trace: rules.Rule,
     _check_callable('shrink', primitive_name, shrink, '(shrinker, eqn, scope, index, invals)')
   if flops is not None:
     _check_callable('flops', primitive_name, flops, '(shape, eqn)')
-  TABLE[primitive_name] = Primitive(trace, shrink, flops)
+  if body is not None and not isinstance(body, str):
+    raise TypeError(f'body for {primitive_name!r} must be the name of the parameter holding '
+                    f"the call's body (a str, e.g. 'jaxpr'), got {body!r}")
+  if subjaxprs is not None:
+    _check_callable('subjaxprs', primitive_name, subjaxprs, '(eqn)')
+  if body is not None and subjaxprs is not None:
+    raise ValueError(f'{primitive_name!r}: give body (a call) or subjaxprs (loops, branches), '
+                     'not both')
+  old = TABLE.get(primitive_name)
+  if body is None and subjaxprs is None and old is not None:
+    body, subjaxprs = old.body, old.subjaxprs
+  TABLE[primitive_name] = Primitive(trace, shrink, flops, body, subjaxprs)
 
 
 def _replace(primitive_name: str, **fields: Callable) -> None:
