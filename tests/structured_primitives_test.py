@@ -11,6 +11,7 @@ import jaxprune.structured as structured
 from jaxprune.structured import make_plan
 from jaxprune.structured._core import cost
 from jaxprune.structured._primitives import table as primitives
+from jaxprune.structured._shared import activation_products
 from jaxprune.structured._shrink import apply as shrink
 from jaxprune.structured._shrink import verify as oracle
 
@@ -167,3 +168,14 @@ def test_register_primitive_keeps_the_sub_jaxpr_columns(monkeypatch):
   with pytest.raises(TypeError):
     structured.primitive_table()['y'] = entry  # a read-only view
   assert 'y' not in primitives.TABLE
+
+
+def test_count_flops_can_leave_out_products_of_two_activations():
+  params = {'wq': ones(8, 8)}
+  fn = lambda p, x: ((x @ p['wq']) @ (x @ p['wq']).T) @ x
+  graph = structured.trace(fn, params, np.ones((4, 8), np.float32))
+  dense = make_plan(graph, {})
+  # x @ wq twice: 2*4*8*8 each; q @ q.T: 2*4*4*8; scores @ x: 2*4*8*4.
+  assert cost.plan_flops(graph, dense) == 2 * 512 + 256 + 256
+  skip = activation_products(graph, n_inputs=1)
+  assert cost.count_flops(graph, dense, skip=skip) == 2 * 512

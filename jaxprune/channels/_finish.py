@@ -22,7 +22,7 @@ import numpy as np
 from jaxprune.channels._rule import ChannelRule, channel_keeps_from_masks, leaf_masks
 from jaxprune.names import leaf_name
 from jaxprune.structured import Plan, VerifyReport, apply_plan, make_plan, plan_flops
-from jaxprune.structured._shared import compare, flops_kept, flops_text, traced_outputs
+from jaxprune.structured._shared import FlopsReport, compare, traced_outputs
 from jaxprune.summaries import get_masks
 
 PyTree = Any
@@ -93,7 +93,7 @@ def masked_outputs(rule: ChannelRule, variables: PyTree, removal: Plan, *args: A
 
 
 @dataclasses.dataclass
-class Shrunk:
+class Shrunk(FlopsReport):
   """What `shrink` hands back.
 
   Attributes:
@@ -113,14 +113,9 @@ class Shrunk:
   flops_after: float
   check: VerifyReport | None
 
-  @property
-  def flops_kept(self) -> float:
-    """FLOPs of the shrunk model as a fraction of the dense model's (0.25: 4x fewer)."""
-    return flops_kept(self.flops_before, self.flops_after)
-
   def summary(self) -> str:
-    return (f'{self.plan.summary()}\nFLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} '
-            f'({flops_text(self.flops_kept)})')
+    """The plan's summary, then the FLOPs line (`FlopsReport`)."""
+    return f'{self.plan.summary()}\n{self.flops_line()}'
 
 
 def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any) -> Shrunk:

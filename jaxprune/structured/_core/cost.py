@@ -11,7 +11,7 @@ of a conv removes 3/4 of its FLOPs, not all of them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from jax.extend import core as jcore
 from jaxprune.structured._core import jaxprs
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.kept import PlanShapes
+from jaxprune.structured._core.plan import Plan
 from jaxprune.structured._core.shapes import is_static, var_shape
 from jaxprune.structured._primitives import table
 
@@ -63,7 +64,7 @@ def count(jaxpr: Any, var_axes: dict, n_groups: int,
   return per_channel, total
 
 
-def plan_flops(graph: DependencyGraph, plan: Any) -> float:
+def plan_flops(graph: DependencyGraph, plan: Plan) -> float:
   """FLOPs per call of the traced function after applying `plan`.
 
   Args:
@@ -74,10 +75,18 @@ def plan_flops(graph: DependencyGraph, plan: Any) -> float:
     The FLOPs of every costed primitive (dot_general and conv; a multiply-add
     counts 2), at the pruned shapes.
   """
-  shrinker = PlanShapes(graph, plan.removed)
+  return count_flops(graph, plan)
+
+
+def count_flops(graph: DependencyGraph, plan: Plan,
+                skip: Callable[[Scope, Any], bool] | None = None) -> float:
+  """The one FLOPs counter: `plan_flops`, leaving out the equations `skip(scope, eqn)`
+  picks (e.g. `kinds.activation_products` counts as layer-based counters do)."""
+  shapes = PlanShapes(graph, plan.removed)
   total = 0.0
   for scope, eqn, times, rule in costed_eqns(graph.closed_jaxpr):
-    total += times * rule(lambda var, scope=scope: shrinker.shape(scope, var), eqn)[0]
+    if skip is None or not skip(scope, eqn):
+      total += times * rule(lambda var, scope=scope: shapes.shape(scope, var), eqn)[0]
   return total
 
 
@@ -91,3 +100,23 @@ def flops_text(kept: float) -> str:
   """`'29.2% kept, 3.42x fewer'` for `kept=0.292`."""
   fewer = f'{1 / kept:.2f}x fewer' if kept > 0 else 'no FLOPs left'
   return f'{kept:.1%} kept, {fewer}'
+
+
+class FlopsReport:
+  """The FLOPs part of a result (`PruneResult`, `channels.Shrunk`): the one convention.
+
+  A result with `flops_before` (the dense model's FLOPs per call) and
+  `flops_after` (the pruned model's) reports `flops_kept`, their fraction, and
+  prints it as `FLOPs 1.2e+09 -> 3.5e+08 (29.2% kept, 3.42x fewer)`.
+  """
+  flops_before: float
+  flops_after: float
+
+  @property
+  def flops_kept(self) -> float:
+    """FLOPs of the pruned model as a fraction of the dense model's (0.25: 4x fewer)."""
+    return flops_kept(self.flops_before, self.flops_after)
+
+  def flops_line(self) -> str:
+    return (f'FLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} '
+            f'({flops_text(self.flops_kept)})')

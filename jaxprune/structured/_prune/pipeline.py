@@ -35,7 +35,7 @@ PyTree = Any
 
 
 @dataclasses.dataclass
-class PruneResult:
+class PruneResult(cost.FlopsReport):
   """What `prune` hands back.
 
   Attributes:
@@ -68,14 +68,9 @@ class PruneResult:
     with flax_rebuild.linen_resized(variables), _explained('result.apply'):
       return self.model.apply(variables, *args, **kwargs)
 
-  @property
-  def flops_kept(self) -> float:
-    """FLOPs of the pruned model as a fraction of the dense model's (0.25: 4x fewer)."""
-    return cost.flops_kept(self.flops_before, self.flops_after)
-
   def summary(self) -> str:
-    return (f'{self.plan.summary()}\nFLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} '
-            f'({cost.flops_text(self.flops_kept)})')
+    """The plan's summary, then the FLOPs line (`FlopsReport`)."""
+    return f'{self.plan.summary()}\n{self.flops_line()}'
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ outputs of the products that make them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from jaxprune.structured._core import jaxprs
@@ -128,6 +129,34 @@ def _recurrent(scope: Scope, index: int, eqn: Any, found: set) -> list[Any]:
   return body.invars[eqn.params['num_consts']:n_fixed]
 
 
+def input_dependent(graph: DependencyGraph, n_inputs: int) -> set:
+  """`(scope, var)` of every variable of the first entry point that depends on a model input.
+
+  Args:
+    graph: a DependencyGraph.
+    n_inputs: number of flat model inputs after the variables leaves.
+  """
+  point = graph.entries[0]
+  found: set = set()
+  dependent(point.closed_jaxpr.jaxpr, [False] * len(graph.leaf_names) + [True] * n_inputs,
+            point.scope, found)
+  return found
+
+
+def activation_products(graph: DependencyGraph,
+                        n_inputs: int) -> Callable[[Scope, Any], bool]:
+  """`is_product(scope, eqn)`: whether an equation multiplies two activations (attention's
+  queries by keys and scores by values), not an activation by a weight.
+
+  Counters that see only layers (Torch-Pruning's `count_ops_and_params`) leave
+  these out; `count_flops(graph, plan, skip=activation_products(...))` counts
+  FLOPs as they do.
+  """
+  found = input_dependent(graph, n_inputs)
+  return lambda scope, eqn: all(jaxprs.is_var(v) and (scope, v) in found
+                                for v in eqn.invars[:2])
+
+
 def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]:
   """Kinds of the groups and their activation sites, from the first entry point.
 
@@ -141,9 +170,7 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
     eqn index, operand index or -1 for the output, axis, that variable)]}`.
   """
   point = graph.entries[0]
-  found: set = set()
-  dependent(point.closed_jaxpr.jaxpr, [False] * len(graph.leaf_names) + [True] * n_inputs,
-            point.scope, found)
+  found = input_dependent(graph, n_inputs)
   kinds: dict[int, str] = {}
   contracted: dict[int, list] = {}
   produced: dict[int, list] = {}
