@@ -6,27 +6,24 @@
 It traces the model, scores channels (optionally with Taylor importance on
 calibration batches), selects, shrinks, checks the result against the dense
 model with the removed channels zeroed, and optionally re-estimates the
-BatchNorm statistics, with a progress bar for the calibration passes.
+BatchNorm statistics, with a progress bar for the calibration passes. One
+path for every model; what differs between Linen and NNX is in the adapters
+of `models.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-
-import flax
-import flax.linen as nn
-from flax import nnx
 
 from jaxprune.structured._core import cost
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan, make_plan
+from jaxprune.structured._prune import models
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._select import selectors
-from jaxprune.structured._shrink import calibrate, flax_rebuild
+from jaxprune.structured._shrink import flax_rebuild
 from jaxprune.structured._shrink.apply import apply_plan
 from jaxprune.structured._shrink.verify import VerifyReport, compare, dense_reference, verify
 from jaxprune.structured._trace.tracing import trace
@@ -65,7 +62,7 @@ class PruneResult(cost.FlopsReport):
 
   def apply(self, variables: PyTree, *args: Any, **kwargs: Any) -> Any:
     """Runs a pruned Linen module (`model.apply` at the sizes of `variables`)."""
-    with flax_rebuild.linen_resized(variables), _explained('result.apply'):
+    with flax_rebuild.linen_resized(variables), models.explained('result.apply'):
       return self.model.apply(variables, *args, **kwargs)
 
   def summary(self) -> str:
@@ -73,38 +70,14 @@ class PruneResult(cost.FlopsReport):
     return f'{self.plan.summary()}\n{self.flops_line()}'
 
 
-@contextlib.contextmanager
-def _explained(what: str) -> Iterator[None]:
-  """Re-raises a failure of the resized model with what happened and what runs instead."""
-  try:
-    yield
-  except (flax.errors.FlaxError, TypeError, ValueError) as e:
-    raise RuntimeError(
-        f'prune: {what} fails on the pruned model ({type(e).__name__}: {str(e)[:300]}). '
-        'The model\'s code most likely branches on shapes that pruning changed (e.g. '
-        '`if x.shape[-1] != self.features: x = proj(x)`), so at the new sizes it takes another '
-        'path than the one traced. The pruned callable runs the traced computation at the new '
-        'sizes: prune(..., check=False) and call result.pruned_fn(result.variables, x) (it '
-        'exports with jax.export), or keep that group whole with '
-        'Constraint(locked=(...,)).') from e
-
-
 def _default_inputs(batch: Any) -> tuple:
   return tuple(batch[:1]) if isinstance(batch, (tuple, list)) else (batch,)
 
 
-def _check_arguments(model, example_args, variables, ratio, flops_target, importance, scope,
-                     search, constraint, loss_fn, batches, inputs, recalibrate_bn,
-                     apply_kwargs, norms) -> None:
-  """Every check `prune` can make before it traces or changes anything."""
-  is_nnx = isinstance(model, nnx.Module)
-  if not is_nnx and not isinstance(model, nn.Module):
-    raise TypeError(f'prune: model must be a Flax Linen or NNX module, got '
-                    f'{type(model).__name__}; for other functions use trace, select and '
-                    'apply_plan.')
-  if is_nnx == (variables is not None):
-    raise ValueError('prune: pass variables=... for a Linen module and not for an NNX module '
-                     f'(got a {type(model).__name__} and variables={type(variables).__name__}).')
+def _check_arguments(example_args, ratio, flops_target, importance, scope, search, constraint,
+                     loss_fn, batches, inputs, recalibrate_bn, apply_kwargs, norms) -> None:
+  """Every check `prune` can make before it traces or changes anything (the model's own,
+  in `models.adapter`, come first)."""
   if not example_args:
     raise ValueError('prune: give example inputs, prune(model, x, ...): the model is traced '
                      'at them.')
@@ -224,60 +197,25 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   """
   if calibration_batches is not None:
     calibration_batches = list(calibration_batches)
-  _check_arguments(model, example_args, variables, ratio, flops_target, importance, scope,
-                   search, constraint, loss_fn, calibration_batches, inputs, recalibrate_bn,
-                   apply_kwargs, norms)
-  is_nnx = isinstance(model, nnx.Module)
-  apply_kwargs = dict(apply_kwargs or {})
-  if is_nnx:
-    graphdef, variables = nnx.split(model)
-    fn = lambda state, *args: nnx.merge(graphdef, state)(*args)
-  else:
-    fn = functools.partial(model.apply, **apply_kwargs)
+  adapted = models.adapter(model, variables, apply_kwargs, train_model, train_kwargs)
+  _check_arguments(example_args, ratio, flops_target, importance, scope, search, constraint,
+                   loss_fn, calibration_batches, inputs, recalibrate_bn, apply_kwargs, norms)
+  fn, variables = adapted.traced()
   graph = trace(fn, variables, *example_args, norms=norms)
   scores = _scores(graph, variables, importance, fn, loss_fn, calibration_batches, inputs,
                    progress, masks, seed)
   plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
                           importance=scores, scope=scope, search=search, constraint=constraint)
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
-  if is_nnx:
-    pruned_model = flax_rebuild.update_nnx_attributes(nnx.merge(graphdef, new_variables))
-
-    def run_model(*args):
-      with _explained('the pruned NNX model'):
-        return pruned_model(*args)
-  else:
-    def run_model(*args):
-      with flax_rebuild.linen_resized(new_variables), _explained('result.apply'):
-        return model.apply(new_variables, *args, **apply_kwargs)
+  run_model = adapted.runner(new_variables)
   check_fn, model_check = None, None
   if check:
     check_fn, model_check = _verified(
         graph, variables, plan, example_args,
         [('the pruned callable', lambda *a: pruned_fn(new_variables, *a)),
-         ('result.apply' if not is_nnx else 'the pruned NNX model', run_model)])
+         (adapted.name, run_model)])
   flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
   if recalibrate_bn:
-    if is_nnx:
-      calibrate.recalibrate_nnx(pruned_model, calibration_batches, inputs, progress)
-    elif 'batch_stats' in new_variables:
-      new_variables = _recalibrated_linen(model, train_model, train_kwargs, new_variables,
-                                          calibration_batches, inputs, progress)
-  if is_nnx:  # only now, with every check passed, is the user's model changed
-    flax_rebuild.update_nnx(model, nnx.state(pruned_model))
-    new_variables = nnx.state(model)
+    new_variables = adapted.recalibrated(new_variables, calibration_batches, inputs, progress)
+  new_variables = adapted.committed(new_variables)  # only now is an NNX model changed
   return PruneResult(model, new_variables, plan, graph, pruned_fn, *flops, check_fn, model_check)
-
-
-def _recalibrated_linen(model, train_model, train_kwargs, new_variables, batches, inputs,
-                        progress):
-  kwargs = {'train': True} if train_kwargs is None else dict(train_kwargs)
-  update = calibrate.linen_update_fn(train_model or model, new_variables, inputs=inputs,
-                                     **kwargs)
-
-  def resized_update(stats, batch):
-    with flax_rebuild.linen_resized(new_variables):
-      return update(stats, batch)
-
-  stats = calibrate.recalibrate(resized_update, new_variables['batch_stats'], batches, progress)
-  return {**new_variables, 'batch_stats': stats}
