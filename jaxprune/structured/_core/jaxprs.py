@@ -11,11 +11,13 @@ takes the operands and gives the results), is read from the primitives table
                      operands' values to a `step` hook that returns its results.
 
 The stages differ only in their hooks: the shrinker's step runs each equation
-at its pruned shapes (`_shrink/shrinker.py`), the observer's runs it as traced and
-shows the values to a callback (`_core/observe.py`), and the data-flow analyses run
-it over booleans (which values are constants, `_trace/dataflow.py`; which depend on the
-inputs, `_trace/kinds.py`). The channel walk (`_trace/walker.py`) applies each equation's
-trace rule, and rules of loops and calls walk their sub-jaxprs.
+at its pruned shapes (`_shrink/shrinker.py`), the observer's runs it as traced
+and shows the values to a callback (`_core/observe.py`), and the data-flow
+analyses run it over booleans (which values are constants,
+`_trace/dataflow.py`; which depend on the inputs, `_trace/kinds.py`). The
+channel walk (`_trace/walker.py`) applies each equation's trace rule, and the
+rules of loops and calls walk their sub-jaxprs (`_primitives/control.py`); the
+one backward pass, which inputs a function reads, is `dataflow.live_inputs`.
 """
 
 from __future__ import annotations

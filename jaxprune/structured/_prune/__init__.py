@@ -1,3 +1,3 @@
-"""`prune`: the three stages in one call for Flax Linen, NNX and plain functions (private)."""
+"""`prune`: the three stages in one call, for Flax Linen and NNX models (private)."""
 
 __all__ = []
