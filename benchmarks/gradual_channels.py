@@ -31,8 +31,7 @@ import sys
 import jax
 import optax
 
-from jaxprune.structured import Constraint, make_plan, plan_flops, select, trace
-from jaxprune.structured.shrink import apply_plan
+from jaxprune.structured import Constraint, apply_plan, make_plan, plan_flops, select, trace
 from jaxprune.train import _data as data_lib
 from jaxprune.train import _loop as loop
 from jaxprune.train import _models as models

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxprune.structured import cost, flax_rebuild, select, trace
-from jaxprune.structured.plan import make_plan
-from jaxprune.structured.shrink import apply_plan
+from jaxprune.structured import apply_plan, make_plan, select, trace
+from jaxprune.structured._core import cost
+from jaxprune.structured._shrink import flax_rebuild
 from jaxprune.train import _data as data_lib
 from jaxprune.train import _models as models
 

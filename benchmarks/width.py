@@ -13,14 +13,16 @@ at benchmark sizes. Each model is pruned at `ratio=0.3`, L2 importance:
                     width, MLP units and head_dim (ViT, `prune_head_dims`) or
                     whole heads (BERT, Llama, `prune_num_heads`) at 0.3.
 
-FLOPs are counted by `plan_flops` (every dot_general and conv: a multiply-add
-is 2; attention's q.k and scores.v included). Torch-Pruning's counter
-(`tp.utils.count_ops_and_params`) sees module calls (Linear, conv, norms)
-and not the attention matmuls, so "weight FLOPs kept" counts only products
-with a weight, like it. The kept channel counts are not rounded (round_to=1,
-Torch-Pruning's default) for the FLOPs columns; the timed models and the
-last FLOPs column are at the default round_to=8. All candidates of a model
-are timed interleaved in one run (benchmarks/_timing.py).
+FLOPs are counted by structured's one counter (`plan_flops`: every
+dot_general and conv, a multiply-add is 2; attention's q.k and scores.v
+included) and reported as `flops_kept`, a fraction of the dense model's.
+Torch-Pruning's counter (`tp.utils.count_ops_and_params`) sees module calls
+(Linear, conv, norms) and not the attention matmuls, so "weight FLOPs kept"
+counts only products with a weight, like it (the same counter, leaving out
+the products of two activations). The kept channel counts are not rounded
+(round_to=1, Torch-Pruning's default) for the FLOPs columns; the timed models
+and the last FLOPs column are at the default round_to=8. All candidates of a
+model are timed interleaved in one run (benchmarks/_timing.py).
 
 Digits: a ViT (hidden 64, 4 layers, 4 heads, 2x2 patches of the 8x8 images,
 the gray channel repeated 3 times) trained 400 steps on 1437 of the 1797
@@ -43,7 +45,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.extend import core as jcore
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'tests'))
@@ -51,8 +52,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import thirdparty_zoo_hf as hf  # noqa: E402
 
 import jaxprune.structured as jps  # noqa: E402
-from jaxprune.structured import cost, kinds  # noqa: E402
-from jaxprune.structured.interpret import Shrinker  # noqa: E402
+from jaxprune.structured._shared import (  # noqa: E402
+    activation_products,
+    count_flops,
+    flops_kept,
+)
 
 try:
   from benchmarks._timing import interleaved, table
@@ -76,22 +80,6 @@ MODELS = {
 }
 
 
-def weight_flops(graph, plan, n_inputs: int) -> float:
-  """FLOPs of the products with a weight only (Torch-Pruning's counter sees
-  Linear and conv modules, not attention's activation x activation matmuls)."""
-  point = graph.entries[0]
-  found: set = set()
-  kinds.dependent(point.closed_jaxpr.jaxpr, [False] * len(graph.leaf_names) + [True] * n_inputs,
-                  point.scope, found)
-  shrinker = Shrinker(graph, plan.removed)
-  total = 0.0
-  for scope, eqn, times, rule in cost.costed_eqns(graph.closed_jaxpr):
-    if all(isinstance(v, jcore.Var) and (scope, v) in found for v in eqn.invars[:2]):
-      continue
-    total += times * rule(lambda var, scope=scope: shrinker.shape(scope, var), eqn)[0]
-  return total
-
-
 def _trace(case, args, norms):
   with warnings.catch_warnings():
     warnings.simplefilter('ignore')
@@ -106,21 +94,23 @@ def bench(name: str, rounds: int) -> list[list[str]]:
   graphs = {'heads + MLP': _trace(case, args, None)}
   graphs['+ width'] = graphs['like TP'] = _trace(case, args, 'exact')
   ratios = {'heads + MLP': RATIO, '+ width': RATIO, 'like TP': tp_ratio}
-  dense = jps.plan_flops(graphs['heads + MLP'], jps.make_plan(graphs['heads + MLP'], {}))
+  dense_plan = jps.make_plan(graphs['heads + MLP'], {})
+  dense = jps.plan_flops(graphs['heads + MLP'], dense_plan)
   candidates = {'dense': functools.partial(jax.jit(case.fn), case.variables, *args)}
   n_inputs = len(jax.tree_util.tree_leaves(args))
-  dense_weights = weight_flops(graphs['heads + MLP'], jps.make_plan(graphs['heads + MLP'], {}),
-                               n_inputs)
+  products = {label: activation_products(graph, n_inputs) for label, graph in graphs.items()}
+  dense_weights = count_flops(graphs['heads + MLP'], dense_plan, skip=products['heads + MLP'])
   flops, exact = {}, {}
   for label, graph in graphs.items():
     plan = jps.select(graph, case.variables, ratio=ratios[label], constraint=EXACT)
-    flops[label] = jps.plan_flops(graph, plan) / dense
-    flops[label, 'weights'] = weight_flops(graph, plan, n_inputs) / dense_weights
+    flops[label] = flops_kept(dense, jps.plan_flops(graph, plan))
+    flops[label, 'weights'] = flops_kept(dense_weights,
+                                         count_flops(graph, plan, skip=products[label]))
     exact[label] = not any(graph.groups[g].approximate for g in plan.removed)
     plan8 = jps.select(graph, case.variables, ratio=ratios[label])
     new_variables, pruned_fn = jps.apply_plan(graph, case.variables, plan8)
     candidates[label] = functools.partial(pruned_fn, new_variables, *args)
-    flops[label, 8] = jps.plan_flops(graph, plan8) / dense
+    flops[label, 8] = flops_kept(dense, jps.plan_flops(graph, plan8))
   seconds = interleaved(candidates, rounds)
   rows = []
   for label in graphs:
@@ -186,7 +176,7 @@ def digits(steps: int, tune_steps: int) -> list[list[str]]:
     if importance == 'activation':
       importance = jps.activation_importance(graph, variables, calibration)
     plan = jps.select(graph, variables, ratio=RATIO, importance=importance, constraint=constraint)
-    kept = jps.plan_flops(graph, plan) / jps.plan_flops(graph, jps.make_plan(graph, {}))
+    kept = flops_kept(jps.plan_flops(graph, jps.make_plan(graph, {})), jps.plan_flops(graph, plan))
     new_variables, pruned_fn = jps.apply_plan(graph, variables, plan)
     before = _accuracy(pruned_fn, new_variables, test)
     tuned = _train(pruned_fn, new_variables, train, tune_steps, 3e-4, seed=1)

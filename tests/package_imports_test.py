@@ -80,8 +80,8 @@ def test_import_jaxprune_loads_only_the_core():
   assert loaded == []
   assert {'structured', 'channels', 'train', 'sparse', 'functional', 'methods'} <= set(
       report['dir'])
-  assert report['trace'] == 'jaxprune.structured.trace'
-  assert report['channels'] == 'jaxprune.channels.rule'
+  assert report['trace'] == 'jaxprune.structured._trace.tracing'
+  assert report['channels'] == 'jaxprune.channels._rule'
   assert report['after']
 
 
@@ -130,6 +130,16 @@ def test_structured_imports_neither_channels_nor_train():
   files = sorted((PACKAGE / 'structured').rglob('*.py'))
   assert len(files) > 10
   assert violations(files, ['jaxprune.channels', 'jaxprune.train']) == []
+
+
+def test_channels_and_train_use_structured_only_through_its_public_and_shared_names():
+  """`jaxprune.structured`'s `__all__`, and `structured._shared` for what other packages need
+  beyond it; its stage packages (`_core`, `_trace`, ...) are its own."""
+  stages = sorted(p.name for p in (PACKAGE / 'structured').iterdir()
+                  if (p / '__init__.py').exists())
+  assert {'_core', '_primitives', '_trace', '_select', '_shrink', '_prune'} <= set(stages)
+  files = sorted([*(PACKAGE / 'channels').rglob('*.py'), *(PACKAGE / 'train').rglob('*.py')])
+  assert violations(files, [f'jaxprune.structured.{s}' for s in stages]) == []
 
 
 def test_the_direction_check_sees_nested_and_relative_imports():

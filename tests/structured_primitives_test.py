@@ -8,8 +8,12 @@ from jax.extend import core as jcore
 from jax.interpreters import mlir
 
 import jaxprune.structured as structured
-from jaxprune.structured import cost, oracle, primitives, shrink
-from jaxprune.structured.plan import make_plan
+from jaxprune.structured import make_plan
+from jaxprune.structured._core import cost
+from jaxprune.structured._primitives import table as primitives
+from jaxprune.structured._shared import activation_products
+from jaxprune.structured._shrink import apply as shrink
+from jaxprune.structured._shrink import verify as oracle
 
 
 def ones(*shape):
@@ -143,3 +147,35 @@ def test_registration_checks_its_arguments():
   with pytest.raises(TypeError, match="flops for 'x' must be callable"):
     structured.register_primitive('x', trace=structured.elementwise, flops=3)
   assert 'x' not in primitives.TABLE
+
+
+def test_register_primitive_keeps_the_sub_jaxpr_columns(monkeypatch):
+  monkeypatch.setattr(primitives, 'TABLE', dict(primitives.TABLE))
+  jit_entry = structured.primitive_table()['jit']
+  structured.register_primitive('jit', trace=jit_entry.trace, shrink=jit_entry.shrink)
+  entry = structured.primitive_table()['jit']
+  assert (entry.body, entry.subjaxprs, entry.flops) == ('jaxpr', None, None)
+  params = {'w1': ones(5, 8), 'w2': ones(8, 3)}
+  fn = lambda p, x: jax.jit(lambda a, b: a @ b)(x, p['w1']) @ p['w2']
+  graph = structured.trace(fn, params, np.ones((2, 5), np.float32))
+  # 2*2*5*8 inside the jit body and 2*2*8*3 outside: the body is still walked.
+  assert graph.total_flops == 160 + 96
+  with pytest.raises(ValueError, match='not both'):
+    structured.register_primitive('y', trace=structured.elementwise, body='jaxpr',
+                                  subjaxprs=lambda eqn: [])
+  with pytest.raises(TypeError, match="body for 'y' must be the name of the parameter"):
+    structured.register_primitive('y', trace=structured.elementwise, body=3)
+  with pytest.raises(TypeError):
+    structured.primitive_table()['y'] = entry  # a read-only view
+  assert 'y' not in primitives.TABLE
+
+
+def test_count_flops_can_leave_out_products_of_two_activations():
+  params = {'wq': ones(8, 8)}
+  fn = lambda p, x: ((x @ p['wq']) @ (x @ p['wq']).T) @ x
+  graph = structured.trace(fn, params, np.ones((4, 8), np.float32))
+  dense = make_plan(graph, {})
+  # x @ wq twice: 2*4*8*8 each; q @ q.T: 2*4*4*8; scores @ x: 2*4*8*4.
+  assert cost.plan_flops(graph, dense) == 2 * 512 + 256 + 256
+  skip = activation_products(graph, n_inputs=1)
+  assert cost.count_flops(graph, dense, skip=skip) == 2 * 512

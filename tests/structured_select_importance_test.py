@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxprune.structured import importance
-from jaxprune.structured.groups import ChannelGroup, Member
+from jaxprune.structured import ChannelGroup, Member
+from jaxprune.structured._select import importance
 
 
 def _graph():

@@ -7,10 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxprune.structured import cost, selectors
-from jaxprune.structured.groups import ChannelGroup, Member
-from jaxprune.structured.plan import Constraint, make_plan
-from jaxprune.structured.trace import trace
+from jaxprune.structured import ChannelGroup, Constraint, Member, make_plan, trace
+from jaxprune.structured._core import cost
+from jaxprune.structured._select import selectors
 
 # Exact counts: no rounding of the kept channels (the default rounds to 8).
 EXACT = Constraint(round_to=1)

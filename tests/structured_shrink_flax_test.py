@@ -9,9 +9,12 @@ import pytest
 from flax import nnx
 from structured_zoo import CNN, ZOO, TransformerBlock, _x
 
-from jaxprune.structured import api, calibrate, flax_rebuild, oracle, selectors, shrink
-from jaxprune.structured.plan import Constraint, make_plan
-from jaxprune.structured.trace import trace
+from jaxprune.structured import Constraint, make_plan, trace
+from jaxprune.structured._prune import pipeline as api
+from jaxprune.structured._select import selectors
+from jaxprune.structured._shrink import apply as shrink
+from jaxprune.structured._shrink import calibrate, flax_rebuild
+from jaxprune.structured._shrink import verify as oracle
 
 # Exact counts: no rounding of the kept channels (also the default).
 EXACT = Constraint(round_to=1)

@@ -16,8 +16,10 @@ from structured_zoo import ZOO
 from structured_zoo_primitives import CASES
 
 import jaxprune.structured as structured
-from jaxprune.structured import oracle, primitives, shrink
-from jaxprune.structured.plan import make_plan
+from jaxprune.structured import make_plan
+from jaxprune.structured._primitives import table as primitives
+from jaxprune.structured._shrink import apply as shrink
+from jaxprune.structured._shrink import verify as oracle
 
 INPUT, OUTPUT = 'reaches model input 0 axis 1', 'reaches model output 0 axis 1'
 

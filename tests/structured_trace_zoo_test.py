@@ -7,7 +7,7 @@ import pytest
 import structured_zoo as zoo
 
 import jaxprune.structured as structured
-from jaxprune.structured import primitives
+from jaxprune.structured._primitives import table as primitives
 
 
 def col(n):

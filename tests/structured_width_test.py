@@ -13,7 +13,7 @@ import thirdparty_zoo_hf as hf
 from docs_blocks import code_cells
 
 import jaxprune.structured as jps
-from jaxprune.structured import oracle
+from jaxprune.structured._shrink import verify as oracle
 
 EXACT = jps.Constraint(round_to=1)
 APPROX = jps.Constraint(round_to=1, allow_approximate=True)

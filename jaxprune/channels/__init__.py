@@ -8,8 +8,7 @@ then cut out of the model.
     result = jaxprune.channels.shrink(rule, variables, opt_state, x)
 """
 
-from jaxprune.channels.rule import ChannelRule, leaf_masks
-from jaxprune.channels.shrink import (
+from jaxprune.channels._finish import (
     Shrunk,
     channel_masks,
     masked_outputs,
@@ -17,6 +16,7 @@ from jaxprune.channels.shrink import (
     plan,
     shrink,
 )
+from jaxprune.channels._rule import ChannelRule, leaf_masks
 
 __all__ = [
     'ChannelRule', 'Shrunk', 'channel_masks', 'leaf_masks', 'masked_outputs', 'masked_variables',

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune.oneshot._layers import Layer
-from jaxprune.structured import observe
+from jaxprune.structured._core import observe
 
 
 def _rows(x: jax.Array, contracting: Sequence[int]) -> jax.Array:

@@ -22,7 +22,8 @@ from typing import Any
 
 from jax.extend import core as jcore
 
-from jaxprune.structured import control, primitives
+from jaxprune.structured._primitives import control
+from jaxprune.structured._primitives import table as primitives
 
 Scope = tuple[int, ...]
 _RELAYOUTS = ('convert_element_type', 'copy', 'copy_p', 'transpose')

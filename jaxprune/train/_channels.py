@@ -26,7 +26,7 @@ import numpy as np
 import jaxprune
 from jaxprune.channels import ChannelRule
 from jaxprune.structured import Constraint, trace
-from jaxprune.structured.cost import flops_kept, flops_text
+from jaxprune.structured._shared import flops_kept, flops_text
 from jaxprune.train import _files as files
 
 MODEL_FILE = 'pruned_model.bin'

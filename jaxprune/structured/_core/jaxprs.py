@@ -1,0 +1,101 @@
+"""The one traversal of jaxprs and the one evaluator every stage uses.
+
+Which equations hold sub-jaxprs, and which of them are calls (a body that
+takes the operands and gives the results), is read from the primitives table
+(`table.sub_jaxprs`, `Primitive.body`) and nowhere else:
+
+  `call_body(eqn)`   the body of a call whose operands and results map one to one;
+  `equations(...)`   every equation of a jaxpr and of its sub-jaxprs, with its
+                     scope (see `graph.VarKey`) and how often it runs per call;
+  `evaluate(...)`    runs an open jaxpr in order, handing every equation and its
+                     operands' values to a `step` hook that returns its results.
+
+The stages differ only in their hooks: the shrinker's step runs each equation
+at its pruned shapes (`_shrink/shrinker.py`), the observer's runs it as traced
+and shows the values to a callback (`_core/observe.py`), and the data-flow
+analyses run it over booleans (which values are constants,
+`_trace/dataflow.py`; which depend on the inputs, `_trace/kinds.py`). The
+channel walk (`_trace/walker.py`) applies each equation's trace rule, and the
+rules of loops and calls walk their sub-jaxprs (`_primitives/control.py`); the
+one backward pass, which inputs a function reads, is `dataflow.live_inputs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from jax.extend import core as jcore
+
+from jaxprune.structured._primitives import control, table
+
+Scope = tuple[int, ...]
+# step(scope, eqn index, eqn, operand values) -> result values
+Step = Callable[[Scope, int, Any, list], Sequence[Any]]
+
+
+def is_var(v: Any) -> bool:
+  """Whether `v` is a jaxpr variable (not a literal, not a dropped output)."""
+  return isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar)
+
+
+def call_body(eqn: Any) -> Any | None:
+  """The (open or closed) body of a call equation whose body takes its operands and
+  gives its results one to one, or None for any other equation."""
+  entry = table.lookup(eqn.primitive.name)
+  if entry is None or entry.body is None:
+    return None
+  body = eqn.params[entry.body]
+  jaxpr = control.inner(body)
+  if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
+    return None
+  return body
+
+
+def equations(jaxpr: Any, scope: Scope = (), times: float = 1.0
+              ) -> Iterator[tuple[Scope, int, Any, float]]:
+  """`(scope, eqn index, eqn, times run per call)` of every equation, sub-jaxprs too.
+
+  An equation comes before the equations of its sub-jaxprs; a scan's body runs
+  `length` times per call, a while body once (its trip count is unknown when
+  tracing), each cond branch 1 / number of branches.
+  """
+  for index, eqn in enumerate(control.inner(jaxpr).eqns):
+    yield scope, index, eqn, times
+    for sub_index, sub, sub_times in table.sub_jaxprs(eqn):
+      yield from equations(sub, scope + (index, sub_index), times * sub_times)
+
+
+def literal_value(literal: Any) -> Any:
+  return literal.val
+
+
+def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], step: Step,
+             scope: Scope = (), literal: Callable[[Any], Any] = literal_value) -> list:
+  """Runs an open jaxpr equation by equation; `step` computes each equation's results.
+
+  Args:
+    jaxpr: an open jaxpr.
+    consts: values of its constvars.
+    args: values of its invars.
+    step: `step(scope, eqn_index, eqn, operand values) -> result values`.
+    scope: the jaxpr's scope.
+    literal: the value of a literal operand (its value by default; an analysis
+      over booleans maps it to a flag).
+
+  Returns:
+    The values of its outvars.
+  """
+  env: dict[Any, Any] = {}
+
+  def read(v):
+    return literal(v) if isinstance(v, jcore.Literal) else env[v]
+
+  env.update(zip(jaxpr.constvars, consts, strict=True))
+  env.update(zip(jaxpr.invars, args, strict=True))
+  for index, eqn in enumerate(jaxpr.eqns):
+    outs = step(scope, index, eqn, [read(v) for v in eqn.invars])
+    for v, x in zip(eqn.outvars, outs, strict=True):
+      if not isinstance(v, jcore.DropVar):
+        env[v] = x
+  return [read(v) for v in jaxpr.outvars]

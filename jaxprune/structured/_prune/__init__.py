@@ -1,0 +1,3 @@
+"""`prune`: the three stages in one call, for Flax Linen and NNX models (private)."""
+
+__all__ = []

@@ -1,0 +1,136 @@
+"""The models `prune` takes, each behind one small adapter: Flax Linen and Flax NNX.
+
+`prune` runs one path (trace, score, select, shrink, check, re-calibrate) and
+asks the adapter only what differs between model kinds:
+
+  traced()        `(fn, variables)`: the function `trace` sees,
+                  `fn(variables, *args)`, and the dense variables
+  runner(new)     the pruned model as users run it (a Linen `result.apply` at
+                  the new sizes; the NNX model rebuilt at them)
+  recalibrated()  the new variables after re-estimating BatchNorm statistics
+  committed(new)  what `PruneResult.variables` holds; an NNX model is changed
+                  in place only here, once every check has passed
+
+A plain function needs none of this: `trace`, `select` and `apply_plan` are
+its path (`adapter` refuses it, naming them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import flax
+import flax.linen as nn
+from flax import nnx
+
+from jaxprune.structured._shrink import calibrate, flax_rebuild
+
+PyTree = Any
+
+
+@contextlib.contextmanager
+def explained(what: str) -> Iterator[None]:
+  """Re-raises a failure of the resized model with what happened and what runs instead."""
+  try:
+    yield
+  except (flax.errors.FlaxError, TypeError, ValueError) as e:
+    raise RuntimeError(
+        f'prune: {what} fails on the pruned model ({type(e).__name__}: {str(e)[:300]}). '
+        'The model\'s code most likely branches on shapes that pruning changed (e.g. '
+        '`if x.shape[-1] != self.features: x = proj(x)`), so at the new sizes it takes another '
+        'path than the one traced. The pruned callable runs the traced computation at the new '
+        'sizes: prune(..., check=False) and call result.pruned_fn(result.variables, x) (it '
+        'exports with jax.export), or keep that group whole with '
+        'Constraint(locked=(...,)).') from e
+
+
+class LinenModel:
+  """A Linen module and its variables; `apply_kwargs` go to every `model.apply`."""
+
+  name = 'result.apply'
+
+  def __init__(self, model: nn.Module, variables: PyTree,
+               apply_kwargs: Mapping[str, Any] | None, train_model: nn.Module | None,
+               train_kwargs: Mapping[str, Any] | None):
+    self.model, self.variables, self.apply_kwargs = model, variables, apply_kwargs
+    self.train_model, self.train_kwargs = train_model, train_kwargs
+
+  def traced(self) -> tuple[Callable[..., Any], PyTree]:
+    self.apply_kwargs = dict(self.apply_kwargs or {})  # checked a Mapping by then
+    return functools.partial(self.model.apply, **self.apply_kwargs), self.variables
+
+  def runner(self, new_variables: PyTree) -> Callable[..., Any]:
+    def run(*args):
+      with flax_rebuild.linen_resized(new_variables), explained(self.name):
+        return self.model.apply(new_variables, *args, **self.apply_kwargs)
+    return run
+
+  def recalibrated(self, new_variables: PyTree, batches: Sequence[Any],
+                   inputs: Callable[[Any], tuple], progress: bool) -> PyTree:
+    if 'batch_stats' not in new_variables:
+      return new_variables
+    kwargs = {'train': True} if self.train_kwargs is None else dict(self.train_kwargs)
+    update = calibrate.linen_update_fn(self.train_model or self.model, new_variables,
+                                       inputs=inputs, **kwargs)
+
+    def resized_update(stats, batch):
+      with flax_rebuild.linen_resized(new_variables):
+        return update(stats, batch)
+
+    stats = calibrate.recalibrate(resized_update, new_variables['batch_stats'], batches,
+                                  progress)
+    return {**new_variables, 'batch_stats': stats}
+
+  def committed(self, new_variables: PyTree) -> PyTree:
+    return new_variables
+
+
+class NnxModel:
+  """An NNX module, pruned in place once the pruned copy has passed every check."""
+
+  name = 'the pruned NNX model'
+
+  def __init__(self, model: nnx.Module):
+    self.model = model
+    self.pruned: nnx.Module | None = None
+
+  def traced(self) -> tuple[Callable[..., Any], PyTree]:
+    self.graphdef, variables = nnx.split(self.model)
+    return lambda state, *args: nnx.merge(self.graphdef, state)(*args), variables
+
+  def runner(self, new_variables: PyTree) -> Callable[..., Any]:
+    self.pruned = flax_rebuild.update_nnx_attributes(nnx.merge(self.graphdef, new_variables))
+
+    def run(*args):
+      with explained(self.name):
+        return self.pruned(*args)
+    return run
+
+  def recalibrated(self, new_variables: PyTree, batches: Sequence[Any],
+                   inputs: Callable[[Any], tuple], progress: bool) -> PyTree:
+    calibrate.recalibrate_nnx(self.pruned, batches, inputs, progress)
+    return new_variables
+
+  def committed(self, new_variables: PyTree) -> PyTree:
+    del new_variables  # the pruned copy's state, re-calibrated, is the one to keep
+    flax_rebuild.update_nnx(self.model, nnx.state(self.pruned))
+    return nnx.state(self.model)
+
+
+def adapter(model: Any, variables: PyTree | None, apply_kwargs: Mapping[str, Any] | None,
+            train_model: Any, train_kwargs: Mapping[str, Any] | None) -> LinenModel | NnxModel:
+  """The adapter of `model`; a TypeError or ValueError naming the fix for anything else."""
+  is_nnx = isinstance(model, nnx.Module)
+  if not is_nnx and not isinstance(model, nn.Module):
+    raise TypeError(f'prune: model must be a Flax Linen or NNX module, got '
+                    f'{type(model).__name__}; for other functions use trace, select and '
+                    'apply_plan.')
+  if is_nnx == (variables is not None):
+    raise ValueError('prune: pass variables=... for a Linen module and not for an NNX module '
+                     f'(got a {type(model).__name__} and variables={type(variables).__name__}).')
+  if is_nnx:
+    return NnxModel(model)
+  return LinenModel(model, variables, apply_kwargs, train_model, train_kwargs)

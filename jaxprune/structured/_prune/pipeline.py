@@ -1,0 +1,221 @@
+"""One call for the common case: prune a Flax model to a ratio or a FLOPs target.
+
+    result = jaxprune.structured.prune(model, x, variables=variables, ratio=0.5)  # Linen
+    result = jaxprune.structured.prune(nnx_model, x, flops_target=0.3)            # NNX, in place
+
+It traces the model, scores channels (optionally with Taylor importance on
+calibration batches), selects, shrinks, checks the result against the dense
+model with the removed channels zeroed, and optionally re-estimates the
+BatchNorm statistics, with a progress bar for the calibration passes. One
+path for every model; what differs between Linen and NNX is in the adapters
+of `models.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from jaxprune.structured._core import cost
+from jaxprune.structured._core.graph import DependencyGraph
+from jaxprune.structured._core.plan import Constraint, Plan, make_plan
+from jaxprune.structured._prune import models
+from jaxprune.structured._select import importance as importance_lib
+from jaxprune.structured._select import selectors
+from jaxprune.structured._shrink import flax_rebuild
+from jaxprune.structured._shrink.apply import apply_plan
+from jaxprune.structured._shrink.verify import VerifyReport, compare, dense_reference, verify
+from jaxprune.structured._trace.tracing import trace
+
+PyTree = Any
+
+
+@dataclasses.dataclass
+class PruneResult(cost.FlopsReport):
+  """What `prune` hands back.
+
+  Attributes:
+    model: the Linen module (run it with `result.apply`) or the NNX model,
+      pruned in place.
+    variables: the pruned variables (Linen) or the NNX model's new state.
+    plan: the channels removed.
+    graph: the DependencyGraph of the dense model.
+    pruned_fn: `pruned_fn(variables, *args)`, the traced function at the new
+      shapes; runs at any input shape and exports with `jax.export`.
+    flops_before: dot_general + conv FLOPs per call of the dense model.
+    flops_after: the same for the pruned model.
+    check: the `verify` report of `pruned_fn` on the example inputs (None
+      when skipped).
+    model_check: the same check of what users run: `result.apply` (Linen,
+      under `linen_resized`) or the pruned NNX model itself.
+  """
+  model: Any
+  variables: PyTree
+  plan: Plan
+  graph: DependencyGraph
+  pruned_fn: Callable
+  flops_before: float
+  flops_after: float
+  check: VerifyReport | None
+  model_check: VerifyReport | None = None
+
+  def apply(self, variables: PyTree, *args: Any, **kwargs: Any) -> Any:
+    """Runs a pruned Linen module (`model.apply` at the sizes of `variables`)."""
+    with flax_rebuild.linen_resized(variables), models.explained('result.apply'):
+      return self.model.apply(variables, *args, **kwargs)
+
+  def summary(self) -> str:
+    """The plan's summary, then the FLOPs line (`FlopsReport`)."""
+    return f'{self.plan.summary()}\n{self.flops_line()}'
+
+
+def _default_inputs(batch: Any) -> tuple:
+  return tuple(batch[:1]) if isinstance(batch, (tuple, list)) else (batch,)
+
+
+def _check_arguments(example_args, ratio, flops_target, importance, scope, search, constraint,
+                     loss_fn, batches, inputs, recalibrate_bn, apply_kwargs, norms) -> None:
+  """Every check `prune` can make before it traces or changes anything (the model's own,
+  in `models.adapter`, come first)."""
+  if not example_args:
+    raise ValueError('prune: give example inputs, prune(model, x, ...): the model is traced '
+                     'at them.')
+  selectors.check_target(ratio=ratio, flops_target=flops_target, scope=scope, search=search,
+                         constraint=constraint)
+  importance_lib.check_method(importance, extra=('taylor',))
+  if importance == 'taylor' and (loss_fn is None or batches is None):
+    raise ValueError("importance='taylor': pass loss_fn(outputs, batch) and "
+                     'calibration_batches.')
+  if loss_fn is not None and not callable(loss_fn):
+    raise TypeError(f'loss_fn must be callable(outputs, batch) -> scalar, got {loss_fn!r}.')
+  if recalibrate_bn and not batches:
+    raise ValueError('recalibrate_bn=True needs calibration_batches (a list of batches).')
+  if (importance == 'taylor' or recalibrate_bn) and not batches:
+    raise ValueError('calibration_batches is empty; give at least one batch.')
+  if not callable(inputs):
+    raise TypeError(f'inputs must map a batch to the model inputs (a callable), got {inputs!r}.')
+  if norms == 'exact':
+    raise ValueError(
+        "prune: norms='exact' keeps dividing each norm by the full width, which only the pruned "
+        'callable of apply_plan does; the resized Flax model prune returns divides by the kept '
+        "width. Pass norms='renormalise' with constraint=Constraint(allow_approximate=True) "
+        "(checked within the approximate bound), or use trace(..., norms='exact'), select and "
+        'apply_plan for the exact pruned callable.')
+  if apply_kwargs is not None and not isinstance(apply_kwargs, Mapping):
+    raise TypeError(f'apply_kwargs must be a dict of keyword arguments, got '
+                    f'{type(apply_kwargs).__name__}.')
+
+
+def _verified(graph, variables, plan, example_args, runs):
+  """Verifies each `(what, fn)` in `runs` against the oracle; raises on a mismatch.
+
+  A plan that cuts approximate groups is checked as `verify` does: the
+  channel mapping exactly with the norms' statistics frozen, the outputs
+  within the approximate bound.
+  """
+  approximate = any(graph.groups[gid].approximate for gid in plan.removed)
+  reference = None if approximate else dense_reference(graph, variables, plan, *example_args)
+  reports = []
+  for what, fn in runs:
+    if approximate:
+      report = verify(graph, variables, plan, *example_args, pruned_fn=lambda _, *a, fn=fn: fn(*a))
+    else:
+      report = compare(reference, fn(*example_args))
+    if not report.ok:
+      raise RuntimeError(
+          f'prune: {what} differs from the dense model with the removed channels zeroed '
+          f'(largest difference {report.max_rel_diff:.3g} of the output scale); nothing was '
+          'changed. Please report this model.')
+    reports.append(report)
+  return reports
+
+
+def _scores(graph, variables, method, fn, loss_fn, batches, inputs, progress, masks, seed):
+  if method != 'taylor':
+    return importance_lib.score_channels(graph, variables, method, masks=masks, seed=seed)
+  loss = lambda v, batch: loss_fn(fn(v, *inputs(batch)), batch)
+  return importance_lib.taylor_importance(graph, variables, loss, batches, progress)
+
+
+def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
+          ratio: float | None = None, flops_target: float | None = None,
+          importance: str | Mapping[int, Any] = 'l2', scope: str = 'uniform',
+          search: str = 'greedy', constraint: Constraint | None = None,
+          loss_fn: Callable[[Any, Any], Any] | None = None,
+          calibration_batches: Iterable[Any] | None = None,
+          inputs: Callable[[Any], tuple] = _default_inputs, recalibrate_bn: bool = False,
+          apply_kwargs: Mapping[str, Any] | None = None,
+          train_kwargs: Mapping[str, Any] | None = None, train_model: Any = None,
+          masks: PyTree | None = None, norms: str | None = None,
+          seed: int = 0, check: bool = True, progress: bool = True) -> PruneResult:
+  """Prunes a Flax Linen or NNX model to a ratio or a FLOPs target.
+
+  Every argument is checked before anything is traced, and an NNX model is
+  changed only once the pruned model has passed the check (and, if asked,
+  been re-calibrated): a failure leaves it as it was.
+
+  Args:
+    model: a Linen module (give `variables`) or an NNX module (pruned in
+      place; put it in eval mode first so BatchNorm uses running statistics).
+    *example_args: example inputs; the model is traced at these shapes.
+    variables: the Linen variables.
+    ratio: fraction of channels to remove (per group, or overall with
+      `scope='global'`).
+    flops_target: fraction of the dense FLOPs to keep instead.
+    importance: 'l1', 'l2', 'bn_scale', 'density', 'random', 'taylor' (needs
+      `loss_fn` and `calibration_batches`) or `{group id: scores}`.
+    scope: 'uniform' or 'global' for `ratio`.
+    search: 'greedy' or 'knapsack' for `flops_target`.
+    constraint: a `Constraint` (min channels, round_to, locked regexes).
+    loss_fn: `loss_fn(model_outputs, batch) -> scalar` for Taylor importance.
+    calibration_batches: a re-iterable of batches (a list) for Taylor
+      importance and BatchNorm re-calibration.
+    inputs: maps a batch to the model's positional inputs (default: first
+      element of a tuple batch, or the batch itself).
+    recalibrate_bn: re-estimate BatchNorm statistics on the calibration batches.
+    apply_kwargs: keyword arguments for Linen `model.apply` when tracing.
+    train_kwargs: Linen keyword arguments that put BatchNorm in train mode
+      for re-calibration (default `{'train': True}`; `{}` when the mode is an
+      attribute, see `train_model`).
+    train_model: the Linen module in train mode when the mode is a module
+      attribute (e.g. `CNN(train=True)`); default `model`.
+    masks: masks for `importance='density'`.
+    norms: None keeps the residual stream (width) whole; 'renormalise' lets it
+      be pruned through LayerNorm/RMSNorm, each norm then dividing by the kept
+      width as the resized Flax modules do. Such groups are approximate: give
+      `Constraint(allow_approximate=True)` to select them. ('exact' is for
+      `trace` and the pruned callable only.)
+    seed: seed for `importance='random'`.
+    check: verify the pruned callable and the pruned model itself
+      (`result.apply`, or the NNX model) against the zeroed dense model on the
+      example inputs; raises, changing nothing, if they differ.
+    progress: tqdm progress bars for the calibration passes.
+
+  Returns:
+    A `PruneResult`.
+  """
+  if calibration_batches is not None:
+    calibration_batches = list(calibration_batches)
+  adapted = models.adapter(model, variables, apply_kwargs, train_model, train_kwargs)
+  _check_arguments(example_args, ratio, flops_target, importance, scope, search, constraint,
+                   loss_fn, calibration_batches, inputs, recalibrate_bn, apply_kwargs, norms)
+  fn, variables = adapted.traced()
+  graph = trace(fn, variables, *example_args, norms=norms)
+  scores = _scores(graph, variables, importance, fn, loss_fn, calibration_batches, inputs,
+                   progress, masks, seed)
+  plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
+                          importance=scores, scope=scope, search=search, constraint=constraint)
+  new_variables, pruned_fn = apply_plan(graph, variables, plan)
+  run_model = adapted.runner(new_variables)
+  check_fn, model_check = None, None
+  if check:
+    check_fn, model_check = _verified(
+        graph, variables, plan, example_args,
+        [('the pruned callable', lambda *a: pruned_fn(new_variables, *a)),
+         (adapted.name, run_model)])
+  flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
+  if recalibrate_bn:
+    new_variables = adapted.recalibrated(new_variables, calibration_batches, inputs, progress)
+  new_variables = adapted.committed(new_variables)  # only now is an NNX model changed
+  return PruneResult(model, new_variables, plan, graph, pruned_fn, *flops, check_fn, model_check)

@@ -1,0 +1,31 @@
+"""What other jaxprune packages may use of structured beyond its public names.
+
+`jaxprune.channels` (gradual channel pruning ends in a structured plan), the
+main job's channel report (`jaxprune.train`) and the benchmarks import these
+names from here and from nowhere else inside structured; the rest of
+structured's private modules may change without notice.
+
+  is_weight        whether a variables leaf counts for weight-based importance
+                   (not a running statistic such as BatchNorm's mean and var)
+  traced_outputs   the traced function run as traced, outputs tied to
+                   variables cut to a plan's kept positions
+  compare          two output pytrees leaf by leaf, as `verify` does
+  flops_kept       the FLOPs convention of every result: after / before
+  flops_text       that fraction as '29.2% kept, 3.42x fewer'
+  FlopsReport      the FLOPs part of a result with `flops_before` and
+                   `flops_after`: its `flops_kept` and its FLOPs line
+  count_flops      the one FLOPs counter (`plan_flops`), leaving out the
+                   equations a predicate picks
+  activation_products  that predicate for attention's products of two
+                   activations, which counters that see only layers leave out
+"""
+
+from jaxprune.structured._core.cost import FlopsReport, count_flops, flops_kept, flops_text
+from jaxprune.structured._select.importance import is_weight
+from jaxprune.structured._shrink.verify import compare, traced_outputs
+from jaxprune.structured._trace.kinds import activation_products
+
+__all__ = [
+    'FlopsReport', 'activation_products', 'compare', 'count_flops', 'flops_kept', 'flops_text',
+    'is_weight', 'traced_outputs',
+]

@@ -1,0 +1,52 @@
+"""The jaxpr core every structured stage uses: one traversal, one evaluator."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxprune.structured._core import jaxprs
+
+
+def test_equations_walk_sub_jaxprs_with_how_often_each_runs_per_call():
+  def fn(x):
+    y = jax.lax.scan(lambda c, _: (jnp.sin(c), None), x, None, length=5)[0]
+    return jax.lax.cond(x.sum() > 0, jnp.cos, jnp.tan, y)
+
+  closed = jax.make_jaxpr(fn)(jnp.ones(3))
+  rows = [(scope, eqn.primitive.name, times) for scope, _, eqn, times in
+          jaxprs.equations(closed)]
+  top = [name for scope, name, _ in rows if scope == ()]
+  assert top.count('scan') == 1 and top.count('cond') == 1
+  scan_index = [i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == 'scan'][0]
+  cond_index = [i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == 'cond'][0]
+  # The scan body runs 5 times per call; each of the two branches counts 1/2.
+  assert ((scan_index, 0), 'sin', 5.0) in rows
+  assert {(scope, times) for scope, name, times in rows if name in ('cos', 'tan')} == {
+      ((cond_index, 0), 0.5), ((cond_index, 1), 0.5)}
+  # Every equation comes before the equations of its sub-jaxprs.
+  assert rows.index(((), 'scan', 1.0)) < rows.index(((scan_index, 0), 'sin', 5.0))
+
+
+def test_evaluate_hands_each_equation_its_operands_and_keeps_its_results():
+  closed = jax.make_jaxpr(lambda x: jnp.sin(x) * 2.0)(1.0)
+  seen = []
+
+  def step(scope, index, eqn, invals):
+    seen.append((scope, index, eqn.primitive.name, [float(v) for v in invals]))
+    return [eqn.primitive.bind(*invals, **eqn.params)]
+
+  out = jaxprs.evaluate(closed.jaxpr, closed.consts, [0.5], step, scope=(7,))
+  assert float(out[0]) == pytest.approx(2.0 * math.sin(0.5))
+  assert [(s, i, name) for s, i, name, _ in seen] == [((7,), 0, 'sin'), ((7,), 1, 'mul')]
+  assert seen[1][3] == pytest.approx([math.sin(0.5), 2.0])  # the literal 2.0 read as its value
+
+
+def test_call_body_is_the_body_of_a_call_and_none_otherwise():
+  closed = jax.make_jaxpr(lambda x: jax.jit(jnp.tanh)(x) + 1.0)(np.ones(2, np.float32))
+  call, add = closed.jaxpr.eqns
+  body = jaxprs.call_body(call)
+  assert [e.primitive.name for e in getattr(body, 'jaxpr', body).eqns] == ['tanh']
+  assert jaxprs.call_body(add) is None
