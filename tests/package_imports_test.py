@@ -156,3 +156,35 @@ def test_the_direction_check_sees_nested_and_relative_imports():
           'jaxprune.structured.trace'} <= found
   assert within('jaxprune.channels.rule', ['jaxprune.channels'])
   assert not within('jaxprune.channelsx', ['jaxprune.channels'])
+
+
+# Public modules that are not packages: namespaces that only re-export, and scripts.
+PUBLIC_MODULES = {
+    'jaxprune.functional',       # the torch.nn.utils.prune counterpart (re-exports)
+    'jaxprune.methods',          # its pruning criteria (re-exports)
+    'jaxprune.oneshot.charlm',   # `python -m jaxprune.oneshot.charlm`: the benchmarks' model
+    'jaxprune.train.__main__',   # `python -m jaxprune.train`
+}
+
+
+def test_implementation_modules_are_private():
+  """Implementation lives in modules (or folders) whose names start with `_`; a public
+  module is a package's `__init__`, a re-exporting namespace or a script."""
+  public = set()
+  for path in PACKAGE.rglob('*.py'):
+    parts = path.relative_to(ROOT).with_suffix('').parts
+    if path.name == '__init__.py' or any(p.startswith('_') for p in parts[1:]):
+      continue
+    public.add('.'.join(parts))
+  assert public - PUBLIC_MODULES == set()
+
+
+@pytest.mark.parametrize('name', ['jaxprune.functional', 'jaxprune.methods'])
+def test_namespace_modules_only_reexport(name):
+  module = importlib.import_module(name)
+  tree = ast.parse(pathlib.Path(module.__file__).read_text())
+  for node in tree.body:
+    is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    is_all = isinstance(node, ast.Assign) and [t.id for t in node.targets] == ['__all__']
+    assert is_docstring or is_all or isinstance(node, ast.ImportFrom), node.lineno
+  assert all(getattr(module, n).__module__.startswith('jaxprune._') for n in module.__all__)

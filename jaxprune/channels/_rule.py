@@ -6,7 +6,7 @@ every prunable group of `graph` by the L2 norm of everything the channel owns
 (producer filter, bias, normalisation scale and bias, consumer rows, residual
 partners: the score of `select(..., importance='l2')`), thresholds the scores
 of each group (or of all groups at once) with the transform's own rules
-(schedule, gating, histogram or exact threshold, decay; SPEC sections 2-4),
+(schedule, gating, histogram or exact threshold, decay: docs/explanation/semantics.md),
 moves each group's kept count to one the `Constraint` allows, and masks every
 slice of the removed channels. The masks stay a bool tree parallel to the
 params, so the transform zeroes them as it zeroes single weights, and

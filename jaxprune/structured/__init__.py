@@ -1,5 +1,5 @@
 """Structured pruning: find the channels of any JAX model that are removed together,
-choose which go, and cut them out (DESIGN.md, "Structured pass")."""
+choose which go, and cut them out (docs/explanation/structured_design.md)."""
 
 from jaxprune.structured._core.cost import plan_flops
 from jaxprune.structured._core.graph import AxisPart, ChannelGroup, DependencyGraph, Member, VarKey

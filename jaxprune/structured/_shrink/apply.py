@@ -189,6 +189,21 @@ def apply_plan(graph: DependencyGraph, variables: PyTree,
   Returns:
     `new_variables` (same structure, smaller leaves) and the jitted
     `pruned_fn(new_variables, *args)` computing `fn` at the new shapes.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxprune.structured as jps
+    >>> k1, k2 = jax.random.split(jax.random.key(0))
+    >>> params = {'w1': jax.random.normal(k1, (4, 8)), 'w2': jax.random.normal(k2, (8, 3))}
+    >>> fn = lambda p, x: jax.nn.relu(x @ p['w1']) @ p['w2']
+    >>> x = jnp.ones((2, 4))
+    >>> graph = jps.trace(fn, params, x)
+    >>> plan = jps.select(graph, params, ratio=0.5)
+    >>> new_params, pruned_fn = jps.apply_plan(graph, params, plan)
+    >>> new_params['w1'].shape, new_params['w2'].shape, pruned_fn(new_params, x).shape
+    ((4, 4), (4, 3), (2, 3))
+    >>> bool(jps.verify(graph, params, plan, x))
+    True
   """
   check_variables(graph, variables, 'apply_plan')
   plan = as_plan(graph, plan)

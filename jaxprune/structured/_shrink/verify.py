@@ -1,5 +1,5 @@
 """The verification oracle: the pruned model equals the dense model with the
-removed channels zeroed (DESIGN.md, "Structured pass")."""
+removed channels zeroed (docs/explanation/structured_design.md#verify-the-oracle)."""
 
 from __future__ import annotations
 

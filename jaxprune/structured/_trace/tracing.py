@@ -179,6 +179,15 @@ def trace(fn: Callable[..., Any], variables: Any, *example_args: Any,
   Returns:
     A `DependencyGraph`. Variables leaves no entry point reads are listed in
     `graph.unread` and never prunable.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxprune.structured as jps
+    >>> params = {'w1': jnp.ones((4, 8)), 'w2': jnp.ones((8, 3))}
+    >>> fn = lambda p, x: jax.nn.relu(x @ p['w1']) @ p['w2']
+    >>> graph = jps.trace(fn, params, jnp.ones((2, 4)))
+    >>> [(g.size, sorted(m.leaf for m in g.members)) for g in graph.prunable_groups]
+    [(8, ['w1', 'w2'])]
   """
   norms_lib.check_mode(norms)
   specs = [(fn, tuple(example_args), dict(kwargs))]
