@@ -16,7 +16,7 @@ from jaxprune.structured._core import observe
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.kept import PlanShapes
 from jaxprune.structured._core.plan import Plan, as_plan
-from jaxprune.structured._shrink.apply import cut_variables, replayed_fn, zeroed_variables
+from jaxprune.structured._shrink.apply import replayed_fn, shrink_variables, zeroed_variables
 from jaxprune.structured._shrink.shrinker import Shrinker
 
 PyTree = Any
@@ -160,7 +160,7 @@ def _frozen_outputs(graph: DependencyGraph, variables: PyTree, plan: Plan, args:
   shrinker.overrides = sums
   closed = point.closed_jaxpr
   run = lambda flat: shrinker.run(closed.jaxpr, closed.consts, flat, point.scope)
-  new = jax.tree_util.tree_leaves(cut_variables(graph, variables, plan))
+  new = jax.tree_util.tree_leaves(shrink_variables(graph, variables, plan))
   outs = (jax.jit(run) if jit else run)([*new, *flat_args])
   return jax.tree_util.tree_unflatten(point.out_tree, outs)
 
@@ -207,7 +207,9 @@ def _verify(graph: DependencyGraph, variables: PyTree, plan: Plan, example_args:
             jit: bool, approximate_rtol: float) -> VerifyReport:
   """`verify` for a normalised plan."""
   fn = pruned_fn or replayed_fn(graph, plan, jit=jit)
-  outputs = fn(cut_variables(graph, variables, plan), *example_args)
+  # The public shrink_variables (it maps the normalised plan onto itself): what is checked
+  # is the variables users get.
+  outputs = fn(shrink_variables(graph, variables, plan), *example_args)
   reference = traced_outputs(graph, plan, zeroed_variables(graph, variables, plan),
                              *example_args, jit=jit)
   approximate = tuple(sorted(gid for gid in plan.removed if graph.groups[gid].approximate))
