@@ -137,13 +137,13 @@ def test_frozen_statistics_catch_a_wrong_channel_mapping(monkeypatch):
   p, x = _params(), _x()
   graph = jps.trace(_ln_two_pass, p, x, norms='exact')
   plan = jps.make_plan(graph, {_width(graph).id: [0, 3]})
-  shrink = oracle.cut_variables
+  shrink = oracle.shrink_variables
 
   def mixed_up(graph, variables, plan):  # a shrink that mixed up the kept channels
     new = shrink(graph, variables, plan)
     return dict(new, scale=new['scale'][::-1])
 
-  monkeypatch.setattr(oracle, 'cut_variables', mixed_up)
+  monkeypatch.setattr(oracle, 'shrink_variables', mixed_up)
   # A loose bound lets the outputs through; the frozen statistics do not.
   report = jps.verify(graph, p, plan, x, approximate_rtol=10.0)
   assert not report.ok and report.frozen_rel_diff > 1e-2 and report.max_rel_diff < 10.0
