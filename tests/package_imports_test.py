@@ -132,13 +132,14 @@ def test_structured_imports_neither_channels_nor_train():
   assert violations(files, ['jaxprune.channels', 'jaxprune.train']) == []
 
 
-def test_channels_and_train_use_structured_only_through_its_public_and_shared_names():
+def test_other_packages_use_structured_only_through_its_public_and_shared_names():
   """`jaxprune.structured`'s `__all__`, and `structured._shared` for what other packages need
   beyond it; its stage packages (`_core`, `_trace`, ...) are its own."""
   stages = sorted(p.name for p in (PACKAGE / 'structured').iterdir()
                   if (p / '__init__.py').exists())
   assert {'_core', '_primitives', '_trace', '_select', '_shrink', '_prune'} <= set(stages)
-  files = sorted([*(PACKAGE / 'channels').rglob('*.py'), *(PACKAGE / 'train').rglob('*.py')])
+  files = sorted(p for package in ('channels', 'train', 'oneshot', 'sparse')
+                 for p in (PACKAGE / package).rglob('*.py'))
   assert violations(files, [f'jaxprune.structured.{s}' for s in stages]) == []
 
 

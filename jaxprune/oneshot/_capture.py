@@ -1,6 +1,6 @@
 """Input statistics of chosen layers on calibration batches, one jitted pass per batch.
 
-The model runs as traced (`jaxprune.structured.observe.evaluate`, the
+The model runs as traced (`jaxprune.structured._shared.evaluate_watching`, the
 structured pass's interpreter); at each `dot_general` that reads a chosen
 layer, its input `x` is flattened to `(tokens, input channels)` and reduced
 on the spot, inside `jit`: to `sum x_j^2` per input channel (Wanda) or to the
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune.oneshot._layers import Layer
-from jaxprune.structured._core import observe
+from jaxprune.structured._shared import evaluate_watching
 
 
 def _rows(x: jax.Array, contracting: Sequence[int]) -> jax.Array:
@@ -65,7 +65,7 @@ def collector(closed: Any, layers: Sequence[Layer], kind: str) -> Callable[..., 
         leaf, site = hit
         found.setdefault(leaf, []).append(_rows(invals[site.operand], site.contracting))
 
-    observe.evaluate(closed.jaxpr, closed.consts, flat, (), watch)
+    evaluate_watching(closed.jaxpr, closed.consts, flat, (), watch)
     return {leaf: (sum(_reduce(r, kind) for r in rows), sum(r.shape[0] for r in rows))
             for leaf, rows in found.items()}
 

@@ -22,8 +22,7 @@ from typing import Any
 
 from jax.extend import core as jcore
 
-from jaxprune.structured._primitives import control
-from jaxprune.structured._primitives import table as primitives
+from jaxprune.structured._shared import call_body
 
 Scope = tuple[int, ...]
 _RELAYOUTS = ('convert_element_type', 'copy', 'copy_p', 'transpose')
@@ -77,10 +76,9 @@ class _Walk:
       reads = [self.read(scope, v) for v in eqn.invars]
       taint = frozenset().union(*(t for _, t in reads))
       views = [v for v, _ in reads]
-      entry = primitives.lookup(eqn.primitive.name)
-      body = eqn.params[entry.body] if entry is not None and entry.body else None
-      inner = control.inner(body) if body is not None else None
-      if inner is not None and len(inner.invars) == len(eqn.invars):
+      body = call_body(eqn)
+      inner = getattr(body, 'jaxpr', body)  # a closed or an open jaxpr
+      if inner is not None:
         sub = scope + (index, 0)
         for var, (view, t) in zip(inner.invars, reads, strict=True):
           self._set(sub, var, view, t)

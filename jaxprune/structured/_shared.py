@@ -1,7 +1,8 @@
 """What other jaxprune packages may use of structured beyond its public names.
 
 `jaxprune.channels` (gradual channel pruning ends in a structured plan), the
-main job's channel report (`jaxprune.train`) and the benchmarks import these
+main job's channel report (`jaxprune.train`), one-shot pruning's calibration
+pass (`jaxprune.oneshot`) and the benchmarks import these
 names from here and from nowhere else inside structured; the rest of
 structured's private modules may change without notice.
 
@@ -18,14 +19,20 @@ structured's private modules may change without notice.
                    equations a predicate picks
   activation_products  that predicate for attention's products of two
                    activations, which counters that see only layers leave out
+  call_body        the body of a call equation (pjit, custom_jvp, ...), as the
+                   one traversal of jaxprs finds it
+  evaluate_watching  a jaxpr run as traced, a callback shown every equation's
+                   inputs and outputs (calls entered)
 """
 
 from jaxprune.structured._core.cost import FlopsReport, count_flops, flops_kept, flops_text
+from jaxprune.structured._core.jaxprs import call_body
+from jaxprune.structured._core.observe import evaluate as evaluate_watching
 from jaxprune.structured._select.importance import is_weight
 from jaxprune.structured._shrink.verify import compare, traced_outputs
 from jaxprune.structured._trace.kinds import activation_products
 
 __all__ = [
-    'FlopsReport', 'activation_products', 'compare', 'count_flops', 'flops_kept', 'flops_text',
-    'is_weight', 'traced_outputs',
+    'FlopsReport', 'activation_products', 'call_body', 'compare', 'count_flops',
+    'evaluate_watching', 'flops_kept', 'flops_text', 'is_weight', 'traced_outputs',
 ]
