@@ -160,13 +160,30 @@ def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
       masks, updates, params, is_leaf=_is_none)
 
 
+def _moved(mask: Array, p: Array) -> Array:
+  """Pruned (mask False), nonzero and not NaN."""
+  return ~mask & (p != 0) & ~jnp.isnan(p)
+
+
 def _any_moved(masks: list[Array], params: list[Array]) -> Array:
   """Whether a pruned entry of `params` is nonzero (NaN aside): each step leaves the
   entries its masks prune at exactly zero, so at the next step they still are
-  unless something after the transform changed them."""
-  moved = [jnp.any(~mask & (p != 0) & ~jnp.isnan(p)) for mask, p in zip(masks, params,
-                                                                          strict=True)]
-  return functools.reduce(jnp.logical_or, moved, jnp.bool_(False))
+  unless something after the transform changed them.
+
+  One variadic reduction per leaf reads mask and weights together; the elementwise
+  test inside its combiner keeps XLA from storing a leaf-sized array of flags
+  first. A pair (mask, p) stands for "moved" as `_moved` says, and combining two
+  pairs gives a pair that is moved when either is.
+  """
+  def combine(a, b):
+    moved = _moved(*a) | _moved(*b)
+    return ~moved, moved.astype(a[1].dtype)
+
+  found = jnp.bool_(False)
+  for mask, p in zip(masks, params, strict=True):
+    init = (jnp.bool_(True), jnp.zeros((), p.dtype))
+    found = found | _moved(*lax.reduce((mask, p), init, combine, tuple(range(p.ndim))))
+  return found
 
 
 def _ordered_after(tree: PyTree, token: Array) -> PyTree:
@@ -235,15 +252,16 @@ class _Engine:
         sparsity=jnp.zeros((), jnp.float32), moved_updates=jnp.zeros((), jnp.int32))
 
   def step(self, state: PruningState, params: PyTree, operands: Any,
-           weights_of: Callable[[Any], list[Callable[[Any], Array]]]
-           ) -> tuple[PyTree, PruningState]:
-    """(masks, new state) of one step: the schedule, the gating, and the rule's
-
-    See docs/explanation/semantics.md#gating.
-    mask update under a conditional that reads only `operands`.
+           weights_of: Callable[[Any], list[Callable[[Any], Array]]],
+           params_of: Callable[[Any], list[Array]]) -> tuple[PyTree, PruningState]:
+    """(masks, new state) of one step: the schedule, the gating
+    (docs/explanation/semantics.md#gating), and the rule's mask update under a
+    conditional that reads only `operands`.
 
     `weights_of(operands)`, called inside the conditional, gives the pruned
-    leaves' values as `token -> array` callables in the params' order.
+    leaves' values as `token -> array` callables in the params' order;
+    `params_of(operands)` the pruned leaves of the params the step starts from
+    (for the moved-weights check), which `operands` hold in every form.
     """
     hparams, rule = self.hparams, self.rule(params)
     step = state.step
@@ -261,19 +279,14 @@ class _Engine:
       return masks, jax.tree.leaves(thresholds), skips
 
     def recompute(operands):
-      operands, pruned_params = operands
-      moved = ((state.step > 0) & _any_moved(old_masks, pruned_params)).astype(jnp.int32)
-      # The check first: its temporaries are gone before the search's stored weights.
-      operands = _ordered_after(operands, moved)
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
-      return masks, thresholds, skips, moved
+      moved = (step > 0) & _any_moved(old_masks, params_of(operands))
+      return masks, thresholds, skips, moved.astype(jnp.int32)
 
     def keep(_):
       return old_masks, old_thresholds, jnp.int32(0), jnp.int32(0)
 
-    pruned_params = [jax.tree.leaves(params)[i] for i in _pruned_indices(state)]
-    new_masks, new_thresholds, skips, moved = lax.cond(
-        do_update, recompute, keep, (operands, pruned_params))
+    new_masks, new_thresholds, skips, moved = lax.cond(do_update, recompute, keep, operands)
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
     return masks, PruningState(
         step=optax.safe_increment(step),
@@ -341,11 +354,10 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
     if engine.hparams.mask_source == 'params':
       # The weights the step starts from: already in memory, so steps without an
       # update pay nothing for the update's conditional.
-      operands, weights_of = [param_leaves[i] for i in pruned], _weights_of
+      operands, weights_of, params_of = [param_leaves[i] for i in pruned], _weights_of, list
     else:
       # The weights as they will be stored (docs/explanation/semantics.md#applying-the-masks):
-      # optax.apply_updates casts
-      # params + updates to the params' dtype.
+      # optax.apply_updates casts params + updates to the params' dtype.
       operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
 
       def weights_of(operands):
@@ -353,7 +365,8 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
           p, u = counting.fresh((p, u), token)
           return _as_stored(p + u, p.dtype)
         return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
-    masks, state = engine.step(state, params, operands, weights_of)
+      params_of = lambda operands: operands[0]  # noqa: E731
+    masks, state = engine.step(state, params, operands, weights_of, params_of)
     return _masked(masks, updates, params), state
 
   return optax.GradientTransformation(engine.init, update_fn)
@@ -403,7 +416,7 @@ def pruned(optimizer: optax.GradientTransformation,
     pruned = _pruned_indices(pruning_state)
     if engine.hparams.mask_source == 'params':
       operands = [jax.tree.leaves(params)[i] for i in pruned]
-      weights_of = _weights_of
+      weights_of, params_of = _weights_of, list
     else:
       operands = (grads, inner, params)
 
@@ -413,7 +426,8 @@ def pruned(optimizer: optax.GradientTransformation,
         updates = jax.tree.leaves(optimizer.update(grads, inner, params)[0])
         leaves = jax.tree.leaves(params)
         return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
-    masks, pruning_state = engine.step(pruning_state, params, operands, weights_of)
+      params_of = lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned]  # noqa: E731
+    masks, pruning_state = engine.step(pruning_state, params, operands, weights_of, params_of)
     inner = _ordered_after(inner, pruning_state.nonfinite_skips)
     updates, inner = optimizer.update(grads, inner, params)
     return _masked(masks, updates, params), (inner, pruning_state)

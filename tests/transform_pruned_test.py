@@ -153,7 +153,10 @@ def test_the_step_reads_the_optimizer_state_in_place():
   nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
   chained = compiled(optax.chain(optax.adam(1e-3), jaxprune.pruning(hparams)))
   assert chained.memory_analysis().temp_size_in_bytes >= nbytes
-  assert wrapped.memory_analysis().temp_size_in_bytes <= 1.1 * nbytes
+  # The stored weights, and a copy of the bool masks: the moved-weights check reads the
+  # old masks beside the update, so XLA writes the new ones apart.
+  mask_bytes = sum(x.size for x in jax.tree.leaves(params))
+  assert wrapped.memory_analysis().temp_size_in_bytes <= 1.1 * nbytes + mask_bytes
 
 
 def test_pruned_needs_the_params():
