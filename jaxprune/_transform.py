@@ -160,30 +160,13 @@ def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
       masks, updates, params, is_leaf=_is_none)
 
 
-def _moved(mask: Array, p: Array) -> Array:
-  """Pruned (mask False), nonzero and not NaN."""
-  return ~mask & (p != 0) & ~jnp.isnan(p)
-
-
 def _any_moved(masks: list[Array], params: list[Array]) -> Array:
   """Whether a pruned entry of `params` is nonzero (NaN aside): each step leaves the
   entries its masks prune at exactly zero, so at the next step they still are
-  unless something after the transform changed them.
-
-  One variadic reduction per leaf reads mask and weights together; the elementwise
-  test inside its combiner keeps XLA from storing a leaf-sized array of flags
-  first. A pair (mask, p) stands for "moved" as `_moved` says, and combining two
-  pairs gives a pair that is moved when either is.
-  """
-  def combine(a, b):
-    moved = _moved(*a) | _moved(*b)
-    return ~moved, moved.astype(a[1].dtype)
-
-  found = jnp.bool_(False)
-  for mask, p in zip(masks, params, strict=True):
-    init = (jnp.bool_(True), jnp.zeros((), p.dtype))
-    found = found | _moved(*lax.reduce((mask, p), init, combine, tuple(range(p.ndim))))
-  return found
+  unless something after the transform changed them."""
+  moved = [jnp.any(~mask & (p != 0) & ~jnp.isnan(p)) for mask, p in zip(masks, params,
+                                                                          strict=True)]
+  return functools.reduce(jnp.logical_or, moved, jnp.bool_(False))
 
 
 def _ordered_after(tree: PyTree, token: Array) -> PyTree:

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 import train_faults
@@ -17,6 +18,12 @@ from jaxprune.train._errors import ConfigError
 from jaxprune.train._metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module', autouse=True)
+def free_compiled_steps():
+  yield
+  jax.clear_caches()  # this module's compiled steps: the worker's next tests do not need them
 
 
 @pytest.mark.parametrize('hparams, message', [

@@ -44,8 +44,22 @@ def _assert_trees_equal(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.fixture(scope='module', autouse=True)
+def compilation_cache(tmp_path_factory):
+  """Compiles each distinct train step once: the runs below repeat the same one."""
+  options = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs')
+  before = {name: getattr(jax.config, name) for name in options}
+  jax.config.update(options[0], str(tmp_path_factory.mktemp('jax_cache')))
+  jax.config.update(options[1], 0)
+  yield
+  for name, value in before.items():
+    jax.config.update(name, value)
+  jax.clear_caches()  # this module's compiled steps: the worker's next tests do not need them
+
+
 @pytest.fixture(scope='module')
-def finished(tmp_path_factory):
+def finished(tmp_path_factory, compilation_cache):
+  del compilation_cache
   """One uninterrupted run, shared by the tests that only read its outputs."""
   workdir = str(tmp_path_factory.mktemp('run'))
   return loop.train(_config(), workdir)
