@@ -1,6 +1,5 @@
 """Hyperparameters: TF names and defaults, string parsing, validation errors and warnings."""
 
-import warnings
 
 import docs_blocks
 import jax
@@ -124,14 +123,6 @@ def test_global_pruning_rejects_per_variable_targets():
     jaxprune.parse_hparams('global_pruning=true,weight_sparsity_map=[a:0.5]')
 
 
-def _warnings_of(make):
-  """The jaxprune warnings that `make()` emits, each time (no de-duplication)."""
-  with warnings.catch_warnings(record=True) as record:
-    warnings.simplefilter('always')
-    make()
-  return [str(w.message) for w in record if 'jaxprune' in str(w.message)]
-
-
 def test_parse_then_pruning_checks_and_warns_once():
   # The documented path (docs/guides/gradual.md): before, parse_hparams and pruning each
   # validated and warned.
@@ -139,7 +130,7 @@ def test_parse_then_pruning_checks_and_warns_once():
     hp = jaxprune.parse_hparams('end_pruning_step=50')
     jaxprune.pruning(hp)
     jaxprune.pruning(hp)
-  messages = _warnings_of(make)
+  messages = helpers.warnings_of(make)
   assert len(messages) == 1
   assert 'end_pruning_step=50 stops mask updates' in messages[0]
 
@@ -156,7 +147,7 @@ def test_a_config_changed_after_freezing_is_checked_again():
   with pytest.warns(UserWarning, match='end_pruning_step=50'):
     hp = jaxprune.parse_hparams('end_pruning_step=50')
   hp.end_pruning_step = 40
-  assert len(_warnings_of(lambda: jaxprune.pruning(hp))) == 1
+  assert len(helpers.warnings_of(lambda: jaxprune.pruning(hp))) == 1
 
 
 def test_pruning_accepts_a_string():
@@ -196,13 +187,13 @@ def test_check_value_prefixes_where():
 
 def test_begin_after_the_schedule_ends_warns_one_shot():
   # Before: silently one-shot, the first update (step 1000) already at the target.
-  messages = _warnings_of(lambda: jaxprune.parse_hparams('begin_pruning_step=1000'))
+  messages = helpers.warnings_of(lambda: jaxprune.parse_hparams('begin_pruning_step=1000'))
   assert len(messages) == 1
   assert 'first mask update is at step max(begin_pruning_step, pruning_frequency) = 1000' in (
       messages[0])
   assert 'sparsity_function_end_step=100' in messages[0]
   # The same through a frequency longer than the schedule.
-  assert len(_warnings_of(lambda: jaxprune.parse_hparams('pruning_frequency=101'))) == 1
+  assert len(helpers.warnings_of(lambda: jaxprune.parse_hparams('pruning_frequency=101'))) == 1
 
 
 @pytest.mark.parametrize('text', [
@@ -212,7 +203,7 @@ def test_begin_after_the_schedule_ends_warns_one_shot():
     'begin_pruning_step=1000,sparsity_function_end_step=1000',  # the fix the warning names
 ])
 def test_schedules_inside_the_window_do_not_warn(text):
-  assert _warnings_of(lambda: jaxprune.parse_hparams(text)) == []
+  assert helpers.warnings_of(lambda: jaxprune.parse_hparams(text)) == []
 
 
 def test_exponent_that_float32_flushes_to_zero_is_refused():
@@ -236,16 +227,17 @@ LOWEST_BIN_AT_5_STD = {2: 0.988, 3: 0.904, 4: 0.789, 5: 0.683, 6: 0.595, 7: 0.52
 @pytest.mark.parametrize('nbins', range(2, 9))
 def test_few_bins_warn_when_a_target_cannot_prune(nbins):
   """nbins 2-7 leave more than half of such weights in the lowest bin: a 50% target prunes none."""
-  messages = _warnings_of(lambda: jaxprune.parse_hparams(f'nbins={nbins},target_sparsity=0.5'))
+  parse = lambda target: jaxprune.parse_hparams(f'nbins={nbins},target_sparsity={target}')  # noqa: E731
+  messages = helpers.warnings_of(lambda: parse(0.5))
   assert len(messages) == (1 if LOWEST_BIN_AT_5_STD[nbins] >= 0.5 else 0)
-  at_90 = _warnings_of(lambda: jaxprune.parse_hparams(f'nbins={nbins},target_sparsity=0.9'))
+  at_90 = helpers.warnings_of(lambda: parse(0.9))
   assert len(at_90) == (1 if LOWEST_BIN_AT_5_STD[nbins] >= 0.9 else 0)
   exact = f'nbins={nbins},target_sparsity=0.5,threshold_method=exact'
-  assert _warnings_of(lambda: jaxprune.parse_hparams(exact)) == []
+  assert helpers.warnings_of(lambda: jaxprune.parse_hparams(exact)) == []
 
 
 def test_few_bins_warning_states_the_shares_and_a_fix():
-  message, = _warnings_of(lambda: jaxprune.parse_hparams('nbins=4,target_sparsity=0.6'))
+  message, = helpers.warnings_of(lambda: jaxprune.parse_hparams('nbins=4,target_sparsity=0.6'))
   # P(|z| < 1) = 68.3% (max 4 std), P(|z| < 1.25) = 78.9% (max 5 std).
   assert 'that bin holds 68.3% to 78.9%' in message
   assert 'target sparsity 0.6 can prune nothing' in message
@@ -267,7 +259,7 @@ def test_few_bins_prune_nothing_on_normal_weights():
 def test_docs_hparams_example_runs_without_warnings():
   block, = docs_blocks.code_cells('guides/gradual.md', start="Hyperparameters keep TF's names")
   namespace = {'jaxprune': jaxprune}
-  assert _warnings_of(lambda: exec(block, namespace)) == []  # noqa: S102
+  assert helpers.warnings_of(lambda: exec(block, namespace)) == []  # noqa: S102
   frozen = hparams_lib.freeze(namespace['hp'])
   assert frozen is hparams_lib.freeze(namespace['hp'])  # frozen once, by parse_hparams
   assert frozen.sparsity_entries == (('conv1', 0.8), ('dense/kernel', 0.95))

@@ -1,4 +1,7 @@
-"""Helpers the core's test files share: hparams with overrides, and steps of a transform."""
+"""Helpers the core's test files share: hparams with overrides, steps of a transform, and the
+jaxprune warnings a call emits."""
+
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -25,3 +28,11 @@ def run_updates(tx, params, steps):
   for _ in range(steps):
     _, state = update(zeros, state, params)
   return state
+
+
+def warnings_of(make) -> list[str]:
+  """The jaxprune warnings that `make()` emits, each time (no de-duplication)."""
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    make()
+  return [str(w.message) for w in record if 'jaxprune' in str(w.message)]

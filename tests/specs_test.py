@@ -3,7 +3,6 @@
 See docs/explanation/semantics.md#names-and-maps.
 """
 
-import warnings
 
 import flax.linen as nn
 import jax
@@ -17,32 +16,25 @@ import jaxprune
 from jaxprune import _specs as specs
 
 
-def _warnings_of(make):
-  with warnings.catch_warnings(record=True) as record:
-    warnings.simplefilter('always')
-    make()
-  return [str(w.message) for w in record if 'jaxprune' in str(w.message)]
-
-
 def test_a_regex_that_matches_no_weight_warns_with_the_leaf_names():
   # Before: 'weight$' (PyTorch's name) on Flax params pruned nothing without a word.
   tx = jaxprune.pruning(jaxprune.parse_hparams('weight_name_regex=weight$'))
-  message, = _warnings_of(lambda: tx.init(tiny_models.mlp_params()))
+  message, = helpers.warnings_of(lambda: tx.init(tiny_models.mlp_params()))
   assert "weight_name_regex='weight$' (matched with re.search) selects none" in message
   assert "['Dense_0/kernel', 'Dense_1/kernel']" in message
 
 
 def test_a_filter_that_selects_nothing_warns():
   tx = jaxprune.pruning(jaxprune.get_pruning_hparams(), prune_filter=lambda name, leaf: False)
-  message, = _warnings_of(lambda: tx.init(tiny_models.mlp_params()))
+  message, = helpers.warnings_of(lambda: tx.init(tiny_models.mlp_params()))
   assert 'prune_filter selects none' in message
 
 
 def test_default_regex_and_vector_only_trees_do_not_warn():
   tx = jaxprune.pruning(jaxprune.get_pruning_hparams())
-  assert _warnings_of(lambda: tx.init(tiny_models.mlp_params())) == []
+  assert helpers.warnings_of(lambda: tx.init(tiny_models.mlp_params())) == []
   vectors = {'bias': jnp.ones(3)}
-  assert _warnings_of(lambda: jaxprune.pruning(jaxprune.get_pruning_hparams()).init(vectors)
+  assert helpers.warnings_of(lambda: jaxprune.pruning(jaxprune.get_pruning_hparams()).init(vectors)
                       ) == []
 
 
