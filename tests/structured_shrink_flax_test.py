@@ -240,8 +240,8 @@ def test_prune_checks_every_argument_before_changing_the_model(kwargs, error, ma
 
 
 def test_prune_rejects_what_it_cannot_prune():
-  with pytest.raises(TypeError, match='must be a Flax Linen or NNX module'):
-    api.prune(lambda v, x: x, _x(2, 5), variables={}, ratio=0.5)
+  with pytest.raises(TypeError, match='must be a Flax Linen or NNX module or a function'):
+    api.prune(object(), _x(2, 5), variables={}, ratio=0.5)
   with pytest.raises(ValueError, match='give example inputs'):
     api.prune(CNN(), variables={'params': {}}, ratio=0.5)
 

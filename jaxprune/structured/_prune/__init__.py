@@ -1,3 +1,3 @@
-"""`prune`: the three stages in one call, for Flax Linen and NNX models (private)."""
+"""`prune`: the three stages in one call, for Flax models and plain functions (private)."""
 
 __all__ = []

@@ -1,18 +1,19 @@
-"""The models `prune` takes, each behind one small adapter: Flax Linen and Flax NNX.
+"""The models `prune` takes, each behind one small adapter: Flax Linen, Flax NNX and
+plain JAX functions.
 
 `prune` runs one path (trace, score, select, shrink, check, re-calibrate) and
 asks the adapter only what differs between model kinds:
 
   traced()        `(fn, variables)`: the function `trace` sees,
                   `fn(variables, *args)`, and the dense variables
-  runner(new)     the pruned model as users run it (a Linen `result.apply` at
-                  the new sizes; the NNX model rebuilt at them)
+  runner(new, f)  the pruned model as users run it (a Linen `result.apply` at
+                  the new sizes; the NNX model rebuilt at them; for a plain
+                  function the pruned callable `f` itself)
   recalibrated()  the new variables after re-estimating BatchNorm statistics
   committed(new)  what `PruneResult.variables` holds; an NNX model is changed
                   in place only here, once every check has passed
-
-A plain function needs none of this: `trace`, `select` and `apply_plan` are
-its path (`adapter` refuses it, naming them).
+  pruned_model(f) what `PruneResult.model` holds: the module, or the pruned
+                  callable `f` for a plain function
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class LinenModel:
     self.apply_kwargs = dict(self.apply_kwargs or {})  # checked a Mapping by then
     return functools.partial(self.model.apply, **self.apply_kwargs), self.variables
 
-  def runner(self, new_variables: PyTree) -> Callable[..., Any]:
+  def runner(self, new_variables: PyTree, pruned_fn: Callable[..., Any]) -> Callable[..., Any]:
+    del pruned_fn  # users run the module
     def run(*args):
       with flax_rebuild.linen_resized(new_variables), explained(self.name):
         return self.model.apply(new_variables, *args, **self.apply_kwargs)
@@ -87,6 +89,10 @@ class LinenModel:
   def committed(self, new_variables: PyTree) -> PyTree:
     return new_variables
 
+  def pruned_model(self, pruned_fn: Callable[..., Any]) -> nn.Module:
+    del pruned_fn
+    return self.model
+
 
 class NnxModel:
   """An NNX module, pruned in place once the pruned copy has passed every check."""
@@ -101,7 +107,8 @@ class NnxModel:
     self.graphdef, variables = nnx.split(self.model)
     return lambda state, *args: nnx.merge(self.graphdef, state)(*args), variables
 
-  def runner(self, new_variables: PyTree) -> Callable[..., Any]:
+  def runner(self, new_variables: PyTree, pruned_fn: Callable[..., Any]) -> Callable[..., Any]:
+    del pruned_fn  # users run the module
     self.pruned = flax_rebuild.update_nnx_attributes(nnx.merge(self.graphdef, new_variables))
 
     def run(*args):
@@ -119,18 +126,60 @@ class NnxModel:
     flax_rebuild.update_nnx(self.model, nnx.state(self.pruned))
     return nnx.state(self.model)
 
+  def pruned_model(self, pruned_fn: Callable[..., Any]) -> nnx.Module:
+    del pruned_fn
+    return self.model
+
+
+class FunctionModel:
+  """A plain JAX function `fn(variables, *args)` (haiku, equinox, keras, your own):
+  its pruned model is the pruned callable, `pruned_fn(new_variables, *args)`."""
+
+  name = 'the pruned function'
+
+  def __init__(self, fn: Callable[..., Any], variables: PyTree):
+    self.fn, self.variables = fn, variables
+
+  def traced(self) -> tuple[Callable[..., Any], PyTree]:
+    return self.fn, self.variables
+
+  def runner(self, new_variables: PyTree, pruned_fn: Callable[..., Any]) -> Callable[..., Any]:
+    return functools.partial(pruned_fn, new_variables)
+
+  def recalibrated(self, new_variables: PyTree, batches: Sequence[Any],
+                   inputs: Callable[[Any], tuple], progress: bool) -> PyTree:
+    raise AssertionError('unreachable: adapter refuses recalibrate_bn for a plain function')
+
+  def committed(self, new_variables: PyTree) -> PyTree:
+    return new_variables
+
+  def pruned_model(self, pruned_fn: Callable[..., Any]) -> Callable[..., Any]:
+    return pruned_fn
+
 
 def adapter(model: Any, variables: PyTree | None, apply_kwargs: Mapping[str, Any] | None,
-            train_model: Any, train_kwargs: Mapping[str, Any] | None) -> LinenModel | NnxModel:
+            train_model: Any, train_kwargs: Mapping[str, Any] | None,
+            recalibrate_bn: bool) -> LinenModel | NnxModel | FunctionModel:
   """The adapter of `model`; a TypeError or ValueError naming the fix for anything else."""
-  is_nnx = isinstance(model, nnx.Module)
-  if not is_nnx and not isinstance(model, nn.Module):
-    raise TypeError(f'prune: model must be a Flax Linen or NNX module, got '
-                    f'{type(model).__name__}; for other functions use trace, select and '
-                    'apply_plan.')
-  if is_nnx == (variables is not None):
-    raise ValueError('prune: pass variables=... for a Linen module and not for an NNX module '
-                     f'(got a {type(model).__name__} and variables={type(variables).__name__}).')
-  if is_nnx:
+  if isinstance(model, nnx.Module):
+    if variables is not None:
+      raise ValueError('prune: an NNX module holds its own variables; drop variables=... '
+                       f'(got variables={type(variables).__name__}).')
     return NnxModel(model)
-  return LinenModel(model, variables, apply_kwargs, train_model, train_kwargs)
+  if variables is None:
+    raise ValueError(f'prune: pass variables=... with a {type(model).__name__}: the Linen '
+                     "variables, or the pytree a plain function's first argument takes.")
+  if isinstance(model, nn.Module):
+    return LinenModel(model, variables, apply_kwargs, train_model, train_kwargs)
+  if not callable(model):
+    raise TypeError(f'prune: model must be a Flax Linen or NNX module or a function '
+                    f'fn(variables, *args), got {type(model).__name__}.')
+  linen_only = {'apply_kwargs': apply_kwargs, 'train_model': train_model,
+                'train_kwargs': train_kwargs, 'recalibrate_bn': recalibrate_bn or None}
+  given = [name for name, value in linen_only.items() if value is not None]
+  if given:
+    raise ValueError(
+        f'prune: {", ".join(given)} apply to Flax models, not to a plain function. Bind keyword '
+        'arguments in the function (functools.partial), and re-estimate BatchNorm statistics '
+        'of result.pruned_fn yourself with jaxprune.structured.recalibrate.')
+  return FunctionModel(model, variables)

@@ -1,14 +1,15 @@
-"""One call for the common case: prune a Flax model to a ratio or a FLOPs target.
+"""One call for the common case: prune a model to a ratio or a FLOPs target.
 
     result = jaxprune.structured.prune(model, x, variables=variables, ratio=0.5)  # Linen
     result = jaxprune.structured.prune(nnx_model, x, flops_target=0.3)            # NNX, in place
+    result = jaxprune.structured.prune(fn, x, variables=params, ratio=0.5)        # fn(params, x)
 
 It traces the model, scores channels (optionally with Taylor importance on
 calibration batches), selects, shrinks, checks the result against the dense
 model with the removed channels zeroed, and optionally re-estimates the
 BatchNorm statistics, with a progress bar for the calibration passes. One
-path for every model; what differs between Linen and NNX is in the adapters
-of `models.py`.
+path for every model; what differs between Linen, NNX and plain functions is
+in the adapters of `models.py`.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class PruneResult(cost.FlopsReport):
   """What `prune` hands back.
 
   Attributes:
-    model: the Linen module (run it with `result.apply`) or the NNX model,
-      pruned in place.
+    model: the Linen module (run it with `result.apply`), the NNX model,
+      pruned in place, or for a plain function the pruned callable
+      (`result.model(result.variables, x)`).
     variables: the pruned variables (Linen) or the NNX model's new state.
     plan: the channels removed.
     graph: the DependencyGraph of the dense model.
@@ -149,17 +151,21 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
           train_kwargs: Mapping[str, Any] | None = None, train_model: Any = None,
           masks: PyTree | None = None, norms: str | None = None,
           seed: int = 0, check: bool = True, progress: bool = True) -> PruneResult:
-  """Prunes a Flax Linen or NNX model to a ratio or a FLOPs target.
+  """Prunes a Flax Linen or NNX model, or a JAX function, to a ratio or a FLOPs target.
 
   Every argument is checked before anything is traced, and an NNX model is
   changed only once the pruned model has passed the check (and, if asked,
   been re-calibrated): a failure leaves it as it was.
 
   Args:
-    model: a Linen module (give `variables`) or an NNX module (pruned in
-      place; put it in eval mode first so BatchNorm uses running statistics).
+    model: a Linen module (give `variables`), an NNX module (pruned in
+      place; put it in eval mode first so BatchNorm uses running statistics),
+      or a function `fn(variables, *args)` such as a haiku, equinox or keras
+      model wrapped as in the third-party guide (give `variables`; the
+      Linen-only arguments and `recalibrate_bn` do not apply).
     *example_args: example inputs; the model is traced at these shapes.
-    variables: the Linen variables.
+    variables: the Linen variables, or the pytree a function's first
+      argument takes.
     ratio: fraction of channels to remove (per group, or overall with
       `scope='global'`).
     flops_target: fraction of the dense FLOPs to keep instead.
@@ -197,7 +203,8 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   """
   if calibration_batches is not None:
     calibration_batches = list(calibration_batches)
-  adapted = models.adapter(model, variables, apply_kwargs, train_model, train_kwargs)
+  adapted = models.adapter(model, variables, apply_kwargs, train_model, train_kwargs,
+                           recalibrate_bn)
   _check_arguments(example_args, ratio, flops_target, importance, scope, search, constraint,
                    loss_fn, calibration_batches, inputs, recalibrate_bn, apply_kwargs, norms)
   fn, variables = adapted.traced()
@@ -207,7 +214,7 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
                           importance=scores, scope=scope, search=search, constraint=constraint)
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
-  run_model = adapted.runner(new_variables)
+  run_model = adapted.runner(new_variables, pruned_fn)
   check_fn, model_check = None, None
   if check:
     check_fn, model_check = _verified(
@@ -218,4 +225,5 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   if recalibrate_bn:
     new_variables = adapted.recalibrated(new_variables, calibration_batches, inputs, progress)
   new_variables = adapted.committed(new_variables)  # only now is an NNX model changed
-  return PruneResult(model, new_variables, plan, graph, pruned_fn, *flops, check_fn, model_check)
+  return PruneResult(adapted.pruned_model(pruned_fn), new_variables, plan, graph, pruned_fn,
+                     *flops, check_fn, model_check)
