@@ -1,6 +1,15 @@
 """What pytest needs beyond pyproject.toml's settings."""
 
+import os
 import pathlib
+
+# The tests compile hundreds of small programs and run each a few times, so XLA's CPU
+# backend would spend most of the suite in LLVM's optimisation passes. JAX's own switch
+# skips them (a third of the suite's CPU time). XLA's graph passes (fusion, buffer
+# assignment, sharding), which the memory and HLO tests read, run as for users, and the
+# subprocesses the tests start inherit it. `JAX_DISABLE_MOST_OPTIMIZATIONS=0 pytest`
+# compiles as users do (the suite passes either way).
+os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 
 _TESTS = pathlib.Path(__file__).resolve().parent / 'tests'
 

@@ -109,15 +109,46 @@ def test_init_exports_exactly_its_all(package):
   for node in tree.body:
     if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('jaxprune'):
       imported.update(alias.asname or alias.name for alias in node.names)
-    elif package != 'jaxprune':  # the top level also holds the lazy `__getattr__`
+    elif package not in LAZY:  # those also hold a lazy `__getattr__`
       is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
       is_all = isinstance(node, ast.Assign) and [t.id for t in node.targets] == ['__all__']
       assert is_docstring or is_all, f'{package}/__init__.py line {node.lineno}'
   module = importlib.import_module(package)
   assert len(module.__all__) == len(set(module.__all__))
+  if package == 'jaxprune.train':
+    # Lazy: its imports are for type checkers only, and `_MODULES` names where each is.
+    imported = {alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) for alias in node.names
+                if (node.module or '').startswith('jaxprune.train._')}
+    assert set(module._MODULES) == imported
   assert set(module.__all__) == imported
   for name in module.__all__:
     assert getattr(module, name) is not None
+
+
+# Packages whose `__init__` loads what it exports on first use (PEP 562 `__getattr__`).
+LAZY = ('jaxprune', 'jaxprune.train')
+
+
+def test_the_main_job_loads_its_modules_on_first_use():
+  """A config file's `from jaxprune.train import get_config`, and the command's flag errors,
+  load no Flax, orbax or matplotlib (a fresh process: this one has them all)."""
+  code = ('import sys\n'
+          'from jaxprune.train import get_config\n'
+          'assert get_config().name == "digits_mlp"\n'
+          'heavy = ("flax", "orbax", "matplotlib", "sklearn", "jaxprune.structured")\n'
+          'print(sorted(m for m in sys.modules if m.startswith(heavy)))\n')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       check=True, timeout=120).stdout
+  assert out.strip() == '[]'
+  # A mistyped field: one line, and (-X importtime lists every module imported) none of them.
+  err = subprocess.run([sys.executable, '-X', 'importtime', '-m', 'jaxprune.train',
+                        '--config.num_step=5'], capture_output=True, text=True,
+                       timeout=120).stderr.splitlines()
+  assert err[-1].startswith("jaxprune-train: --config.num_step=5: the config has no field")
+  loaded = {line.split('|')[-1].strip() for line in err if line.startswith('import time:')}
+  assert 'jaxprune.train._usage' in loaded
+  assert not {m for m in loaded if m.split('.')[0] in ('flax', 'orbax', 'matplotlib', 'sklearn')}
 
 
 def test_core_imports_no_package():

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow  # one subprocess, ~40 s of CPU on 2 cores
+# One subprocess, ~40 s of CPU on 2 cores, made once: one worker runs the module.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'sparse_multidevice.py')
 

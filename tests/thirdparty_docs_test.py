@@ -23,8 +23,14 @@ def test_docs_thirdparty_recipes_run():
   # haiku MobileNetV1, 2 blocks: the stem's 32 channels with the first
   # depthwise conv, and each pointwise conv's output (the last one with the
   # logits' input). The BatchNorms' unread EMA `hidden` are not groups.
-  assert run(haiku_block) == ['3']
+  # Then prune() makes the same calls in one, to at most 60% of the FLOPs.
+  count, *flops_line = run(haiku_block)
+  assert count == '3'
   assert namespace['logits'].shape == (1, 10)
+  result = namespace['result']
+  assert ' '.join(flops_line) == result.flops_line()
+  assert result.flops_after <= 0.6 * result.flops_before and result.check.ok
+  assert result.model(result.variables, namespace['x'][:1]).shape == (1, 10)
 
   # equinox MLP 16-64-64-4: two hidden widths; half of 64 stays.
   assert run(equinox_block) == ['2', '(32,', '16)']

@@ -31,6 +31,18 @@ def test_digits_split_is_a_partition_of_sklearns_data():
   assert np.array_equal(np.bincount(labels), np.bincount(digits.target))
 
 
+def test_digits_are_sklearns_exactly_with_or_without_its_file(monkeypatch):
+  digits = sk_load_digits()
+  images, labels = data._digits()  # read from the file scikit-learn ships
+  np.testing.assert_array_equal(images, digits.images)
+  np.testing.assert_array_equal(labels, digits.target)
+  # Where that file has moved, through scikit-learn itself.
+  monkeypatch.setattr(data.os.path, 'exists', lambda path: False)
+  images, labels = data._digits()
+  np.testing.assert_array_equal(images, digits.images)
+  np.testing.assert_array_equal(labels, digits.target)
+
+
 def test_digits_split_depends_only_on_seed():
   a, b, c = data.load_digits(seed=1), data.load_digits(seed=1), data.load_digits(seed=2)
   assert np.array_equal(a.x_test, b.x_test) and np.array_equal(a.y_train, b.y_train)

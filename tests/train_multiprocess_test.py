@@ -20,7 +20,7 @@ import train_multiprocess as mp
 
 from jaxprune.train import _files as files
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]  # `runs`: made once
 
 SCRIPT = os.path.join(mp.HERE, 'train_multiprocess.py')
 TIMEOUT = 600  # seconds for any launch; the shared CI machine is slow, a hang is far slower
@@ -41,26 +41,30 @@ def _arrays(path):
     return {name: npz[name] for name in npz.files}
 
 
-@pytest.fixture(scope='module')
-def runs(tmp_path_factory):
-  """The script's outputs: 2 processes x 4 devices, and 1 process x 8 devices with gloo and
-  with JAX's default CPU collectives, launched side by side."""
-  root = tmp_path_factory.mktemp('multiprocess')
-  dirs = {name: root / name for name in ('two', 'one_gloo', 'one_default')}
-  for path in dirs.values():
-    path.mkdir()
+def _run_all(root):
+  """2 processes x 4 devices, and 1 process x 8 devices with gloo and with JAX's default
+  CPU collectives, launched side by side; their outputs in `root/<name>`."""
+  for name in ('two', 'one_gloo', 'one_default'):
+    (root / name).mkdir()
   port, port_one = mp.free_port(), mp.free_port()
   start = time.monotonic()
-  with mp.processes([[sys.executable, SCRIPT, '2', str(i), str(port), str(dirs['two'])]
+  with mp.processes([[sys.executable, SCRIPT, '2', str(i), str(port), str(root / 'two')]
                      for i in range(2)], 4, str(root), 'two') as two, \
-       mp.processes([[sys.executable, SCRIPT, '1', '0', str(port_one), str(dirs['one_gloo'])]],
+       mp.processes([[sys.executable, SCRIPT, '1', '0', str(port_one), str(root / 'one_gloo')]],
                     8, str(root), 'one_gloo') as one_gloo, \
-       mp.processes([[sys.executable, SCRIPT, '1', '0', '0', str(dirs['one_default'])]],
+       mp.processes([[sys.executable, SCRIPT, '1', '0', '0', str(root / 'one_default')]],
                     8, str(root), 'one_default') as one_default:
     for name, started in (('two', two), ('one_gloo', one_gloo), ('one_default', one_default)):
       codes = mp.wait_all(started, TIMEOUT - (time.monotonic() - start))
       assert codes == [0] * len(started), (name, mp.read(str(root), name, 0)[-3000:])
-  return dirs
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """The script's outputs (`_run_all`)."""
+  root = tmp_path_factory.mktemp('multiprocess')
+  _run_all(root)
+  return {name: root / name for name in ('two', 'one_gloo', 'one_default')}
 
 
 @pytest.mark.parametrize('name', ['mlp', 'channels'])

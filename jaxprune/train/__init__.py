@@ -1,17 +1,44 @@
 """The main job: train and prune a Flax model from a config (`jaxprune-train`).
 
 Needs the `examples` extra (scikit-learn, absl-py, tqdm, orbax-checkpoint,
-matplotlib; tensorboardX is optional).
+matplotlib; tensorboardX is optional). Each name loads its module on first use,
+so a config file's `from jaxprune.train import get_config` and the command's
+flag errors and `--help` need none of Flax, orbax or matplotlib.
 """
 
-from jaxprune.train._data import Dataset, load_digits, load_npz
-from jaxprune.train._defaults import get_config, pruning_config
-from jaxprune.train._loop import TrainResult, train
-from jaxprune.train._models import CNN, MLP
-from jaxprune.train._report import format_report
-from jaxprune.train._step import TrainState, make_optimizer, make_train_step
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from jaxprune.train._data import Dataset, load_digits, load_npz
+  from jaxprune.train._defaults import get_config, pruning_config
+  from jaxprune.train._loop import TrainResult, train
+  from jaxprune.train._models import CNN, MLP
+  from jaxprune.train._report import format_report
+  from jaxprune.train._step import TrainState, make_optimizer, make_train_step
+
+# name -> the private module that defines it
+_MODULES = {
+    'Dataset': '_data', 'load_digits': '_data', 'load_npz': '_data',
+    'get_config': '_defaults', 'pruning_config': '_defaults',
+    'TrainResult': '_loop', 'train': '_loop',
+    'CNN': '_models', 'MLP': '_models',
+    'format_report': '_report',
+    'TrainState': '_step', 'make_optimizer': '_step', 'make_train_step': '_step',
+}
 
 __all__ = [
     'CNN', 'MLP', 'Dataset', 'TrainResult', 'TrainState', 'format_report', 'get_config',
     'load_digits', 'load_npz', 'make_optimizer', 'make_train_step', 'pruning_config', 'train',
 ]
+
+
+def __getattr__(name: str) -> Any:
+  """Imports the module that defines `name` on first use (PEP 562)."""
+  if name in _MODULES:
+    return getattr(importlib.import_module(f'{__name__}.{_MODULES[name]}'), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *__all__})

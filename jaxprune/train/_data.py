@@ -7,6 +7,7 @@ resumed from a checkpoint sees exactly the batches an uninterrupted run sees.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import zipfile
 from typing import NamedTuple
@@ -51,16 +52,33 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25) -> Dataset:
   if not 0.0 < test_fraction < 1.0:
     raise ValueError(
         f'data.test_fraction={test_fraction!r}: must be in (0, 1), e.g. 0.25.')
-  # Imported here so that `import jaxprune.train` does not require scikit-learn.
-  from sklearn.datasets import load_digits as sk_load_digits
-
-  digits = sk_load_digits()
-  images = (digits.images / 16.0).astype(np.float32)[..., None]
-  labels = digits.target.astype(np.int32)
+  images, labels = _digits()
+  images = (images / 16.0).astype(np.float32)[..., None]
+  labels = labels.astype(np.int32)
   order = np.random.default_rng(seed).permutation(len(labels))
   n_test = int(round(test_fraction * len(labels)))
   test, train = order[:n_test], order[n_test:]
   return Dataset(images[train], labels[train], images[test], labels[test], 10)
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+  """scikit-learn's digits: 1,797 8x8 images (values 0-16, float64) and their labels.
+
+  Read from the file scikit-learn ships, as its `load_digits` reads it, without
+  importing scikit-learn (a second of every run's start); through scikit-learn
+  if that file has moved. Not installed: the ImportError names the package.
+  """
+  spec = importlib.util.find_spec('sklearn')
+  if spec is not None and spec.submodule_search_locations:
+    path = os.path.join(list(spec.submodule_search_locations)[0], 'datasets', 'data',
+                        'digits.csv.gz')
+    if os.path.exists(path):
+      table = np.loadtxt(path, delimiter=',')  # 64 pixels, then the label, per row
+      return table[:, :-1].reshape(-1, 8, 8), table[:, -1]
+  from sklearn.datasets import load_digits as sk_load_digits
+
+  digits = sk_load_digits()
+  return digits.images, digits.target
 
 
 def _read_npz(path: str, fix: str) -> dict[str, np.ndarray]:

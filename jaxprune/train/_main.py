@@ -31,15 +31,9 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxprune.train import _channels as channels
 from jaxprune.train import _defaults as defaults
-from jaxprune.train import _distributed as distributed
 from jaxprune.train import _errors as errors
-from jaxprune.train import _loop as loop
-from jaxprune.train import _plots as plots
-from jaxprune.train import _report as report
 from jaxprune.train import _usage as usage
-from jaxprune.train._metrics import METRICS_FILE
 
 PROGRAM = 'jaxprune-train'
 
@@ -143,6 +137,15 @@ def _parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
 
 def main(argv: Sequence[str], defined: _Flags) -> None:
   """Runs the job described by the flags."""
+  # The job's modules (Flax, orbax, matplotlib, the structured pass) load once the flags
+  # have parsed: a mistyped flag, a bad config file or --help is answered in a second.
+  from jaxprune.train import _channels as channels
+  from jaxprune.train import _distributed as distributed
+  from jaxprune.train import _loop as loop
+  from jaxprune.train import _plots as plots
+  from jaxprune.train import _report as report
+  from jaxprune.train._metrics import METRICS_FILE
+
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value '
           f'({PROGRAM} --help lists them).')
@@ -151,7 +154,7 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     # reports them itself, in one line. --verbosity=0 shows the logs.
     logging.set_verbosity(logging.FATAL)
   warnings.showwarning = _show_warning
-  _join_processes(defined)  # first thing that touches JAX
+  _join_processes(defined, distributed)  # first thing that touches JAX
   config, hparams_text = defined.config.value, defined.pruning_hparams.value
   ignored = usage.pruning_flags(sys.argv[1:])
   if config.get('prune') is False and ignored:
@@ -188,7 +191,7 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   print(f'\nOutputs in {os.path.abspath(workdir)}: {", ".join(outputs)}')
 
 
-def _join_processes(defined: _Flags) -> None:
+def _join_processes(defined: _Flags, distributed: Any) -> None:
   """Joins the other processes of a multi-process job (before JAX starts its devices).
 
   Process 0 prints as one process does; the others print one line, then only
