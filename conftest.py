@@ -3,13 +3,17 @@
 import os
 import pathlib
 
+import jax
+import pytest
+
 # The tests compile hundreds of small programs and run each a few times, so XLA's CPU
-# backend would spend most of the suite in LLVM's optimisation passes. JAX's own switch
-# skips them (a third of the suite's CPU time). XLA's graph passes (fusion, buffer
-# assignment, sharding), which the memory and HLO tests read, run as for users, and the
-# subprocesses the tests start inherit it. `JAX_DISABLE_MOST_OPTIMIZATIONS=0 pytest`
-# compiles as users do (the suite passes either way).
-os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
+# backend would spend a third of the suite in LLVM's optimisation passes: JAX's own switch
+# skips them in the test processes. XLA's graph passes (fusion, buffer assignment,
+# sharding), which the memory and HLO tests read, run as for users, and so do the
+# subprocesses the tests start (the main job, multi-device runs), which run longer
+# programs. `JAX_DISABLE_MOST_OPTIMIZATIONS=0 pytest` compiles as users do throughout.
+if 'JAX_DISABLE_MOST_OPTIMIZATIONS' not in os.environ:
+  jax.config.update('jax_disable_most_optimizations', True)
 
 _TESTS = pathlib.Path(__file__).resolve().parent / 'tests'
 
@@ -27,3 +31,21 @@ def pytest_ignore_collect(collection_path: pathlib.Path, config) -> bool | None:
       and not path.name.endswith('_test.py')):
     return True
   return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+  """Puts the modules with slow tests first, those slow as a whole before the others.
+
+  pyproject runs the suite on two workers a module at a time (`--dist loadfile`), so that
+  a module's fixtures (a multi-process run, a subprocess on 8 devices, a compilation
+  cache) are made once. A slow module started last would leave the other worker idle
+  at the end; started first, the rest of the suite fills in beside it.
+  """
+  def rank(item: pytest.Item) -> int:
+    module = item.getparent(pytest.Module)
+    if module is not None and any(m.name == 'slow' for m in module.own_markers):
+      return 0
+    return 1 if module is not None and module.path.name in slow_modules else 2
+
+  slow_modules = {item.path.name for item in items if item.get_closest_marker('slow')}
+  items.sort(key=rank)  # stable: each module's tests keep their order

@@ -16,8 +16,6 @@ import sys
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.xdist_group(__name__)  # one worker: module fixtures made once
-
 SCRIPT = os.path.join(os.path.dirname(__file__), 'sharding_multidevice.py')
 
 

@@ -17,8 +17,6 @@ import pytest
 
 from jaxprune import _thresholds as thresholds
 
-pytestmark = pytest.mark.xdist_group(__name__)  # one worker: module fixtures made once
-
 SCRIPT = os.path.join(os.path.dirname(__file__), 'sharding_multidevice.py')
 LAYOUTS = ('data_parallel', 'model_parallel', 'fsdp')
 # The exact rule compiles slowly on 2 busy cores.

@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-# One subprocess, ~40 s of CPU on 2 cores, made once: one worker runs the module.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]
+pytestmark = pytest.mark.slow  # one subprocess, ~40 s of CPU on 2 cores
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'sparse_multidevice.py')
 

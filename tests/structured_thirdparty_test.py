@@ -57,9 +57,7 @@ SLOW = {'haiku_resnet50_full', 'keras_densenet121_full', 'keras_resnet50_full',
 
 
 def _mark(names):
-  """Each model's tests run on one xdist worker, which builds and traces it once (`_case`)."""
-  return [pytest.param(n, marks=[pytest.mark.xdist_group(n), *[pytest.mark.slow] * (n in SLOW)])
-          for n in names]
+  return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in names]
 
 
 @functools.cache

@@ -12,8 +12,6 @@ import thirdparty_zoo_hf as hf
 
 import jaxprune.structured as jps
 
-pytestmark = pytest.mark.xdist_group(__name__)  # one worker: module fixtures made once
-
 EXACT = jps.Constraint(round_to=1)
 
 

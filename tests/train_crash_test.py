@@ -26,8 +26,6 @@ from jaxprune.train import _loop as loop
 from jaxprune.train._errors import StorageError
 from jaxprune.train._metrics import read_metrics
 
-pytestmark = pytest.mark.xdist_group(__name__)  # one worker: module fixtures made once
-
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train_faults.py')
 
 

@@ -17,8 +17,6 @@ from jaxprune.train import _usage as usage
 from jaxprune.train._errors import ConfigError
 from jaxprune.train._metrics import read_metrics
 
-pytestmark = pytest.mark.xdist_group(__name__)  # one worker: module fixtures made once
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -16,8 +16,6 @@ from jaxprune.train._errors import DivergedError
 from jaxprune.train._metrics import read_metrics
 from jaxprune.train._report import format_report
 
-pytestmark = pytest.mark.xdist_group(__name__)  # one worker: module fixtures made once
-
 
 def _config(**pruning):
   """A small, fast run: 32-16 MLP, 300 steps, pruning from step 60 to 200."""

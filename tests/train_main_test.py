@@ -13,8 +13,6 @@ import pytest
 
 import jaxprune
 
-pytestmark = pytest.mark.xdist_group(__name__)  # one worker: module fixtures made once
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), 'jaxprune-train')
 # A short schedule: dense until step 20, pruned to the target by step 100.
