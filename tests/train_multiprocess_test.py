@@ -36,6 +36,16 @@ def get_config():
 '''
 
 
+@pytest.fixture(scope='module', autouse=True)
+def compilation_cache(tmp_path_factory):
+  """One persistent compilation cache for the processes below: the launches after the first
+  run programs an earlier one compiled."""
+  with pytest.MonkeyPatch.context() as patch:  # `mp.env` passes os.environ on
+    patch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path_factory.mktemp('jax_cache')))
+    patch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+    yield
+
+
 def _arrays(path):
   with np.load(path) as npz:
     return {name: npz[name] for name in npz.files}
