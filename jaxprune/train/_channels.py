@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -23,11 +23,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-import jaxprune
-from jaxprune.channels import ChannelRule
-from jaxprune.structured import Constraint, trace
-from jaxprune.structured._shared import flops_kept, flops_text
 from jaxprune.train import _files as files
+
+# jaxprune.channels and jaxprune.structured (Flax NNX, SciPy) are imported inside the
+# functions below: only runs that prune channels load them (half a second of every
+# other run's start).
+if TYPE_CHECKING:
+  from jaxprune.channels import ChannelRule
 
 MODEL_FILE = 'pruned_model.bin'
 # Images per call when timing the dense and the shrunk model against each other.
@@ -56,6 +58,7 @@ class ChannelResult(NamedTuple):
   @property
   def flops_kept(self) -> float:
     """FLOPs of the shrunk model as a fraction of the trained model's (0.25: 4x fewer)."""
+    from jaxprune.structured._shared import flops_kept
     return flops_kept(self.flops_before, self.flops_after)
 
   def scalars(self) -> dict[str, float]:
@@ -66,6 +69,7 @@ class ChannelResult(NamedTuple):
 
   def lines(self) -> list[str]:
     """The report's channel section."""
+    from jaxprune.structured._shared import flops_text
     width = max(len(label) for label, _, _ in self.groups) if self.groups else 0
     out = ['channel groups (kept / before):']
     out += [f'  {label.ljust(width)}  {kept:>4} / {size}' for label, kept, size in self.groups]
@@ -103,6 +107,9 @@ def make_rule(config: ml_collections.ConfigDict, model: nn.Module, params: Any,
         f'config.channels.enabled=True writes {MODEL_FILE} with jax.export, whose '
         "serialisation needs the 'flatbuffers' package: pip install flatbuffers "
         '(or pip install "jaxprune[examples]").') from err
+  from jaxprune.channels import ChannelRule
+  from jaxprune.structured import Constraint, trace
+
   graph = trace(model.apply, {'params': params}, _example(input_shape))
   constraint = Constraint(min_channels=config.channels.min_channels,
                           round_to=config.channels.round_to)
@@ -151,6 +158,8 @@ def finish(rule: ChannelRule, model: nn.Module, params: Any, opt_state: Any,
   Returns:
     The `ChannelResult`.
   """
+  import jaxprune.channels
+
   input_shape = tuple(x_test.shape[1:])
   shrunk = jaxprune.channels.shrink(rule, {'params': params}, opt_state,
                                     _example(input_shape))

@@ -23,42 +23,18 @@ import jax.numpy as jnp
 import ml_collections
 import tqdm
 
-from jaxprune.train import (
-  _channels as channels,
-)
-from jaxprune.train import (
-  _checkpoints as checkpoints,
-)
-from jaxprune.train import (
-  _data as data,
-)
-from jaxprune.train import (
-  _distributed as distributed,
-)
-from jaxprune.train import (
-  _files as files,
-)
-from jaxprune.train import (
-  _interrupts as interrupts,
-)
-from jaxprune.train import (
-  _models as models,
-)
-from jaxprune.train import (
-  _plots as plots,
-)
-from jaxprune.train import (
-  _report as report,
-)
-from jaxprune.train import (
-  _sharding as sharding,
-)
-from jaxprune.train import (
-  _stats as stats,
-)
-from jaxprune.train import (
-  _validate as validate,
-)
+from jaxprune.train import _channels as channels
+from jaxprune.train import _checkpoints as checkpoints
+from jaxprune.train import _data as data
+from jaxprune.train import _distributed as distributed
+from jaxprune.train import _files as files
+from jaxprune.train import _interrupts as interrupts
+from jaxprune.train import _models as models
+from jaxprune.train import _plots as plots
+from jaxprune.train import _report as report
+from jaxprune.train import _sharding as sharding
+from jaxprune.train import _stats as stats
+from jaxprune.train import _validate as validate
 from jaxprune.train import _workdir as workdir_lib
 from jaxprune.train._errors import ConfigError, DivergedError, one_line
 from jaxprune.train._metrics import METRICS_FILE, MetricsWriter
