@@ -148,18 +148,25 @@ def test_pruned_model_runs_at_batch_1(name):
   assert np.abs(pruned - dense).max() > 1e-3 * np.abs(dense).max()
 
 
+# Run in one fresh process for every model: argv is the folder, then the models' names.
 _RELOAD = """
+import os
 import sys
 import jax
 import numpy as np
-exported = jax.export.deserialize(bytearray(open(sys.argv[1], 'rb').read()))
-data = np.load(sys.argv[2])
-args, kwargs = jax.tree.unflatten(exported.in_tree, [data[f'a{i}'] for i in range(len(data.files))])
-out = exported.call(*args, **kwargs)
-np.savez(sys.argv[3], *[np.asarray(x) for x in jax.tree.leaves(out)])
+root = sys.argv[1]
+for name in sys.argv[2:]:
+  folder = os.path.join(root, name)
+  exported = jax.export.deserialize(bytearray(open(os.path.join(folder, 'model.bin'), 'rb').read()))
+  data = np.load(os.path.join(folder, 'args.npz'))
+  flat = [data[f'a{i}'] for i in range(len(data.files))]
+  args, kwargs = jax.tree.unflatten(exported.in_tree, flat)
+  out = exported.call(*args, **kwargs)
+  np.savez(os.path.join(folder, 'out.npz'), *[np.asarray(x) for x in jax.tree.leaves(out)])
 assert not any(m.startswith(('jaxprune', 'haiku', 'equinox', 'transformers', 'keras', 'flax'))
                for m in sys.modules), 'the fresh process imports only jax and numpy'
 """
+EXPORTED = [n for n in PRUNED if n != 'equinox_cnn_train']
 
 
 def _symbolic_batch_specs(case, variables):
@@ -175,26 +182,37 @@ def _exportable(variables, fn):
   return leaves, lambda leaves, *args: fn(jax.tree.unflatten(treedef, leaves), *args)
 
 
-@pytest.mark.parametrize('name', _mark(n for n in PRUNED if n != 'equinox_cnn_train'))
-def test_export_with_symbolic_batch_reloads_in_a_fresh_process(name, tmp_path):
-  case = _case(name)[0]
-  assert case.symbolic_batch
-  _, new_variables, pruned_fn, _ = _pruned(name)
-  variables, fn = new_variables, pruned_fn
-  if case.library == 'equinox':
-    variables, fn = _exportable(new_variables, pruned_fn)
-  exported = jax.export.export(jax.jit(fn))(*_symbolic_batch_specs(case, variables))
-  (tmp_path / 'model.bin').write_bytes(exported.serialize())
-  args = case.inputs(5)
-  flat = jax.tree.leaves((variables, *args))
-  np.savez(tmp_path / 'args.npz', **{f'a{i}': np.asarray(x) for i, x in enumerate(flat)})
+@pytest.fixture(scope='module')
+def reloaded(tmp_path_factory):
+  """`{name: outputs}`: each model's pruned callable exported with a symbolic batch, then
+  reloaded and run at batch 5 in one fresh process (pyproject runs a module on one
+  worker, so the models are built once for this and the tests above)."""
+  root = tmp_path_factory.mktemp('exported')
+  for name in EXPORTED:
+    case = _case(name)[0]
+    assert case.symbolic_batch
+    _, variables, fn, _ = _pruned(name)
+    if case.library == 'equinox':
+      variables, fn = _exportable(variables, fn)
+    exported = jax.export.export(jax.jit(fn))(*_symbolic_batch_specs(case, variables))
+    (root / name).mkdir()
+    (root / name / 'model.bin').write_bytes(exported.serialize())
+    flat = jax.tree.leaves((variables, *case.inputs(5)))
+    np.savez(root / name / 'args.npz', **{f'a{i}': np.asarray(x) for i, x in enumerate(flat)})
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  subprocess.run([sys.executable, '-c', _RELOAD, str(tmp_path / 'model.bin'),
-                  str(tmp_path / 'args.npz'), str(tmp_path / 'out.npz')],
-                 check=True, env=env, cwd=tmp_path, timeout=120)
-  out = np.load(tmp_path / 'out.npz')
-  reloaded = [out[f'arr_{i}'] for i in range(len(out.files))]
-  _assert_close(reloaded, jax.tree.leaves(_reference(name, *args)))
+  subprocess.run([sys.executable, '-c', _RELOAD, str(root), *EXPORTED], check=True, env=env,
+                 cwd=root, timeout=300)
+  outputs = {}
+  for name in EXPORTED:
+    with np.load(root / name / 'out.npz') as out:
+      outputs[name] = [out[f'arr_{i}'] for i in range(len(out.files))]
+  return outputs
+
+
+@pytest.mark.parametrize('name', _mark(EXPORTED))
+def test_export_with_symbolic_batch_reloads_in_a_fresh_process(name, reloaded):
+  args = _case(name)[0].inputs(5)
+  _assert_close(reloaded[name], jax.tree.leaves(_reference(name, *args)))
 
 
 def test_equinox_train_mode_does_not_trace_at_a_symbolic_batch_pruned_or_not():
