@@ -41,11 +41,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
   cache) are made once. A slow module started last would leave the other worker idle
   at the end; started first, the rest of the suite fills in beside it.
   """
+  slow_modules = {item.path for item in items if item.get_closest_marker('slow')}
+
   def rank(item: pytest.Item) -> int:
     module = item.getparent(pytest.Module)
     if module is not None and any(m.name == 'slow' for m in module.own_markers):
       return 0
-    return 1 if module is not None and module.path.name in slow_modules else 2
+    return 1 if item.path in slow_modules else 2
 
-  slow_modules = {item.path.name for item in items if item.get_closest_marker('slow')}
   items.sort(key=rank)  # stable: each module's tests keep their order

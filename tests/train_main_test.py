@@ -13,6 +13,9 @@ import pytest
 
 import jaxprune
 
+# The runs compile the same steps: one persistent cache for all of them (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures('subprocess_compilation_cache')
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), 'jaxprune-train')
 # A short schedule: dense until step 20, pruned to the target by step 100.
@@ -21,15 +24,6 @@ SHORT = ['--config.num_steps=120', '--config.eval_every=60', '--config.checkpoin
          '--config.pruning.sparsity_function_begin_step=20',
          '--config.pruning.end_pruning_step=100', '--config.pruning.sparsity_function_end_step=100',
          '--config.pruning.pruning_frequency=10']
-
-
-@pytest.fixture(scope='module', autouse=True)
-def compilation_cache(tmp_path_factory):
-  """One persistent compilation cache for the runs below: each compiles the same steps."""
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path_factory.mktemp('jax_cache')))
-    patch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
-    yield
 
 
 def _run(args, cwd=REPO):

@@ -20,7 +20,7 @@ import train_multiprocess as mp
 
 from jaxprune.train import _files as files
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('subprocess_compilation_cache')]
 
 SCRIPT = os.path.join(mp.HERE, 'train_multiprocess.py')
 TIMEOUT = 600  # seconds for any launch; the shared CI machine is slow, a hang is far slower
@@ -34,16 +34,6 @@ from train_multiprocess import configs
 def get_config():
   return configs()['mlp'](60)
 '''
-
-
-@pytest.fixture(scope='module', autouse=True)
-def compilation_cache(tmp_path_factory):
-  """One persistent compilation cache for the processes below: the launches after the first
-  run programs an earlier one compiled."""
-  with pytest.MonkeyPatch.context() as patch:  # `mp.env` passes os.environ on
-    patch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path_factory.mktemp('jax_cache')))
-    patch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
-    yield
 
 
 def _arrays(path):

@@ -27,10 +27,7 @@ _MODULES = {
     'TrainState': '_step', 'make_optimizer': '_step', 'make_train_step': '_step',
 }
 
-__all__ = [
-    'CNN', 'MLP', 'Dataset', 'TrainResult', 'TrainState', 'format_report', 'get_config',
-    'load_digits', 'load_npz', 'make_optimizer', 'make_train_step', 'pruning_config', 'train',
-]
+__all__ = sorted(_MODULES)
 
 
 def __getattr__(name: str) -> Any:

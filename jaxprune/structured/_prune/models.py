@@ -6,9 +6,9 @@ asks the adapter only what differs between model kinds:
 
   traced()        `(fn, variables)`: the function `trace` sees,
                   `fn(variables, *args)`, and the dense variables
-  runner(new, f)  the pruned model as users run it (a Linen `result.apply` at
-                  the new sizes; the NNX model rebuilt at them; for a plain
-                  function the pruned callable `f` itself)
+  runner(new)     the pruned model as users run it (a Linen `result.apply` at
+                  the new sizes; the NNX model rebuilt at them); None for a
+                  plain function, whose users run the pruned callable itself
   recalibrated()  the new variables after re-estimating BatchNorm statistics
   committed(new)  what `PruneResult.variables` holds; an NNX model is changed
                   in place only here, once every check has passed
@@ -63,8 +63,7 @@ class LinenModel:
     self.apply_kwargs = dict(self.apply_kwargs or {})  # checked a Mapping by then
     return functools.partial(self.model.apply, **self.apply_kwargs), self.variables
 
-  def runner(self, new_variables: PyTree, pruned_fn: Callable[..., Any]) -> Callable[..., Any]:
-    del pruned_fn  # users run the module
+  def runner(self, new_variables: PyTree) -> Callable[..., Any]:
     def run(*args):
       with flax_rebuild.linen_resized(new_variables), explained(self.name):
         return self.model.apply(new_variables, *args, **self.apply_kwargs)
@@ -107,8 +106,7 @@ class NnxModel:
     self.graphdef, variables = nnx.split(self.model)
     return lambda state, *args: nnx.merge(self.graphdef, state)(*args), variables
 
-  def runner(self, new_variables: PyTree, pruned_fn: Callable[..., Any]) -> Callable[..., Any]:
-    del pruned_fn  # users run the module
+  def runner(self, new_variables: PyTree) -> Callable[..., Any]:
     self.pruned = flax_rebuild.update_nnx_attributes(nnx.merge(self.graphdef, new_variables))
 
     def run(*args):
@@ -143,8 +141,8 @@ class FunctionModel:
   def traced(self) -> tuple[Callable[..., Any], PyTree]:
     return self.fn, self.variables
 
-  def runner(self, new_variables: PyTree, pruned_fn: Callable[..., Any]) -> Callable[..., Any]:
-    return functools.partial(pruned_fn, new_variables)
+  def runner(self, new_variables: PyTree) -> None:
+    del new_variables  # the pruned callable, checked as such, is what users run
 
   def recalibrated(self, new_variables: PyTree, batches: Sequence[Any],
                    inputs: Callable[[Any], tuple], progress: bool) -> PyTree:

@@ -50,7 +50,8 @@ class PruneResult(cost.FlopsReport):
     check: the `verify` report of `pruned_fn` on the example inputs (None
       when skipped).
     model_check: the same check of what users run: `result.apply` (Linen,
-      under `linen_resized`) or the pruned NNX model itself.
+      under `linen_resized`) or the pruned NNX model itself (for a plain
+      function, `check` again: its users run the pruned callable).
   """
   model: Any
   variables: PyTree
@@ -214,13 +215,14 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
                           importance=scores, scope=scope, search=search, constraint=constraint)
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
-  run_model = adapted.runner(new_variables, pruned_fn)
+  runs = [('the pruned callable', lambda *a: pruned_fn(new_variables, *a))]
+  run_model = adapted.runner(new_variables)
+  if run_model is not None:
+    runs.append((adapted.name, run_model))
   check_fn, model_check = None, None
   if check:
-    check_fn, model_check = _verified(
-        graph, variables, plan, example_args,
-        [('the pruned callable', lambda *a: pruned_fn(new_variables, *a)),
-         (adapted.name, run_model)])
+    reports = _verified(graph, variables, plan, example_args, runs)
+    check_fn, model_check = reports[0], reports[-1]
   flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
   if recalibrate_bn:
     new_variables = adapted.recalibrated(new_variables, calibration_batches, inputs, progress)
