@@ -8,12 +8,15 @@ import pytest
 
 # The tests compile hundreds of small programs and run each a few times, so XLA's CPU
 # backend would spend a third of the suite in LLVM's optimisation passes: JAX's own switch
-# skips them in the test processes. XLA's graph passes (fusion, buffer assignment,
-# sharding), which the memory and HLO tests read, run as for users, and so do the
-# subprocesses the tests start (the main job, multi-device runs), which run longer
-# programs. `JAX_DISABLE_MOST_OPTIMIZATIONS=0 pytest` compiles as users do throughout.
+# skips them, in the test processes and (through the environment) in the subprocesses the
+# tests start (the main job, multi-device runs), so that a run killed in a subprocess and
+# resumed here takes the same steps bit for bit. XLA's graph passes (fusion, buffer
+# assignment, sharding), which the memory and HLO tests read, run as for users.
+# `JAX_DISABLE_MOST_OPTIMIZATIONS=0 pytest` compiles as users do throughout.
 if 'JAX_DISABLE_MOST_OPTIMIZATIONS' not in os.environ:
+  os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'] = '1'
   jax.config.update('jax_disable_most_optimizations', True)
+
 
 _TESTS = pathlib.Path(__file__).resolve().parent / 'tests'
 

@@ -72,11 +72,8 @@ def _assert_same_run(workdir, arrays, reference):
 
 def _kill(workdir, fault, cache, num_steps=60):
   """Runs the tiny config in a subprocess that `fault` kills (SIGKILL) part way."""
-  # Compiled as this process compiles (see the root conftest.py), so that its steps are
-  # bit for bit the ones the resumed run and the reference take here.
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_DISABLE_MOST_OPTIMIZATIONS=str(int(jax.config.read('jax_disable_most_optimizations'))))
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
   result = subprocess.run([sys.executable, FAULTS, workdir, fault, str(num_steps)],
                           capture_output=True, text=True, timeout=600, env=env)
   assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
