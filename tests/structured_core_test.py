@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend import core as jcore
 
 from jaxprune.structured._core import jaxprs
 
@@ -50,3 +51,28 @@ def test_call_body_is_the_body_of_a_call_and_none_otherwise():
   body = jaxprs.call_body(call)
   assert [e.primitive.name for e in getattr(body, 'jaxpr', body).eqns] == ['tanh']
   assert jaxprs.call_body(add) is None
+
+
+def test_with_precision_sets_every_default_product_and_keeps_the_rest():
+  def fn(w, x):
+    def body(c, _):  # products inside a loop and inside both branches of a cond
+      return jax.lax.cond(c.sum() > 0, lambda c: jnp.tanh(c @ w), lambda c: c @ w.T, c), None
+    y = jax.lax.scan(body, x, None, length=2)[0]
+    kept = jnp.dot(y, w, precision=jax.lax.Precision.HIGH)  # chosen by the model: kept
+    return jax.lax.conv_general_dilated(kept[None, None], w[None, None], (1, 1), 'SAME')
+
+  w = jnp.asarray(np.random.default_rng(0).normal(size=(3, 3)), jnp.float32)
+  closed = jax.make_jaxpr(fn)(w, w)
+  highest = jax.lax.Precision.HIGHEST
+  new = jaxprs.with_precision(closed, highest)
+  precisions = [eqn.params['precision'] for _, _, eqn, _ in jaxprs.equations(new)
+                if eqn.primitive.name in ('dot_general', 'conv_general_dilated')]
+  high = jax.lax.Precision.HIGH
+  assert sorted(precisions, key=str) == sorted([(highest, highest)] * 3 + [(high, high)], key=str)
+  # The original is unchanged, the variables are the same ones, and so are the values.
+  assert all(eqn.params['precision'] in (None, (high, high))
+             for _, _, eqn, _ in jaxprs.equations(closed)
+             if eqn.primitive.name in ('dot_general', 'conv_general_dilated'))
+  assert new.jaxpr.invars == closed.jaxpr.invars and new.jaxpr.outvars == closed.jaxpr.outvars
+  np.testing.assert_array_equal(jcore.jaxpr_as_fun(new)(w, w)[0], fn(w, w))
+  assert jax.jit(jcore.jaxpr_as_fun(new)).lower(w, w).as_text().count('HIGHEST') == 6

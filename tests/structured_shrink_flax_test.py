@@ -65,7 +65,8 @@ def test_linen_resized_runs_the_unchanged_module():
   new, pruned_fn = shrink.apply_plan(graph, variables, plan)
   with pytest.raises(Exception, match='conv1'):
     model.apply(new, x)
-  with flax_rebuild.linen_resized(new):
+  # dense_reference multiplies at full float32 precision: so does the run compared with it.
+  with flax_rebuild.linen_resized(new), jax.default_matmul_precision('highest'):
     out = model.apply(new, x)
   assert oracle.compare(oracle.dense_reference(graph, variables, plan, x), out)
   np.testing.assert_allclose(out, pruned_fn(new, x), rtol=1e-5, atol=1e-6)
@@ -82,7 +83,7 @@ def test_linen_resized_attention_heads_and_mlp():
   plan = make_plan(graph, {heads: [1], mlp: [0, 5, 7]})
   new, _ = shrink.apply_plan(graph, variables, plan)
   assert new['params']['attn']['out']['kernel'].shape == (1, 4, 6)
-  with flax_rebuild.linen_resized(new):
+  with flax_rebuild.linen_resized(new), jax.default_matmul_precision('highest'):
     out = TransformerBlock().apply(new, x)
   assert oracle.compare(oracle.dense_reference(graph, variables, plan, x), out)
 

@@ -8,6 +8,7 @@ Shrinking and the oracle run for every case in `structured_shrink_zoo_test`.
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import structured_trace_rules_test as rules_tests
@@ -17,6 +18,7 @@ from structured_zoo_primitives import CASES
 
 import jaxprune.structured as structured
 from jaxprune.structured import make_plan
+from jaxprune.structured._primitives import control
 from jaxprune.structured._primitives import table as primitives
 from jaxprune.structured._shrink import apply as shrink
 from jaxprune.structured._shrink import verify as oracle
@@ -198,3 +200,15 @@ def test_every_rule_of_the_table_has_a_hand_worked_case():
   missing = sorted(min(names) for rule, names in rules_with_entries.items()
                    if rule not in reached and not names <= _NO_CASE)
   assert not missing, f'trace rules with no hand-worked case: {missing}'
+
+
+def test_a_scan_without_num_consts_is_refused_naming_the_jax_to_use():
+  # jax 0.11 writes lax.scan with other parameters: a clear refusal, not a KeyError.
+  closed = jax.make_jaxpr(lambda x: jax.lax.scan(lambda c, _: (c * 2.0, None), x, None,
+                                                 length=3)[0])(jnp.ones(2))
+  [eqn] = [e for e in closed.jaxpr.eqns if e.primitive.name == 'scan']
+  newer = eqn.replace(params={k: v for k, v in eqn.params.items() if k != 'num_consts'})
+  with pytest.raises(NotImplementedError, match=r'Install jax<0\.11 to prune a model with a '
+                                                r'scanned loop'):
+    control.check_scan(newer)
+  control.check_scan(eqn)  # this jax's scan reads

@@ -23,7 +23,13 @@ from jaxprune._names import leaf_name
 from jaxprune._summaries import get_masks
 from jaxprune.channels._rule import ChannelRule, channel_keeps_from_masks, leaf_masks
 from jaxprune.structured import Plan, VerifyReport, apply_plan, make_plan, plan_flops
-from jaxprune.structured._shared import FlopsReport, compare, traced_outputs
+from jaxprune.structured._shared import (
+    FlopsReport,
+    compare,
+    full_precision_graph,
+    replayed_fn,
+    traced_outputs,
+)
 
 PyTree = Any
 
@@ -142,8 +148,9 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
   new_variables, pruned_fn = apply_plan(rule.graph, masked, removal)
   report = None
   if example_args:
-    report = compare(masked_outputs(rule, masked, removal, *example_args),
-                     pruned_fn(new_variables, *example_args))
+    # The same replay as pruned_fn, at full precision (structured's verify).
+    outputs = replayed_fn(full_precision_graph(rule.graph), removal)(new_variables, *example_args)
+    report = compare(masked_outputs(rule, masked, removal, *example_args), outputs)
     if not report.ok:
       raise RuntimeError(f'channels.shrink: the shrunk model differs from the masked model '
                          f'(largest difference {report.max_rel_diff:.3g} of the output '

@@ -8,7 +8,10 @@ takes the operands and gives the results), is read from the primitives table
   `equations(...)`   every equation of a jaxpr and of its sub-jaxprs, with its
                      scope (see `graph.VarKey`) and how often it runs per call;
   `evaluate(...)`    runs an open jaxpr in order, handing every equation and its
-                     operands' values to a `step` hook that returns its results.
+                     operands' values to a `step` hook that returns its results;
+  `with_precision(...)`  the jaxpr with the matrix products and convolutions it left
+                     at the default precision at another (the checks run at full
+                     float32 precision, `_shrink/verify.py`).
 
 The stages differ only in their hooks: the shrinker's step runs each equation
 at its pruned shapes (`_shrink/shrinker.py`), the observer's runs it as traced
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from jax import lax
 from jax.extend import core as jcore
 
 from jaxprune.structured._primitives import control, table
@@ -99,3 +103,38 @@ def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], step: Step,
       if not isinstance(v, jcore.DropVar):
         env[v] = x
   return [read(v) for v in jaxpr.outvars]
+
+
+# The primitives whose `precision` parameter the backend reads for float32 operands.
+_MATMULS = ('dot_general', 'conv_general_dilated')
+
+
+def with_precision(jaxpr: Any, precision: lax.Precision) -> Any:
+  """The (open or closed) jaxpr with every `dot_general` and convolution at the backend's
+  default precision (unset, or `Precision.DEFAULT`) at `precision`, in its sub-jaxprs too.
+
+  The model's code sets a product's precision when it is traced; a replayed jaxpr keeps
+  it, so `jax.default_matmul_precision` cannot reach it afterwards. Variables are kept:
+  lookups by variable work on the result as on `jaxpr`.
+  """
+  if isinstance(jaxpr, jcore.ClosedJaxpr) and jaxpr.jaxpr is not jaxpr:  # jax 0.11: one class
+    return jcore.ClosedJaxpr(with_precision(jaxpr.jaxpr, precision), jaxpr.consts)
+  return jaxpr.replace(eqns=[eqn_with_precision(eqn, precision) for eqn in jaxpr.eqns])
+
+
+def eqn_with_precision(eqn: Any, precision: lax.Precision) -> Any:
+  """One equation as `with_precision` rewrites it."""
+  params = {name: _sub_with_precision(value, precision) for name, value in eqn.params.items()}
+  if eqn.primitive.name in _MATMULS and params.get('precision') in (
+      None, (lax.Precision.DEFAULT, lax.Precision.DEFAULT)):
+    params['precision'] = (precision, precision)
+  return eqn.replace(params=params)
+
+
+def _sub_with_precision(value: Any, precision: lax.Precision) -> Any:
+  if isinstance(value, (jcore.Jaxpr, jcore.ClosedJaxpr)):
+    return with_precision(value, precision)
+  if isinstance(value, tuple) and value and all(
+      isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr)) for v in value):  # cond's branches
+    return tuple(with_precision(v, precision) for v in value)
+  return value

@@ -55,7 +55,19 @@ def _block_iteration_axis(ctx, variables: list[Any]) -> None:
       ctx.block_ids(ctx.ids(var, 0), 'scan iteration axis')
 
 
+def check_scan(eqn: Any) -> None:
+  """Refuses a scan written without `num_consts`/`num_carry` (jax 0.11 rewrote the primitive)."""
+  if 'num_consts' not in eqn.params or 'num_carry' not in eqn.params:
+    import jax
+    raise NotImplementedError(
+        f"trace: jaxprune.structured reads lax.scan as jax 0.10 and earlier write it (with "
+        f"num_consts and num_carry); jax {jax.__version__} writes it with the parameters "
+        f"{sorted(eqn.params)}. Install jax<0.11 to prune a model with a scanned loop "
+        "(lax.scan, nn.scan), or unroll the loop.")
+
+
 def scan(ctx, eqn) -> None:
+  check_scan(eqn)
   params = eqn.params
   body = inner(params['jaxpr'])
   scope = ctx.walk(params['jaxpr'], 0)

@@ -25,8 +25,15 @@ from jaxprune.structured._prune import models
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._select import selectors
 from jaxprune.structured._shrink import flax_rebuild
-from jaxprune.structured._shrink.apply import apply_plan
-from jaxprune.structured._shrink.verify import VerifyReport, compare, dense_reference, verify
+from jaxprune.structured._shrink.apply import apply_plan, replayed_fn
+from jaxprune.structured._shrink.verify import (
+    VerifyReport,
+    compare,
+    dense_reference,
+    full_precision,
+    full_precision_graph,
+    verify,
+)
 from jaxprune.structured._trace.tracing import trace
 
 PyTree = Any
@@ -124,7 +131,9 @@ def _verified(graph, variables, plan, example_args, runs):
     if approximate:
       report = verify(graph, variables, plan, *example_args, pruned_fn=lambda _, *a, fn=fn: fn(*a))
     else:
-      report = compare(reference, fn(*example_args))
+      with full_precision():
+        outputs = fn(*example_args)
+      report = compare(reference, outputs)
     if not report.ok:
       raise RuntimeError(
           f'prune: {what} differs from the dense model with the removed channels zeroed '
@@ -215,7 +224,9 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
                           importance=scores, scope=scope, search=search, constraint=constraint)
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
-  runs = [('the pruned callable', lambda *a: pruned_fn(new_variables, *a))]
+  # The pruned callable is checked as the same replay at full precision (verify.py).
+  checked_fn = replayed_fn(full_precision_graph(graph), plan)
+  runs = [('the pruned callable', lambda *a: checked_fn(new_variables, *a))]
   run_model = adapted.runner(new_variables)
   if run_model is not None:
     runs.append((adapted.name, run_model))

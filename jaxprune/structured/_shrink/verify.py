@@ -3,6 +3,7 @@ removed channels zeroed (docs/explanation/structured_design.md#verify-the-oracle
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -10,9 +11,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend import core as jcore
 
-from jaxprune.structured._core import observe
+from jaxprune.structured._core import jaxprs, observe
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.kept import PlanShapes
 from jaxprune.structured._core.plan import Plan, as_plan
@@ -72,6 +74,29 @@ _RTOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-4,
 APPROXIMATE_RTOL = 1.0
 
 
+def full_precision() -> contextlib.AbstractContextManager:
+  """Float32 matrix products and convolutions at full precision in the code it traces.
+
+  The checks run both models so: GPUs (TF32) and TPUs (bfloat16 passes) round float32
+  products by default to about 1e-3 of an output's scale, ten times the float32
+  tolerance, and differently in the dense and the pruned model. A model's own code
+  (a Flax model's apply) is traced again inside it; the graph's jaxprs, whose
+  products were set when they were traced, are rewritten (`full_precision_graph`).
+  """
+  return jax.default_matmul_precision('highest')
+
+
+def full_precision_graph(graph: DependencyGraph) -> DependencyGraph:
+  """`graph` with the products its model left at the default precision at full float32
+  precision (`jaxprs.with_precision`), for the checks' replays."""
+  highest = lax.Precision.HIGHEST
+  entries = [dataclasses.replace(point, closed_jaxpr=jaxprs.with_precision(point.closed_jaxpr,
+                                                                           highest))
+             for point in graph.entries]
+  proxied = {key: jaxprs.eqn_with_precision(eqn, highest) for key, eqn in graph.proxied.items()}
+  return dataclasses.replace(graph, entries=entries, proxied=proxied, retraced={})
+
+
 def default_rtol(dtype: Any) -> float:
   """The default relative tolerance of `verify` for outputs of `dtype` (0 for ints)."""
   dtype = np.dtype(dtype)
@@ -85,9 +110,10 @@ def traced_outputs(graph: DependencyGraph, plan: Plan, variables: PyTree, *args:
   """The traced function run as traced on full-size `variables`, its outputs tied to
   variables (e.g. Linen's updated `batch_stats`) cut to the positions `plan` keeps: the
   outputs the pruned model must return when `variables` zero the removed channels.
-  `jit=False` runs it op by op (for primitives with only an eager implementation)."""
+  Products run at full float32 precision (`full_precision`). `jit=False` runs it op by
+  op (for primitives with only an eager implementation)."""
   flat = jax.tree_util.tree_leaves((variables, *args))
-  run = jcore.jaxpr_as_fun(graph.closed_jaxpr)
+  run = jcore.jaxpr_as_fun(jaxprs.with_precision(graph.closed_jaxpr, lax.Precision.HIGHEST))
   outs = (jax.jit(run) if jit else run)(*flat)
   kept = PlanShapes(graph, plan.removed)
   outs = [x if isinstance(v, jcore.Literal) else kept.cut((), v, x)
@@ -100,8 +126,11 @@ def dense_reference(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapp
   """Outputs of the traced jaxpr, run as traced, on the zeroed dense variables.
 
   Outputs tied to variables (e.g. Linen's updated `batch_stats`) are cut to
-  the kept positions, the shapes the pruned model returns. `jit=False` runs
-  it op by op (for primitives with only an eager implementation).
+  the kept positions, the shapes the pruned model returns. Its matrix
+  products and convolutions run at full float32 precision on every backend:
+  run the model to compare inside `jax.default_matmul_precision('highest')`.
+  `jit=False` runs it op by op (for primitives with only an eager
+  implementation).
   """
   plan = as_plan(graph, plan)
   return traced_outputs(graph, plan, zeroed_variables(graph, variables, plan), *args, jit=jit)
@@ -151,6 +180,7 @@ def _frozen_outputs(graph: DependencyGraph, variables: PyTree, plan: Plan, args:
                     jit: bool) -> PyTree:
   """The pruned model's outputs with each norm sum taken from the zeroed dense model."""
   flat_args = jax.tree_util.tree_leaves(args)
+  graph = full_precision_graph(graph)
   point = graph.entries[0]
   watched = set(graph.norm_sums)
   zeroed = jax.tree_util.tree_leaves(zeroed_variables(graph, variables, plan))
@@ -170,6 +200,10 @@ def verify(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping, *exa
            rtol: float | None = None, atol: float = 0.0, jit: bool = True,
            approximate_rtol: float = APPROXIMATE_RTOL) -> VerifyReport:
   """Checks a shrink against the zero-the-removed-channels oracle.
+
+  Both models run with float32 matrix products at full precision
+  (`jax.default_matmul_precision('highest')`), on every backend: a GPU's TF32
+  or a TPU's bfloat16 passes would round them ten times past the tolerance.
 
   A plan that removes channels of approximate groups (`trace(norms=...)`)
   cannot equal the oracle: the norms' statistics change. It is checked twice:
@@ -206,10 +240,11 @@ def _verify(graph: DependencyGraph, variables: PyTree, plan: Plan, example_args:
             pruned_fn: Callable | None, per_group: bool, rtol: float | None, atol: float,
             jit: bool, approximate_rtol: float) -> VerifyReport:
   """`verify` for a normalised plan."""
-  fn = pruned_fn or replayed_fn(graph, plan, jit=jit)
+  fn = pruned_fn or replayed_fn(full_precision_graph(graph), plan, jit=jit)
   # The public shrink_variables (it maps the normalised plan onto itself): what is checked
   # is the variables users get.
-  outputs = fn(shrink_variables(graph, variables, plan), *example_args)
+  with full_precision():
+    outputs = fn(shrink_variables(graph, variables, plan), *example_args)
   reference = traced_outputs(graph, plan, zeroed_variables(graph, variables, plan),
                              *example_args, jit=jit)
   approximate = tuple(sorted(gid for gid in plan.removed if graph.groups[gid].approximate))
