@@ -329,3 +329,22 @@ def test_each_warning_is_shown_once_in_one_line(tmp_path):
   fields = [re.match(r'jaxprune-train: warning: (?:jaxprune: )?([\w.]+)=', line) for line in lines]
   assert [m and m.group(1) for m in fields] == [
       'end_pruning_step', 'weight_name_regex', 'config.num_steps'], lines
+
+
+def test_without_tensorboardx_the_outputs_name_no_tensorboard_folder(tmp_path):
+  hidden = tmp_path / 'hidden' / 'tensorboardX'
+  hidden.mkdir(parents=True)
+  (hidden / '__init__.py').write_text('raise ImportError("hidden by the test")\n')
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      filter(None, [str(tmp_path / 'hidden'), os.environ.get('PYTHONPATH')])))
+  workdir = str(tmp_path / 'run')
+  result = subprocess.run([SCRIPT, '--workdir', workdir, *SHORT], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=env)
+  assert result.returncode == 0, result.stderr
+  assert result.stderr.splitlines() == [
+      f'jaxprune-train: warning: tensorboardX is not installed; writing only {workdir}/'
+      'metrics.jsonl. Install it with `pip install tensorboardX`.']
+  assert result.stdout.splitlines()[-1] == (
+      f'Outputs in {workdir}: report.txt, metrics.jsonl, checkpoints/, sparsity.png, '
+      'accuracy.png, layer_sparsity.png')
+  assert not os.path.exists(os.path.join(workdir, 'tensorboard'))

@@ -182,8 +182,8 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   outputs = [loop.REPORT_FILE, METRICS_FILE, 'checkpoints/']
   if config.prune and config.channels.enabled:
     outputs.append(channels.MODEL_FILE)
-  if config.tensorboard:
-    outputs.append('tensorboard/')
+  if config.tensorboard and os.path.isdir(os.path.join(workdir, 'tensorboard')):
+    outputs.append('tensorboard/')  # not without tensorboardX (the job warned)
   if config.plots:
     outputs += [plots.SPARSITY_PNG, plots.ACCURACY_PNG]
     if result.report.leaves:
