@@ -73,16 +73,16 @@ def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
   So `bin(a) >= k` exactly when `a >= bin_edge(k)`. The edge is within a few
   ulps of k * m / nbins; the neighbours are checked with the exact rule.
   """
-  k = jnp.asarray(k, jnp.float32)
-  value_max = jnp.asarray(value_max, jnp.float32)
+  k, value_max = jnp.broadcast_arrays(jnp.asarray(k, jnp.float32),
+                                      jnp.asarray(value_max, jnp.float32))
   guess = numerics.div_rn(k, jnp.float32(nbins)) * value_max
-  edge = numerics.step_ulps(guess, -_EDGE_SEARCH_ULPS)
-  # Candidates from the highest down: the last one in its bin >= k is the edge.
-  for ulps in range(_EDGE_SEARCH_ULPS, -_EDGE_SEARCH_ULPS - 1, -1):
-    candidate = numerics.step_ulps(guess, ulps)
-    in_bin = jnp.float32(nbins) * numerics.div_rn(candidate, value_max) >= k
-    edge = jnp.where(in_bin, candidate, edge)
-  return edge
+  # The candidates along a last axis, lowest first, checked in one pass: the edge is the
+  # lowest one in a bin >= k (the lowest candidate when none is).
+  offsets = jnp.arange(-_EDGE_SEARCH_ULPS, _EDGE_SEARCH_ULPS + 1, dtype=jnp.int32)
+  candidates = numerics.step_ulps(guess[..., None], offsets)
+  in_bin = jnp.float32(nbins) * numerics.div_rn(candidates, value_max[..., None]) >= k[..., None]
+  lowest = jnp.min(jnp.where(in_bin, candidates, jnp.inf), axis=-1)
+  return jnp.where(jnp.any(in_bin, axis=-1), lowest, candidates[..., 0])
 
 
 def _first_reaching(thresholds_of: Callable[[Array], Array],

@@ -83,3 +83,17 @@ def test_exact_answer_far_below_the_maximum(kept, expected):
   threshold, mask = jaxprune.update_mask(jnp.asarray(w), 0.0, sparsity, threshold_method='exact')
   assert threshold == expected
   np.testing.assert_array_equal(mask, np.abs(w) >= expected)
+
+
+@pytest.mark.parametrize('nbins', [7, 256])
+def test_bin_edge_is_the_smallest_value_in_a_bin_at_or_above_k(nbins):
+  rng = np.random.default_rng(nbins)
+  m = (rng.random(400) * 2.0 ** rng.integers(-10, 10, 400)).astype(np.float32) + np.float32(1e-3)
+  k = rng.integers(1, nbins + 1, 400).astype(np.int32)
+  edge = np.asarray(jax.jit(thresholds.bin_edge, static_argnums=2)(k, m, nbins))
+
+  def bin_at_least_k(a):  # the exact rule in numpy's correctly rounded float32
+    return np.float32(nbins) * (a.astype(np.float32) / m) >= k
+
+  assert bin_at_least_k(edge).all()
+  assert not bin_at_least_k(np.nextafter(edge, np.float32(0))).any()
