@@ -1,8 +1,11 @@
 """verify's comparison: relative to each output's scale, tolerances by dtype."""
 
+import jax
 import numpy as np
 import pytest
 
+import jaxprune.structured as structured
+from jaxprune.structured._core import jaxprs
 from jaxprune.structured._shrink import verify as oracle
 
 
@@ -43,3 +46,28 @@ def test_shapes_and_structures_must_match():
   assert not oracle.compare([np.ones(3)], [np.ones(4)]).ok
   with pytest.raises(ValueError, match='output structures differ'):
     oracle.compare([np.ones(3)], (np.ones(3), np.ones(3)))
+
+
+def test_where_products_are_rounded_the_checks_replay_at_full_precision(monkeypatch):
+  # On a GPU or TPU float32 products are rounded (TF32, bfloat16 passes) unless asked for
+  # in full: the checks then replay the graph rewritten so. A CPU multiplies in full, so
+  # here it stands in for a GPU.
+  def mlp(params, x):
+    return jax.nn.relu(x @ params['w1']) @ params['w2']
+
+  k1, k2 = jax.random.split(jax.random.key(0))
+  params = {'w1': jax.random.normal(k1, (6, 16)), 'w2': jax.random.normal(k2, (16, 3))}
+  x = jax.random.normal(jax.random.key(1), (4, 6))
+  graph = structured.trace(mlp, params, x)
+  assert oracle.full_precision_graph(graph) is graph  # a CPU: nothing to rewrite
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  checked = oracle.full_precision_graph(graph)
+  highest = (jax.lax.Precision.HIGHEST,) * 2
+  assert [eqn.params['precision'] for _, _, eqn, _ in jaxprs.equations(checked.closed_jaxpr)
+          if eqn.primitive.name == 'dot_general'] == [highest, highest]
+  assert all(eqn.params['precision'] is None for _, _, eqn, _ in jaxprs.equations(
+      graph.closed_jaxpr) if eqn.primitive.name == 'dot_general')  # the user's graph: as traced
+  result = structured.prune(mlp, x, variables=params, ratio=0.5, progress=False)
+  assert result.check.ok and result.check.max_rel_diff < 1e-6
+  plan = structured.select(graph, params, ratio=0.5)
+  assert structured.verify(graph, params, plan, x).ok

@@ -148,8 +148,10 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
   new_variables, pruned_fn = apply_plan(rule.graph, masked, removal)
   report = None
   if example_args:
-    # The same replay as pruned_fn, at full precision (structured's verify).
-    outputs = replayed_fn(full_precision_graph(rule.graph), removal)(new_variables, *example_args)
+    # The same replay as pruned_fn at full precision (structured's verify; on CPUs, pruned_fn).
+    checked = full_precision_graph(rule.graph)
+    checked_fn = pruned_fn if checked is rule.graph else replayed_fn(checked, removal)
+    outputs = checked_fn(new_variables, *example_args)
     report = compare(masked_outputs(rule, masked, removal, *example_args), outputs)
     if not report.ok:
       raise RuntimeError(f'channels.shrink: the shrunk model differs from the masked model '

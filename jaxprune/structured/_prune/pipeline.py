@@ -224,8 +224,10 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
                           importance=scores, scope=scope, search=search, constraint=constraint)
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
-  # The pruned callable is checked as the same replay at full precision (verify.py).
-  checked_fn = replayed_fn(full_precision_graph(graph), plan)
+  # The pruned callable is checked as the same replay at full precision (verify.py); on
+  # CPUs that is pruned_fn itself.
+  checked = full_precision_graph(graph)
+  checked_fn = pruned_fn if checked is graph else replayed_fn(checked, plan)
   runs = [('the pruned callable', lambda *a: checked_fn(new_variables, *a))]
   run_model = adapted.runner(new_variables)
   if run_model is not None:

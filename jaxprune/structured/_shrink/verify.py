@@ -88,7 +88,13 @@ def full_precision() -> contextlib.AbstractContextManager:
 
 def full_precision_graph(graph: DependencyGraph) -> DependencyGraph:
   """`graph` with the products its model left at the default precision at full float32
-  precision (`jaxprs.with_precision`), for the checks' replays."""
+  precision (`jaxprs.with_precision`), for the checks' replays.
+
+  On CPUs, which multiply float32 in full at any precision, `graph` itself: a check then
+  compiles the pruned callable users run, once.
+  """
+  if jax.default_backend() == 'cpu':
+    return graph
   highest = lax.Precision.HIGHEST
   entries = [dataclasses.replace(point, closed_jaxpr=jaxprs.with_precision(point.closed_jaxpr,
                                                                            highest))
@@ -113,7 +119,7 @@ def traced_outputs(graph: DependencyGraph, plan: Plan, variables: PyTree, *args:
   Products run at full float32 precision (`full_precision`). `jit=False` runs it op by
   op (for primitives with only an eager implementation)."""
   flat = jax.tree_util.tree_leaves((variables, *args))
-  run = jcore.jaxpr_as_fun(jaxprs.with_precision(graph.closed_jaxpr, lax.Precision.HIGHEST))
+  run = jcore.jaxpr_as_fun(full_precision_graph(graph).closed_jaxpr)
   outs = (jax.jit(run) if jit else run)(*flat)
   kept = PlanShapes(graph, plan.removed)
   outs = [x if isinstance(v, jcore.Literal) else kept.cut((), v, x)
