@@ -23,13 +23,7 @@ from jaxprune._names import leaf_name
 from jaxprune._summaries import get_masks
 from jaxprune.channels._rule import ChannelRule, channel_keeps_from_masks, leaf_masks
 from jaxprune.structured import Plan, VerifyReport, apply_plan, make_plan, plan_flops
-from jaxprune.structured._shared import (
-    FlopsReport,
-    compare,
-    full_precision_graph,
-    replayed_fn,
-    traced_outputs,
-)
+from jaxprune.structured._shared import FlopsReport, checked_callable, compare, traced_outputs
 
 PyTree = Any
 
@@ -148,10 +142,7 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
   new_variables, pruned_fn = apply_plan(rule.graph, masked, removal)
   report = None
   if example_args:
-    # The same replay as pruned_fn at full precision (structured's verify; on CPUs, pruned_fn).
-    checked = full_precision_graph(rule.graph)
-    checked_fn = pruned_fn if checked is rule.graph else replayed_fn(checked, removal)
-    outputs = checked_fn(new_variables, *example_args)
+    outputs = checked_callable(rule.graph, removal, pruned_fn)(new_variables, *example_args)
     report = compare(masked_outputs(rule, masked, removal, *example_args), outputs)
     if not report.ok:
       raise RuntimeError(f'channels.shrink: the shrunk model differs from the masked model '

@@ -11,9 +11,8 @@ structured's private modules may change without notice.
   traced_outputs   the traced function run as traced, outputs tied to
                    variables cut to a plan's kept positions
   compare          two output pytrees leaf by leaf, as `verify` does
-  full_precision_graph  the graph with its products at full float32 precision,
-                   for the runs `compare` checks (GPUs and TPUs round them)
-  replayed_fn      the pruned callable of a graph and a normalised plan
+  checked_callable  what a check runs for a pruned callable: the same replay
+                   at full float32 precision where the backend rounds products
   flops_kept       the FLOPs convention of every result: after / before
   flops_text       that fraction as '29.2% kept, 3.42x fewer'
   FlopsReport      the FLOPs part of a result with `flops_before` and
@@ -32,12 +31,11 @@ from jaxprune.structured._core.cost import FlopsReport, count_flops, flops_kept,
 from jaxprune.structured._core.jaxprs import call_body
 from jaxprune.structured._core.observe import evaluate as evaluate_watching
 from jaxprune.structured._select.importance import is_weight
-from jaxprune.structured._shrink.apply import replayed_fn
-from jaxprune.structured._shrink.verify import compare, full_precision_graph, traced_outputs
+from jaxprune.structured._shrink.verify import checked_callable, compare, traced_outputs
 from jaxprune.structured._trace.kinds import activation_products
 
 __all__ = [
-    'FlopsReport', 'activation_products', 'call_body', 'compare', 'count_flops',
-    'evaluate_watching', 'flops_kept', 'flops_text', 'full_precision_graph', 'is_weight',
-    'replayed_fn', 'traced_outputs',
+    'FlopsReport', 'activation_products', 'call_body', 'checked_callable', 'compare',
+    'count_flops', 'evaluate_watching', 'flops_kept', 'flops_text', 'is_weight',
+    'traced_outputs',
 ]

@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from jaxprune.structured._core.shapes import is_static, var_shape
 from jaxprune.structured._primitives.rules import block_all
 
@@ -58,7 +60,6 @@ def _block_iteration_axis(ctx, variables: list[Any]) -> None:
 def check_scan(eqn: Any) -> None:
   """Refuses a scan written without `num_consts`/`num_carry` (jax 0.11 rewrote the primitive)."""
   if 'num_consts' not in eqn.params or 'num_carry' not in eqn.params:
-    import jax
     raise NotImplementedError(
         f"trace: jaxprune.structured reads lax.scan as jax 0.10 and earlier write it (with "
         f"num_consts and num_carry); jax {jax.__version__} writes it with the parameters "

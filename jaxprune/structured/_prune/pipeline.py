@@ -25,13 +25,13 @@ from jaxprune.structured._prune import models
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._select import selectors
 from jaxprune.structured._shrink import flax_rebuild
-from jaxprune.structured._shrink.apply import apply_plan, replayed_fn
+from jaxprune.structured._shrink.apply import apply_plan
 from jaxprune.structured._shrink.verify import (
     VerifyReport,
+    checked_callable,
     compare,
     dense_reference,
     full_precision,
-    full_precision_graph,
     verify,
 )
 from jaxprune.structured._trace.tracing import trace
@@ -224,10 +224,7 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
                           importance=scores, scope=scope, search=search, constraint=constraint)
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
-  # The pruned callable is checked as the same replay at full precision (verify.py); on
-  # CPUs that is pruned_fn itself.
-  checked = full_precision_graph(graph)
-  checked_fn = pruned_fn if checked is graph else replayed_fn(checked, plan)
+  checked_fn = checked_callable(graph, plan, pruned_fn)
   runs = [('the pruned callable', lambda *a: checked_fn(new_variables, *a))]
   run_model = adapted.runner(new_variables)
   if run_model is not None:

@@ -103,6 +103,13 @@ def full_precision_graph(graph: DependencyGraph) -> DependencyGraph:
   return dataclasses.replace(graph, entries=entries, proxied=proxied, retraced={})
 
 
+def checked_callable(graph: DependencyGraph, plan: Plan, pruned_fn: Callable) -> Callable:
+  """What a check runs for `pruned_fn` (the pruned callable of `graph` and the normalised
+  `plan`): the same replay at full precision, or `pruned_fn` itself on CPUs."""
+  checked = full_precision_graph(graph)
+  return pruned_fn if checked is graph else replayed_fn(checked, plan)
+
+
 def default_rtol(dtype: Any) -> float:
   """The default relative tolerance of `verify` for outputs of `dtype` (0 for ints)."""
   dtype = np.dtype(dtype)
