@@ -5,10 +5,10 @@ count is fixed when jax starts), which prints one JSON line.
 """
 
 import json
-import os
 import subprocess
 import sys
 
+import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,8 +54,7 @@ def multidevice() -> dict:
 
 
 def test_sharded_params_prune_like_one_device():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
+  env = cpu_devices.env(8)
   done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env,
                         timeout=600)
   assert done.returncode == 0, done.stderr[-4000:]

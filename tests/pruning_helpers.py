@@ -1,6 +1,7 @@
 """Helpers the core's test files share: hparams with overrides, steps of a transform, and the
 jaxprune warnings a call emits."""
 
+import os
 import warnings
 
 import jax
@@ -18,6 +19,14 @@ def hparams(**overrides) -> ml_collections.ConfigDict:
   hp = jaxprune.get_pruning_hparams()
   hp.update(overrides)
   return hp
+
+
+def jit_as_users_compile(fn):
+  """`jax.jit(fn)`, compiled with XLA's CPU fusion emitters where the test run turned them
+  off (conftest.py): for a test that two programs round alike bit for bit, which the older
+  emitters need not do where they vectorise a loop in one program and not in the other."""
+  older = 'xla_cpu_use_fusion_emitters=false' in os.environ.get('XLA_FLAGS', '')
+  return jax.jit(fn, compiler_options={'xla_cpu_use_fusion_emitters': True} if older else None)
 
 
 def run_updates(tx, params, steps):

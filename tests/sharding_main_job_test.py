@@ -10,10 +10,10 @@ import subprocess
 import sys
 import textwrap
 
+import cpu_devices
 import pytest
 
-ENV = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-           JAX_PLATFORMS='cpu')
+ENV = cpu_devices.env(8)
 
 # The crash tests' tiny config (tests/train_faults.py), pruned over steps 20-80.
 TINY_CONFIG = f'''

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import cpu_devices
 import numpy as np
 import pytest
 
@@ -21,8 +22,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), 'sharding_multidevice.py')
 
 @pytest.fixture(scope='module')
 def runs():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
+  env = cpu_devices.env(8)
   result = subprocess.run([sys.executable, SCRIPT, 'train', 'exact'], capture_output=True,
                           text=True, env=env, timeout=600)
   assert result.returncode == 0, result.stderr[-4000:]

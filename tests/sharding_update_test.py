@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import cpu_devices
 import pytest
 
 from jaxprune import _thresholds as thresholds
@@ -35,8 +36,7 @@ MAX_ALL_REDUCE = 144 * thresholds.PROBES
 
 def run_script(*args: str) -> dict:
   """Runs tests/sharding_multidevice.py with 8 simulated CPU devices; its JSON output."""
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
+  env = cpu_devices.env(8)
   result = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
                           env=env, timeout=600)
   assert result.returncode == 0, result.stderr[-4000:]

@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import cpu_devices
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 # The step after the first mask update that prunes (step 30; the one at 20 is at 0%),
@@ -37,8 +39,7 @@ def free_port() -> int:
 
 def env(devices: int) -> dict[str, str]:
   """The environment of a process with `devices` CPU devices that imports this checkout."""
-  return dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-              JAX_PLATFORMS='cpu', PYTHONPATH=ROOT, PYTHONUNBUFFERED='1')
+  return cpu_devices.env(devices, PYTHONPATH=ROOT, PYTHONUNBUFFERED='1')
 
 
 @contextlib.contextmanager

@@ -93,8 +93,8 @@ def test_pruned_weights_zero_and_kept_weights_equal_optimizer_alone(optimizer):
   hparams = _hparams(pruning_frequency=2, sparsity_function_end_step=16, target_sparsity=0.75,
                      end_pruning_step=20)
   tx = optax.chain(optimizer, jaxprune.pruning(hparams))
-  chain_update = jax.jit(tx.update)
-  alone_update = jax.jit(optimizer.update)
+  chain_update = helpers.jit_as_users_compile(tx.update)
+  alone_update = helpers.jit_as_users_compile(optimizer.update)
   params = _params()
   opt_state = tx.init(params)
   rng = np.random.default_rng(2)
