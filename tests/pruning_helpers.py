@@ -24,7 +24,7 @@ def hparams(**overrides) -> ml_collections.ConfigDict:
 def jit_as_users_compile(fn):
   """`jax.jit(fn)`, compiled with XLA's CPU fusion emitters where the test run turned them
   off (conftest.py): for a test that two programs round alike bit for bit, which the older
-  emitters need not do where they vectorise a loop in one program and not in the other."""
+  emitters need not do where the two fuse the same operation differently."""
   older = 'xla_cpu_use_fusion_emitters=false' in os.environ.get('XLA_FLAGS', '')
   return jax.jit(fn, compiler_options={'xla_cpu_use_fusion_emitters': True} if older else None)
 
