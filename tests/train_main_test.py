@@ -319,6 +319,24 @@ def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
   assert out.getvalue() == 'jaxprune-train: cannot write the checkpoint\n' + bug
 
 
+def test_warnings_are_one_line_each_and_abandoned_writes_are_not_shown(capsys):
+  import gc
+  import warnings
+
+  from jaxprune.train import _main as main
+
+  async def write_fragment():
+    pass
+
+  with warnings.catch_warnings():
+    main._route_warnings()
+    write_fragment()  # a write orbax abandoned: its coroutine is collected unawaited
+    gc.collect()
+    warnings.warn('a warning of the job\nover two lines', RuntimeWarning, stacklevel=1)
+  assert capsys.readouterr().err == (
+      'jaxprune-train: warning: a warning of the job; over two lines\n')
+
+
 def test_each_warning_is_shown_once_in_one_line(tmp_path):
   """The hparams are validated once (no de-duplication in the job): a warning of the
   hparams string, one of the spec and one of the config each print one line, once."""

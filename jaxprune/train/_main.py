@@ -90,6 +90,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
   print(f'{PROGRAM}: warning: {errors.one_line(str(message))}', file=sys.stderr)
 
 
+def _route_warnings() -> None:
+  """Shows each warning as one line, less the coroutines a failed write leaves behind.
+
+  The job awaits no coroutine of its own; when a checkpoint write fails (a full disk),
+  orbax abandons its other writes, and each is reported as never awaited whenever it is
+  garbage-collected, beside the one line the job prints about the failure.
+  """
+  warnings.showwarning = _show_warning
+  warnings.filterwarnings('ignore', message="coroutine '.*' was never awaited",
+                          category=RuntimeWarning)
+
+
 class _WithoutClosedLoopTracebacks(io.TextIOBase):
   """`sys.stderr` less the tracebacks of a checkpoint write that failed.
 
@@ -153,7 +165,7 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     # Orbax logs every checkpoint step, and its failures at length; the job
     # reports them itself, in one line. --verbosity=0 shows the logs.
     logging.set_verbosity(logging.FATAL)
-  warnings.showwarning = _show_warning
+  _route_warnings()
   _join_processes(defined, distributed)  # first thing that touches JAX
   config, hparams_text = defined.config.value, defined.pruning_hparams.value
   ignored = usage.pruning_flags(sys.argv[1:])
