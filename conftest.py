@@ -13,9 +13,10 @@ import pytest
 # (through the environment) in the subprocesses they start (the main job, multi-device
 # runs), so that a run killed in a subprocess and resumed here takes the same steps bit for
 # bit: JAX's `jax_disable_most_optimizations` skips LLVM's optimisation passes, and XLA's
-# older CPU code generator (`--xla_cpu_use_fusion_emitters=false`) emits each fusion in
-# half the time of the MLIR emitters. XLA's graph passes (fusion, buffer assignment,
-# sharding), which the memory and HLO tests read, run as for users.
+# older CPU code generator (`--xla_cpu_use_fusion_emitters=false`) instead of its MLIR
+# fusion emitters halves the CPU time of a module such as transform_pruned_test.py. XLA's
+# graph passes (fusion, buffer assignment, sharding), which the memory and HLO tests read,
+# run as for users.
 # `JAX_DISABLE_MOST_OPTIMIZATIONS=0 pytest` compiles as users do throughout.
 _FAST_CPU_CODEGEN = '--xla_cpu_use_fusion_emitters=false'
 

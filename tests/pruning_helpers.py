@@ -1,5 +1,5 @@
-"""Helpers the core's test files share: hparams with overrides, steps of a transform, and the
-jaxprune warnings a call emits."""
+"""Helpers the core's test files share: hparams with overrides, a jit that compiles as users
+do, steps of a transform, and the jaxprune warnings a call emits."""
 
 import os
 import warnings
