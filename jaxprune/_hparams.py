@@ -34,6 +34,7 @@ from jaxprune._numerics import INT32_MAX, MAX_NBINS, SMALLEST_NORMAL
 POOLING = ('AVG', 'MAX')
 THRESHOLD_METHODS = ('histogram', 'exact')
 MASK_SOURCES = ('updated', 'params')
+MASK_SEARCHES = ('auto', 'fixed', 'adaptive')
 # Which leaves are pruned by default: Dense/Conv kernels and embeddings
 # (docs/explanation/semantics.md#names-and-maps).
 DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
@@ -82,6 +83,7 @@ class HParams:
   nm_sparsity_map: tuple[str, ...] = _NO_ENTRIES
   layer_axes_map: tuple[str, ...] = _NO_ENTRIES
   mask_source: str = 'updated'
+  mask_search: str = 'auto'
   # Parsed from the fields above.
   sparsity_entries: tuple[tuple[str, float], ...] = dataclasses.field(init=False, repr=False)
   block_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False,
@@ -260,6 +262,11 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     'mask_source': ((lambda v: v in MASK_SOURCES),
                     f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
                     "rule), 'params' the params the step starts from (no cost on other steps)"),
+    'mask_search': ((lambda v: v in MASK_SEARCHES),
+                    f"must be one of {MASK_SEARCHES}: how thresholds are searched, with the same "
+                    "result: 'fixed' in a few passes with no per-leaf control flow (GPUs, "
+                    "TPUs), 'adaptive' with few candidates per pass (CPUs), 'auto' by "
+                    'jax.default_backend()'),
 }
 
 

@@ -109,7 +109,7 @@ class MagnitudeRule:
         variables, targets, previous, [old_masks[j] for j in magnitude],
         nbins=hparams.nbins, threshold_decay=hparams.threshold_decay,
         threshold_method=hparams.threshold_method, pooling=hparams.block_pooling_function,
-        global_threshold=hparams.global_pruning)
+        global_threshold=hparams.global_pruning, mask_search=hparams.mask_search)
     for i, (j, mask) in enumerate(zip(magnitude, masks, strict=True)):
       new_masks[j] = mask
       shape = old_thresholds[j].shape

@@ -95,7 +95,8 @@ class Variable:
 def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
                  old_thresholds: Sequence[Array], old_masks: Sequence[Array], *, nbins: int,
                  threshold_decay: float, threshold_method: str, pooling: str,
-                 global_threshold: bool = False) -> tuple[list[Array], list[Array], Array]:
+                 global_threshold: bool = False, mask_search: str = 'auto'
+                 ) -> tuple[list[Array], list[Array], Array]:
   """New thresholds and masks of many variables, searched together.
 
   Units are the thresholds: one per layer of each variable, or one for all of
@@ -112,6 +113,8 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
     nbins, threshold_decay, threshold_method, pooling: the hparams of
       docs/explanation/semantics.md#histogram-thresholds and #blocks.
     global_threshold: one threshold over all variables.
+    mask_search: the search plan, 'auto', 'fixed' or 'adaptive' (the hparam of that
+      name); the same result either way.
 
   Returns:
     (thresholds like `old_thresholds`, masks, a bool per layer of each variable:
@@ -140,10 +143,11 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
   # A safe max keeps the searches finite where they are not used.
   safe_max = [jnp.where(good, m, jnp.float32(1.0)) for good, m in zip(ok, unit_max, strict=True)]
   sparsity = jnp.concatenate([jnp.reshape(s, (-1,)) for s in sparsity])
+  search = thresholds.resolve_search(mask_search)
   if threshold_method == 'histogram':
-    current = thresholds.histogram_thresholds(layout, safe_max, sparsity, nbins)
+    current = thresholds.histogram_thresholds(layout, safe_max, sparsity, nbins, search)
   else:
-    current = thresholds.exact_thresholds(layout, safe_max, sparsity)
+    current = thresholds.exact_thresholds(layout, safe_max, sparsity, search)
   # `current` holds each part's thresholds in its own buffer (a loop's result).
   masks, new_thresholds = [], []
   for i, (part, variable, old_mask, piece) in enumerate(
@@ -151,6 +155,9 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
     g = 0 if global_threshold else i
     previous = jnp.reshape(old_thresholds[g], (-1,))
     if threshold_decay:
+      # The select (thresholds are >= 0) keeps the threshold's product rounded: XLA:CPU
+      # would otherwise fuse it into the decay's multiply-add.
+      piece = jnp.where(piece >= 0, piece, jnp.float32(0.0))
       piece = (piece * jnp.float32(1.0 - threshold_decay)
                + previous * jnp.float32(threshold_decay))
     score_mask = compare(part.values(piece), _layer_shaped(variable, piece, len(part.shape)),
@@ -174,7 +181,8 @@ def _layer_shaped(variable: Variable, per_layer: Array, ndim: int) -> Array:
 def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int = 256,
                 threshold_decay: float = 0.0, block_dims: tuple[int, int] = (1, 1),
                 block_pooling_function: str = 'AVG', threshold_method: str = 'histogram',
-                previous_mask: Array | None = None) -> tuple[Array, Array]:
+                previous_mask: Array | None = None, mask_search: str = 'auto'
+                ) -> tuple[Array, Array]:
   """Computes one variable's new threshold and mask (Zhu & Gupta 2017; TF model_pruning).
 
   Pure and jittable. All-zero or non-finite weights keep `threshold` and
@@ -190,6 +198,9 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
     block_pooling_function: 'AVG' or 'MAX'.
     threshold_method: 'histogram' (TF's CDF rule) or 'exact' (k-th magnitude).
     previous_mask: the mask to keep when the weights cannot be thresholded.
+    mask_search: how the threshold is searched, with the same result: 'fixed'
+      (a few passes, no control flow per variable: GPUs, TPUs), 'adaptive'
+      (CPUs), or 'auto' (by `jax.default_backend()`).
 
   Returns:
     (new_threshold, mask) with mask a bool array of the weights' shape.
@@ -202,7 +213,7 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
     (89.84375, 11)
   """
   _check_arguments(sparsity, nbins, threshold_decay, block_dims, block_pooling_function,
-                   threshold_method)
+                   threshold_method, mask_search)
   weights = jnp.asarray(weights)
   dims = blocks.resolve_block_dims(weights.shape, block_dims) or (1, 1)
   if previous_mask is None:
@@ -212,15 +223,17 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
       [variable], [jnp.reshape(jnp.asarray(sparsity, jnp.float32), (1,))],
       [jnp.reshape(jnp.asarray(threshold, jnp.float32), (1,))], [previous_mask],
       nbins=nbins, threshold_decay=threshold_decay, threshold_method=threshold_method,
-      pooling=block_pooling_function)
+      pooling=block_pooling_function, mask_search=mask_search)
   return new_threshold[0], mask
 
 
-def _check_arguments(sparsity, nbins, threshold_decay, block_dims, pooling, method) -> None:
+def _check_arguments(sparsity, nbins, threshold_decay, block_dims, pooling, method,
+                     mask_search) -> None:
   """ValueErrors naming the argument of `update_mask` that is out of its range (the
   hparams' own rules, `hparams.check_value`)."""
   for field, value in (('threshold_method', method), ('block_pooling_function', pooling),
-                       ('nbins', nbins), ('threshold_decay', threshold_decay)):
+                       ('nbins', nbins), ('threshold_decay', threshold_decay),
+                       ('mask_search', mask_search)):
     hparams_lib.check_value(field, value, where='update_mask')
   dims = tuple(block_dims)
   if len(dims) != 2:

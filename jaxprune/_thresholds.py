@@ -10,6 +10,16 @@ and the searches of all units advance together in one loop, whatever the
 number of variables. They start from an estimate made on every 16th row,
 which decides only where they start, never their result: about one full pass
 for the histogram rule and a handful for the exact one.
+
+That plan ('adaptive') is the CPU's: few candidates per pass, a conditional
+per part to skip the settled ones, and a loop that runs until every search
+is done. On GPUs and TPUs each conditional and each loop iteration waits for
+the device, while arithmetic is nearly free next to reading memory, so there
+the searches follow a 'fixed' plan: a fixed, small number of passes with
+FIXED_PROBES candidates each and no per-part control flow (the histogram rule
+needs two passes at 256 bins, the exact rule seven, plus at most one loop
+that only runs on unusual data). Both plans compute the same thresholds; the
+hparam `mask_search` picks one ('auto': by `jax.default_backend()`).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 
 from jaxprune import _counting as counting
@@ -30,6 +41,22 @@ _GRID = 4096  # cells of [0, max] that bracket the exact search
 # max passes on CPU; with the sampled estimate two settle most searches in one.
 PROBES = 2
 _EDGE_TABLE_MAX = 4096  # bins: larger counts compute each edge where it is used
+# The fixed plan's candidates per pass: 15 compares per weight keep a GPU's pass
+# bound by memory, and split a bracket 16 ways (two passes for 256 bins).
+FIXED_PROBES = 15
+# Exact rule, fixed plan: the grid has 16**3 - 1 cells (three exhaustive passes), and
+# the search inside a cell gets this many passes before its loop (2**16 keys: a cell
+# holding an answer above 1/16 of the maximum).
+_FIXED_GRID = (FIXED_PROBES + 1) ** 3 - 1
+_FIXED_KEY_PASSES = 4
+SEARCH_PLANS = ('fixed', 'adaptive')
+
+
+def resolve_search(mask_search: str) -> str:
+  """The plan of the hparam `mask_search`: 'auto' is 'adaptive' on CPUs, 'fixed' elsewhere."""
+  if mask_search != 'auto':
+    return mask_search
+  return 'adaptive' if jax.default_backend() == 'cpu' else 'fixed'
 
 def _scales(value_max: Array) -> tuple[Array, Array]:
   """(exponent e, (units, 2) powers of two) with values * 2**-e in [0, 1), exactly.
@@ -147,8 +174,52 @@ def _first_reaching(thresholds_of: Callable[[Array], Array],
   return state[1] if finish is None else state[-1]
 
 
+def _passes_for(size: int) -> int:
+  """How many fixed-plan passes close a bracket of `size` candidates (static)."""
+  passes = 0
+  while size > 1:
+    size = -(-size // (FIXED_PROBES + 1))
+    passes += 1
+  return passes
+
+
+def _fixed_first_reaching(thresholds_of: Callable[[Array], Array],
+                          reaches: Callable[[Array, Array, Array | None], Array], lo: Array,
+                          hi: Array, passes: int, loop: bool = True) -> Array:
+  """`_first_reaching` on the fixed plan: per unit, the first k in (lo, hi] with reaches(k).
+
+  `passes` passes, written out one after the other, each split every unit's
+  bracket into FIXED_PROBES + 1 parts and count all parts (no conditional skips
+  a settled one: on an accelerator that would cost more than the count). A
+  bracket of n candidates closes in `_passes_for(n)` passes; with `loop`, a
+  loop of the same passes closes whatever is still open (with a static bound
+  that suffices, pass `loop=False`: then the step holds no loop at all).
+  """
+  offsets = jnp.arange(1, FIXED_PROBES + 1, dtype=jnp.int32)
+
+  def narrow(bounds):
+    lo, hi = bounds
+    # lo + ceil((hi - lo) * j / (J + 1)) for j = 1..J, without int32 overflow: each
+    # part of the new bracket holds at most ceil((hi - lo) / (J + 1)) candidates.
+    quotient, remainder = jnp.divmod((hi - lo)[:, None], FIXED_PROBES + 1)
+    candidates = (lo[:, None] + quotient * offsets
+                  + (remainder * offsets + FIXED_PROBES) // (FIXED_PROBES + 1))
+    candidates = jnp.clip(candidates, lo[:, None] + 1,
+                          jnp.maximum(hi[:, None] - 1, lo[:, None] + 1))
+    ok = reaches(thresholds_of(candidates), candidates, None)
+    return (jnp.maximum(lo, jnp.max(jnp.where(ok, lo[:, None], candidates), axis=1)),
+            jnp.minimum(hi, jnp.min(jnp.where(ok, candidates, hi[:, None]), axis=1)))
+
+  bounds = (lo, hi)
+  for _ in range(passes):
+    bounds = narrow(bounds)
+  if loop:
+    bounds = lax.while_loop(lambda b: jnp.any(b[1] - b[0] > 1), narrow, bounds)
+  return bounds[1]
+
+
 def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity: Array,
-                         nbins: int) -> list[Array]:
+                         nbins: int, search: str = 'adaptive') -> list[Array]:
   """TF's histogram threshold of every unit, given its maximum > 0.
 
   Returns (number of bins whose CDF is below the unit's sparsity) / nbins * max:
@@ -161,6 +232,7 @@ def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], spars
       shared layout, one (1,) array.
     sparsity: (units,) float32 targets in [0, 1).
     nbins: histogram bins.
+    search: 'adaptive' or 'fixed' (see the module's docstring); the same result.
 
   Returns:
     Per part, (units of the part,) float32 thresholds; for a shared layout the
@@ -200,18 +272,59 @@ def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], spars
 
   lo = jnp.full((layout.num_units,), -1, jnp.int32)
   hi = jnp.full((layout.num_units,), nbins - 1, jnp.int32)
+  if search == 'fixed':  # (lo, hi] holds nbins candidates: no loop is needed
+    first = _fixed_first_reaching(edges, reaches_on(False), lo, hi, _passes_for(nbins),
+                                  loop=False)
+    return layout.pieces(threshold(first))
   guess = _first_reaching(edges, reaches_on(True), lo, hi)
   return _first_reaching(edges, reaches_on(False), lo, hi, guess, finish=(threshold, layout))
 
 
-def keep_count(total: Array | int, sparsity: Array) -> Array:
-  """tfmot's rule: k = max(round(N * (1 - s)), 1), in float32, half to even."""
-  kept = jnp.round(jnp.asarray(total, jnp.float32) * (jnp.float32(1.0) - sparsity))
-  return jnp.maximum(kept, 1.0).astype(jnp.int32)
+def keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
+  """tfmot's k = max(round(N * (1 - s)), 1), half to even, exact for every size.
+
+  N (static, < 2**31) times the float32 sparsity s is rounded once, as if in
+  exact arithmetic: tfmot's float32 product drifts by a weight or more beyond
+  2**24 weights (float32 cannot hold N, nor k). With s = M * 2**-q (M a 24-bit
+  integer), N * s = P / 2**q for the integer P = N * M < 2**55, which is
+  built from 12-bit pieces in uint32; k = N - floor(P / 2**q), minus one when
+  the remainder is more than half of 2**q (or exactly half and that is odd).
+  """
+  sparsity = jnp.asarray(sparsity, jnp.float32)
+  total = np.asarray(total, np.int64)
+  n_hi = jnp.asarray(total >> 12, jnp.uint32)  # < 2**19
+  n_lo = jnp.asarray(total & 4095, jnp.uint32)
+  bits = lax.bitcast_convert_type(sparsity, jnp.uint32)
+  biased = (bits >> 23).astype(jnp.int32)
+  mantissa = (bits & 0x7FFFFF) | 0x800000
+  m_hi, m_lo = mantissa >> 12, mantissa & 4095
+  # P = n_hi m_hi 2**24 + (n_hi m_lo + n_lo m_hi) 2**12 + n_lo m_lo = p_hi 2**24 + p_lo.
+  middle = n_hi * m_lo + n_lo * m_hi  # < 2**32
+  low = n_lo * m_lo + ((middle & 4095) << 12)  # < 2**25
+  p_hi = n_hi * m_hi + (middle >> 12) + (low >> 24)  # < 2**31
+  p_lo = low & 0xFFFFFF
+  q = 150 - biased  # s = M * 2**-q; q >= 24 for s < 1
+  shift = jnp.clip(q - 24, 0, 31).astype(jnp.uint32)  # P >> q = p_hi >> (q - 24)
+  floor = jnp.where(q - 24 > 31, jnp.uint32(0), p_hi >> shift)
+  # The remainder P mod 2**q against half of 2**q: its top bit and the bits below it.
+  top_shift = jnp.clip(q - 25, 0, 31).astype(jnp.uint32)
+  below_mask = (jnp.uint32(1) << top_shift) - 1
+  top = jnp.where(q == 24, p_lo >> 23, (p_hi >> top_shift) & 1)
+  top = jnp.where(q - 25 > 30, jnp.uint32(0), top)
+  rest = jnp.where(q == 24, (p_lo & 0x7FFFFF) != 0,
+                   ((p_hi & below_mask) != 0) | (p_lo != 0))
+  rest = jnp.where(q - 25 > 30, (p_hi != 0) | (p_lo != 0), rest)
+  kept = jnp.asarray(total, jnp.int32) - floor.astype(jnp.int32)
+  # N - P / 2**q = (kept - 1) + (1 - remainder / 2**q): one less when the remainder is
+  # above half of 2**q, or exactly half and kept is odd (half to even).
+  down = (top == 1) & (rest | (kept % 2 == 1))
+  kept = jnp.where(down, kept - 1, kept)
+  kept = jnp.where(biased == 0, jnp.asarray(total, jnp.int32), kept)  # s = 0 (or subnormal)
+  return jnp.maximum(kept, 1)
 
 
-def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity: Array
-                     ) -> list[Array]:
+def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity: Array,
+                     search: str = 'adaptive') -> list[Array]:
   """The k-th largest magnitude of every unit, k = keep_count(N, sparsity); `mask = a >= it`.
 
   Per unit, searches the largest float32 bit pattern b with count(a >= float(b))
@@ -222,6 +335,10 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
   scaling); a unit whose answer lies below it (almost all weights < 1e-30 of
   the largest) is searched by comparison instead.
 
+  The fixed plan searches a grid of 4,095 cells in three passes, then the bit
+  patterns inside the cell in four passes and a loop for what is left (a cell
+  of more than 2**16 bit patterns: an answer below 1/16 of the maximum).
+
   Args and Returns: as `histogram_thresholds`, without `nbins`.
   """
   sizes = layout.sizes()
@@ -231,11 +348,13 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
   scaling = _Scaling.of(layout, maxima)
   exponent, part_scales, scaled_max = scaling.exponent, scaling.part_scales, scaling.scaled_max
   tiny = jnp.float32(numerics.TINY)
+  fixed = search == 'fixed'
+  cells = _FIXED_GRID if fixed else _GRID
 
   def grid(j):
-    # Non-decreasing in j; 0 -> 0 (count = N >= kept), GRID + 1 -> inf (count 0).
-    value = j.astype(jnp.float32) * (scaled_max[:, None] / _GRID)
-    value = jnp.where(j > _GRID, jnp.float32(jnp.inf), jnp.maximum(value, tiny))
+    # Non-decreasing in j; 0 -> 0 (count = N >= kept), cells + 1 -> inf (count 0).
+    value = j.astype(jnp.float32) * (scaled_max[:, None] / cells)
+    value = jnp.where(j > cells, jnp.float32(jnp.inf), jnp.maximum(value, tiny))
     return jnp.where(j <= 0, jnp.float32(0.0), value)
 
   def fewer_than(needed, sample):
@@ -243,16 +362,20 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
         layout, part_scales, values, sample, active=active) < needed[:, None]
 
   lo = jnp.zeros((layout.num_units,), jnp.int32)
-  hi = jnp.full((layout.num_units,), _GRID + 1, jnp.int32)
-  guess = _first_reaching(grid, fewer_than(sample_kept, True), lo, hi)
-  cell = _first_reaching(grid, fewer_than(kept, False), lo, hi, guess)
+  hi = jnp.full((layout.num_units,), cells + 1, jnp.int32)
+  if fixed:
+    cell = _fixed_first_reaching(grid, fewer_than(kept, False), lo, hi, _passes_for(cells + 1),
+                                 loop=False)
+  else:
+    guess = _first_reaching(grid, fewer_than(sample_kept, True), lo, hi)
+    cell = _first_reaching(grid, fewer_than(kept, False), lo, hi, guess)
   # count(a >= grid(cell - 1)) >= kept > count(a >= grid(cell)). In cell 1 the lower
   # end is 0, and the fast count is exact only from `tiny` up: the search starts
   # just below tiny, and a result of "just below tiny" means the answer lies
   # below it, where a search by comparison takes over.
   below_tiny = numerics.as_key(tiny) - 1
   lower = jnp.where(cell == 1, below_tiny, numerics.as_key(grid(cell[:, None] - 1)[:, 0]))
-  upper = jnp.where(cell > _GRID, numerics.as_key(scaled_max) + 1,
+  upper = jnp.where(cell > cells, numerics.as_key(scaled_max) + 1,
                     numerics.as_key(grid(cell[:, None])[:, 0]))
 
   def fewer_keys(values, _, active):
@@ -266,10 +389,14 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
     return jnp.where(key == below_tiny, jnp.float32(jnp.nan),
                      numerics.ldexp(numerics.as_value(key), exponent))
 
-  fast = _first_reaching(numerics.as_value, fewer_keys, lower, upper, finish=(value, layout))
+  if fixed:
+    fast = layout.pieces(value(_fixed_first_reaching(numerics.as_value, fewer_keys, lower,
+                                                     upper, _FIXED_KEY_PASSES)))
+  else:
+    fast = _first_reaching(numerics.as_value, fewer_keys, lower, upper, finish=(value, layout))
 
   def with_slow():
-    slow = layout.pieces(_slow_search(layout, part_scales, kept, exponent))
+    slow = layout.pieces(_slow_search(layout, part_scales, kept, exponent, fixed))
     return [jnp.where(jnp.isnan(f), v, f) for v, f in zip(slow, fast, strict=True)]
 
   any_slow = jnp.any(jnp.isnan(jnp.concatenate(fast)))
@@ -277,15 +404,21 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
 
 
 def _slow_search(layout: counting.Layout, part_scales: Sequence[Array], kept: Array,
-                 exponent: Array) -> Array:
-  """The k-th largest value of each unit, given that it lies below TINY after scaling."""
+                 exponent: Array, fixed: bool) -> Array:
+  """The k-th largest value of each unit, given that it lies below TINY after scaling.
+
+  Rare (almost all weights below 1e-30 of the largest): on the fixed plan, one loop.
+  """
   def fewer_keys(values, _, active):
     return counting.counts(layout, part_scales, values, below_tiny=True,
                            active=active) < kept[:, None]
 
   lo = jnp.zeros((layout.num_units,), jnp.int32)
   hi = jnp.full((layout.num_units,), numerics.as_key(jnp.float32(numerics.TINY)))
-  key = _first_reaching(numerics.as_value, fewer_keys, lo, hi) - 1
+  if fixed:
+    key = _fixed_first_reaching(numerics.as_value, fewer_keys, lo, hi, 0) - 1
+  else:
+    key = _first_reaching(numerics.as_value, fewer_keys, lo, hi) - 1
   value = numerics.ldexp(numerics.as_value(key), exponent)
   # CPU XLA compares subnormals as zero, so the search cannot tell them from 0.
   return jnp.where(value < numerics.SMALLEST_NORMAL, jnp.float32(0.0), value)

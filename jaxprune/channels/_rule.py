@@ -203,7 +203,7 @@ class ChannelRule:
         units, sparsities, previous, channel_keeps_from_masks(layout, old_masks),
         nbins=hparams.nbins, threshold_decay=hparams.threshold_decay,
         threshold_method=hparams.threshold_method, pooling='AVG',
-        global_threshold=hparams.global_pruning)
+        global_threshold=hparams.global_pruning, mask_search=hparams.mask_search)
     keeps = [_constrained(g, m, s)
              for g, m, s in zip(layout.groups, channel_masks, scores, strict=True)]
     by_group = {g.label: jnp.reshape(new_thresholds[0 if hparams.global_pruning else i], ())
