@@ -120,20 +120,17 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
     (thresholds like `old_thresholds`, masks, a bool per layer of each variable:
     True where the weights hold a NaN or Inf).
   """
-  parts = []
-  for variable in variables:
-    if variable.is_blocked():
-      pooled = scores(variable.values(None), variable.block_dims, pooling, variable.layer_axes)
-      values = lambda token, p=pooled: counting.fresh(p, token)
-      shape = pooled.shape
-    else:
-      values = lambda token, v=variable: jnp.abs(v.values(token).astype(jnp.float32))
-      shape = variable.shape
-    parts.append(counting.Part(values, shape, 0 if global_threshold else variable.layer_axes))
-  layout = counting.Layout(tuple(parts), shared=global_threshold)
-  part_max = counting.part_maxima(
-      counting.Layout(tuple(dataclasses.replace(p, unit_axes=v.layer_axes)
-                              for p, v in zip(parts, variables, strict=True))))
+  search = thresholds.resolve_search(mask_search)
+  own = [_own_part(v, pooling, global_threshold) for v in variables]
+  keys = [(part.shape, v.layer_axes) for part, v in zip(own, variables, strict=True)]
+  groups = _same_keys(keys) if search == 'fixed' else [[i] for i in range(len(own))]
+  layout = counting.Layout(tuple(_stacked(variables, own, members, global_threshold)
+                                 for members in groups),
+                           shared=global_threshold)
+  # Each variable's maxima per layer, in the variables' order.
+  part_max = _per_variable(groups, counting.part_maxima(counting.Layout(tuple(
+      dataclasses.replace(part, unit_axes=variables[members[0]].layer_axes + (len(members) > 1))
+      for part, members in zip(layout.parts, groups, strict=True)))), variables)
   if global_threshold:
     # jnp.max propagates NaN, so a NaN anywhere reaches the global maximum.
     unit_max = [jnp.max(jnp.concatenate(part_max), keepdims=True)]
@@ -142,16 +139,21 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
   ok = [jnp.isfinite(m) & (m > 0) for m in unit_max]
   # A safe max keeps the searches finite where they are not used.
   safe_max = [jnp.where(good, m, jnp.float32(1.0)) for good, m in zip(ok, unit_max, strict=True)]
-  sparsity = jnp.concatenate([jnp.reshape(s, (-1,)) for s in sparsity])
-  search = thresholds.resolve_search(mask_search)
-  if threshold_method == 'histogram':
-    current = thresholds.histogram_thresholds(layout, safe_max, sparsity, nbins, search)
+  order = [i for members in groups for i in members]
+  if global_threshold:
+    sparsity = jnp.reshape(sparsity[0], (-1,))
+    search_max = safe_max
   else:
-    current = thresholds.exact_thresholds(layout, safe_max, sparsity, search)
-  # `current` holds each part's thresholds in its own buffer (a loop's result).
+    sparsity = jnp.concatenate([jnp.reshape(sparsity[i], (-1,)) for i in order])
+    search_max = [jnp.concatenate([safe_max[i] for i in members]) for members in groups]
+  if threshold_method == 'histogram':
+    per_part = thresholds.histogram_thresholds(layout, search_max, sparsity, nbins, search)
+  else:
+    per_part = thresholds.exact_thresholds(layout, search_max, sparsity, search)
+  current = _per_variable(groups, per_part, variables, global_threshold)
   masks, new_thresholds = [], []
   for i, (part, variable, old_mask, piece) in enumerate(
-      zip(parts, variables, old_masks, current, strict=True)):
+      zip(own, variables, old_masks, current, strict=True)):
     g = 0 if global_threshold else i
     previous = jnp.reshape(old_thresholds[g], (-1,))
     if threshold_decay:
@@ -168,6 +170,59 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
       new_thresholds.append(jnp.where(ok[g], piece, previous))
   nonfinite = ~jnp.isfinite(jnp.concatenate(part_max))
   return new_thresholds, masks, nonfinite
+
+
+def _own_part(variable: Variable, pooling: str, global_threshold: bool) -> counting.Part:
+  """The magnitudes a variable's threshold is searched on (|w|, or its pooled blocks)."""
+  if variable.is_blocked():
+    pooled = scores(variable.values(None), variable.block_dims, pooling, variable.layer_axes)
+    return counting.Part(lambda token: counting.fresh(pooled, token), pooled.shape,
+                         0 if global_threshold else variable.layer_axes)
+  return counting.Part(lambda token: jnp.abs(variable.values(token).astype(jnp.float32)),
+                       variable.shape, 0 if global_threshold else variable.layer_axes)
+
+
+def _same_keys(keys: Sequence[Any]) -> list[list[int]]:
+  """Indices grouped by equal keys, in order of first appearance."""
+  groups: dict[Any, list[int]] = {}
+  for i, key in enumerate(keys):
+    groups.setdefault(key, []).append(i)
+  return list(groups.values())
+
+
+def _stacked(variables: Sequence[Variable], parts: Sequence[counting.Part], members: list[int],
+             global_threshold: bool) -> counting.Part:
+  """One part for the members (a variable, or variables of one shape stacked).
+
+  The fixed plan's passes then count every variable of a shape in one kernel.
+  The stack is written once, in the weights' dtype (for the weights `pruned`
+  stores at a mask update, in place of them); each pass reads it.
+  """
+  if len(members) == 1:
+    return parts[members[0]]
+  unit_axes = 0 if global_threshold else parts[members[0]].unit_axes + 1
+  if variables[members[0]].is_blocked():  # pooled scores: float32 already
+    stack = jnp.stack([parts[i].values(None) for i in members])
+    return counting.Part(lambda token: counting.fresh(stack, token), stack.shape, unit_axes)
+  stack = jnp.stack([variables[i].values(None) for i in members])
+  return counting.Part(lambda token: jnp.abs(counting.fresh(stack, token).astype(jnp.float32)),
+                       stack.shape, unit_axes)
+
+
+def _per_variable(groups: list[list[int]], per_part: Sequence[Array],
+                  variables: Sequence[Variable], global_threshold: bool = False) -> list[Array]:
+  """Per-part (units of the part,) arrays split into each variable's (layers,) array, in the
+  variables' order; with `global_threshold`, the one (1,) array for every variable."""
+  out: list[Array | None] = [None] * len(variables)
+  for members, piece in zip(groups, per_part, strict=True):
+    if global_threshold:
+      for i in members:
+        out[i] = piece
+      continue
+    rows = piece.reshape(len(members), -1) if len(members) > 1 else piece[None]
+    for row, i in zip(rows, members, strict=True):
+      out[i] = row
+  return out
 
 
 def _layer_shaped(variable: Variable, per_layer: Array, ndim: int) -> Array:
