@@ -121,6 +121,8 @@ PRUNING_HELP = {
     'nm_sparsity_map': "per-leaf N:M patterns, e.g. \"['Dense_2/kernel:2:4']\"",
     'layer_axes_map': "leading axes that index stacked layers, e.g. \"['scan/kernel:1']\"",
     'mask_source': "'updated' (TF's order: the weights after this step) or 'params' (before)",
+    'mask_search': "how thresholds are searched (same result): 'fixed' (GPUs, TPUs), "
+                   "'adaptive' (CPUs) or 'auto' (by backend)",
 }
 
 

@@ -38,7 +38,10 @@ class TrainState(NamedTuple):
 def make_optimizer(config: ml_collections.ConfigDict,
                    mask_rule: jaxprune.MaskRule | None = None
                    ) -> optax.GradientTransformation:
-  """Builds `optax.chain(optimizer, jaxprune.pruning(config.pruning))`.
+  """Builds `jaxprune.pruned(optimizer, config.pruning)`.
+
+  The same masks and params as `optax.chain(optimizer, jaxprune.pruning(...))`,
+  and the same state, at a lower cost per step.
 
   Args:
     config: a training config; uses `optimizer.{name, learning_rate, momentum,
@@ -60,7 +63,7 @@ def make_optimizer(config: ml_collections.ConfigDict,
         f"optimizer.name={opt.name!r}: unknown optimizer; use 'adam', 'adamw' or 'sgd'.")
   if not config.prune:
     return base
-  return optax.chain(base, jaxprune.pruning(config.pruning, mask_rule=mask_rule))
+  return jaxprune.pruned(base, config.pruning, mask_rule=mask_rule)
 
 
 def create_train_state(params: PyTree, tx: optax.GradientTransformation) -> TrainState:
