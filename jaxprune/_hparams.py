@@ -328,6 +328,28 @@ def _parse_global_nm(text: str) -> tuple[int, int] | None:
     raise ValueError(f'nm_sparsity={text!r}: {err}') from None
 
 
+def with_fields(hparams: Any, fields: Mapping[str, Any]) -> Any:
+  """`hparams` (None: the defaults) with `fields` set by name, for `pruning(target_sparsity=...)`.
+
+  Without fields, `hparams` is returned as it is (frozen later, once); with
+  them, a new dict of every field, which `freeze` checks (an unknown name is an
+  error that suggests the right one).
+  """
+  if not fields:
+    return get_pruning_hparams() if hparams is None else hparams
+  if hparams is None:
+    base: dict[str, Any] = {}
+  elif isinstance(hparams, HParams):
+    base = {f: getattr(hparams, f) for f in _DEFAULTS}
+  else:
+    frozen = freeze(hparams)
+    base = {f: getattr(frozen, f) for f in _DEFAULTS}
+  for name in fields:
+    if name not in _DEFAULTS:
+      raise _unknown(name)
+  return {**base, **fields}
+
+
 # Configs already frozen, by identity: (a weak reference, their values, the result).
 _FROZEN: dict[int, tuple[weakref.ref, dict[str, Any], HParams]] = {}
 

@@ -287,10 +287,10 @@ def _need_params(params: PyTree | None, what: str) -> PyTree:
   return params
 
 
-def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
+def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None, *,
             sparsity_fn: SparsityFn | None = None,
             prune_filter: specs_lib.PruneFilter | None = None,
-            mask_rule: MaskRule | None = None) -> optax.GradientTransformation:
+            mask_rule: MaskRule | None = None, **fields: Any) -> optax.GradientTransformation:
   """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
 
   Chain it after the optimizer: `optax.chain(optax.adam(1e-3), pruning(hparams))`.
@@ -298,7 +298,8 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
   cheaper on steps without a mask update (see its docstring).
 
   Args:
-    hparams: from `get_pruning_hparams()` / `parse_hparams(...)`; validated and
+    hparams: from `get_pruning_hparams()` / `parse_hparams(...)`, a dict of
+      fields or a string in TF's syntax; None for the defaults. Validated and
       parsed once, here.
     sparsity_fn: optional `step -> sparsity` (e.g. an optax schedule) replacing
       the polynomial schedule for every pruned leaf; it cannot be combined with
@@ -309,6 +310,8 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
       for whole coupled channels; the schedule, gating and the application of
       the masks stay as above. The default is the per-leaf magnitude rule
       (`jaxprune/_magnitude.py`).
+    **fields: hparams fields by name, over `hparams`:
+      `pruning(target_sparsity=0.8, sparsity_function_end_step=1000)`.
 
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
@@ -327,7 +330,8 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
     Array([[ 0., -4.],
            [ 3.,  0.]], dtype=float32)
   """
-  engine = _Engine(hparams, sparsity_fn, prune_filter, mask_rule)
+  engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter,
+                   mask_rule)
 
   def update_fn(updates, state, params=None):
     params = _need_params(params, 'jaxprune.pruning')
@@ -356,10 +360,10 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
 
 
 def pruned(optimizer: optax.GradientTransformation,
-           hparams: ml_collections.ConfigDict | hparams_lib.HParams | str, *,
+           hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None, *,
            sparsity_fn: SparsityFn | None = None,
            prune_filter: specs_lib.PruneFilter | None = None,
-           mask_rule: MaskRule | None = None) -> optax.GradientTransformation:
+           mask_rule: MaskRule | None = None, **fields: Any) -> optax.GradientTransformation:
   """`optimizer` followed by gradual magnitude pruning, as one optax transform.
 
   The same masks, thresholds and params, bit for bit, as
@@ -374,7 +378,8 @@ def pruned(optimizer: optax.GradientTransformation,
 
   Args:
     optimizer: any optax transform, e.g. `optax.adam(1e-3)`.
-    hparams, sparsity_fn, prune_filter, mask_rule: as in `pruning`.
+    hparams, sparsity_fn, prune_filter, mask_rule, **fields: as in `pruning`, e.g.
+      `pruned(optax.adam(1e-3), target_sparsity=0.9)`.
 
   Returns:
     An `optax.GradientTransformation` whose `update(grads, state, params)` needs
@@ -382,12 +387,13 @@ def pruned(optimizer: optax.GradientTransformation,
 
   Example:
     >>> import jax.numpy as jnp, optax, jaxprune
-    >>> tx = jaxprune.pruned(optax.adam(1e-3), 'target_sparsity=0.9')
+    >>> tx = jaxprune.pruned(optax.adam(1e-3), target_sparsity=0.9)
     >>> state = tx.init({'Dense_0': {'kernel': jnp.ones((4, 4))}})
     >>> type(state[1]).__name__  # (optimizer state, PruningState), as the chained form
     'PruningState'
   """
-  engine = _Engine(hparams, sparsity_fn, prune_filter, mask_rule)
+  engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter,
+                   mask_rule)
 
   def init_fn(params):
     return optimizer.init(params), engine.init(params)

@@ -239,3 +239,34 @@ def test_params_sparsity_counts_nan_separately():
   params = {'k': {'kernel': jnp.asarray([[0.0, np.nan], [1.0, 0.0]])}, 'bias': jnp.zeros(3)}
   assert jaxprune.get_weight_sparsity(params) == {'k/kernel': 0.5}
   assert jaxprune.count_nonfinite(params) == {'k/kernel': 1}
+
+
+def test_hparams_by_keyword_equal_the_config():
+  """`pruning(target_sparsity=...)` and `pruned(opt, ..., **fields)`: the fields over the
+  defaults, or over a given config, as a ConfigDict with those fields would give."""
+  import optax
+
+  params = {'Dense_0': {'kernel': jnp.asarray(np.random.default_rng(0).standard_normal((8, 8)),
+                                              jnp.float32)}}
+  config = jaxprune.parse_hparams('target_sparsity=0.75,pruning_frequency=1,'
+                                  'sparsity_function_end_step=1,threshold_method=exact')
+
+  def masks(tx):
+    state = tx.init(params)
+    for _ in range(2):
+      _, state = tx.update(params, state, params)
+    return np.asarray(jaxprune.get_masks(state)['Dense_0']['kernel'])
+
+  expected = masks(jaxprune.pruning(config))
+  assert expected.sum() == 16
+  fields = dict(target_sparsity=0.75, pruning_frequency=1, sparsity_function_end_step=1,
+                threshold_method='exact')
+  np.testing.assert_array_equal(masks(jaxprune.pruning(**fields)), expected)
+  np.testing.assert_array_equal(
+      masks(jaxprune.pruned(optax.sgd(0.0), 'target_sparsity=0.5,threshold_method=exact',
+                            target_sparsity=0.75, pruning_frequency=1,
+                            sparsity_function_end_step=1)), expected)
+  with pytest.raises(ValueError, match="did you mean 'target_sparsity'"):
+    jaxprune.pruning(target_sparisty=0.8)
+  with pytest.raises(ValueError, match=r'target_sparsity=1.2: must be in \[0, 1\)'):
+    jaxprune.pruned(optax.sgd(0.1), target_sparsity=1.2)
