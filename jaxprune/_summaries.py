@@ -16,6 +16,7 @@ what its values are for:
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
@@ -24,6 +25,8 @@ import jax.numpy as jnp
 import ml_collections
 from jax import Array
 
+from jaxprune import _hparams as hparams_lib
+from jaxprune import _schedule as schedule
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
 from jaxprune._transform import PruningState
@@ -254,4 +257,52 @@ def summaries(state: Any, hparams: ml_collections.ConfigDict | HParams | None = 
   # A mask rule's thresholds need not be per leaf (channel groups).
   for name, threshold in thresholds.items():
     out[f'{name}/threshold'] = threshold
+  _warn_short(state, hparams, out)
   return out
+
+
+# A leaf this far below its target after a mask update is reported: the histogram
+# rule may fall short by one bin's share, never by this much on ordinary weights.
+_SHORTFALL = 0.1
+
+
+def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> None:
+  """Warns, naming the leaves, when a mask update left a leaf far below its own target.
+
+  The histogram threshold is a multiple of max|w| / nbins: one outlier weight
+  puts nearly every other weight in the lowest bin, and then nothing is pruned
+  (TF's rule does the same). Without `hparams`, each leaf is held to the global
+  target of the last step. Quiet under `jit`, before the first mask update, and
+  for N:M leaves, global pruning and mask rules (no per-leaf target).
+  """
+  h = hparams_lib.HParams() if hparams is None else hparams_lib.freeze(hparams)
+  if h.global_pruning or h.nm is not None:
+    return
+  try:
+    last = int(state.last_update_step)
+  except (TypeError, RuntimeError):  # a tracer, or not addressable from this process
+    return
+  if last == 0:
+    return
+  short = []
+  for name in _named(state.thresholds):
+    achieved = out.get(f'{name}/sparsity')
+    if achieved is None or any(re.search(r, name) for r, _ in h.nm_entries):
+      continue
+    if hparams is None:  # the schedule is not known: the global target at the last step
+      wanted = float(state.sparsity)
+    else:
+      target = next((v for r, v in h.sparsity_entries if re.search(r, name)),
+                    h.target_sparsity)
+      wanted = float(schedule.sparsity_at(h, last, target=target))
+    if wanted - float(achieved) > _SHORTFALL:
+      short.append(f'{name} {float(achieved):.1%} (target {wanted:.1%})')
+  if short:
+    remedy = ("use threshold_method='exact', which keeps exactly the target's share, or "
+              'raise nbins' if h.threshold_method == 'histogram' else
+              'check the weights for NaN, Inf or all zeros (such leaves keep their mask)')
+    warnings.warn(
+        f'jaxprune: after the mask update at step {last}, these leaves are far below their '
+        f'target sparsity: {", ".join(short)}. A histogram threshold is a multiple of '
+        f'max|w|/{h.nbins}, so a few large weights can leave a leaf dense; {remedy}.',
+        UserWarning, stacklevel=3)

@@ -1,5 +1,7 @@
 """The accessors: one documented shape each, and a clear error for a state without pruning."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,3 +50,44 @@ def test_shapes_masks_as_a_tree_reports_by_leaf_name():
   assert {k: float(v) for k, v in jaxprune.get_weight_sparsity(masked).items()} == {
       n: 0.75 for n in pruned}
   assert int(np.sum(masks['Dense_0']['kernel'])) == 8
+
+
+def _outlier_run(method):
+  """A 512x512 kernel (normal x 0.02) with one weight of 50.0, pruned to 0.5."""
+  rng = np.random.default_rng(0)
+  w = (0.02 * rng.standard_normal((512, 512))).astype(np.float32)
+  w[0, 0] = 50.0
+  params = {'Dense_0': {'kernel': jnp.asarray(w)},
+            'Dense_1': {'kernel': jnp.asarray(rng.standard_normal((64, 64)), jnp.float32)}}
+  hparams = jaxprune.parse_hparams('target_sparsity=0.5,pruning_frequency=1,'
+                                   f'sparsity_function_end_step=1,threshold_method={method}')
+  tx = jaxprune.pruned(optax.sgd(0.0), hparams)
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state):
+    updates, state = tx.update(params, state, params)
+    return optax.apply_updates(params, updates), state
+
+  for _ in range(3):
+    params, state = step(params, state)
+  return state, hparams
+
+
+def test_a_leaf_left_dense_by_an_outlier_is_named_with_the_remedy():
+  """TF's histogram puts every weight but the outlier in the lowest of 256 bins: the
+  threshold is 0 and the kernel stays dense. The summaries say so, naming the leaf."""
+  state, hparams = _outlier_run('histogram')
+  with pytest.warns(UserWarning, match=r"Dense_0/kernel 0.0% \(target 50.0%\).*"
+                                        r"threshold_method='exact'") as record:
+    out = jaxprune.summaries(state, hparams)
+  assert float(out['Dense_0/kernel/sparsity']) == 0.0
+  assert all('Dense_1' not in str(r.message) for r in record)
+
+
+def test_no_shortfall_warning_at_the_target():
+  state, hparams = _outlier_run('exact')
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    out = jaxprune.summaries(state, hparams)
+  assert float(out['Dense_0/kernel/sparsity']) == 0.5
