@@ -182,6 +182,24 @@ def test_bad_inputs_are_clear_errors_that_change_nothing():
   np.testing.assert_array_equal(np.asarray(params['w']), w)
 
 
+def test_calibration_data_and_weights_the_methods_cannot_use_are_named():
+  """One array (read as one batch per row), NaN/Inf batches (NaN statistics for Wanda too)
+  and integer weights are one-line errors naming the fix."""
+  params, batches, _, _ = _setup()
+  with pytest.raises(ValueError, match=r'one array of shape \(48, 16\).*\[x\] for one batch'):
+    oneshot.prune(_linear, params, batches[0], method='wanda', sparsity=0.5)
+  bad = np.array(batches[1])
+  bad[3, 2] = np.nan
+  for method in ('wanda', 'sparsegpt'):
+    with pytest.raises(ValueError, match=r'calibration_batches\[1\] holds NaN or Inf'):
+      oneshot.prune(_linear, params, [batches[0], jnp.asarray(bad)], method=method,
+                    sparsity=0.5)
+  ints = {'w': jnp.ones((16, 8), jnp.int32)}
+  with pytest.raises(ValueError, match=r"layer 'w' has dtype int32.*overrides=\{'w': None\}"):
+    oneshot.prune(lambda p, x: x @ p['w'].astype(jnp.float32), ints, batches,
+                  method='magnitude', sparsity=0.5)
+
+
 def test_dead_inputs_are_pruned_without_nan():
   params, batches, x, w = _setup()
   dead = [np.asarray(b).copy() for b in batches]

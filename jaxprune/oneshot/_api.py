@@ -105,10 +105,22 @@ def _check_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
 
 
 def _batches(fn: Callable, params: PyTree, calibration_batches: Iterable[Any]) -> tuple:
+  if hasattr(calibration_batches, 'shape') and hasattr(calibration_batches, 'dtype'):
+    shape = tuple(calibration_batches.shape)
+    raise ValueError(
+        f'calibration_batches is one array of shape {shape}, which would be read as '
+        f'{shape[0] if shape else 0} batches of one example each; pass a list of batches: '
+        '[x] for one batch, or [x[i:i + 64] for i in range(0, len(x), 64)].')
   batches = list(calibration_batches)
   if not batches:
     raise ValueError('calibration_batches: one-shot pruning needs at least one calibration '
                      'batch (the inputs `fn(params, batch)` is called with).')
+  for i, batch in enumerate(batches):
+    for x in jax.tree.leaves(batch):
+      x = np.asarray(x) if not isinstance(x, jax.Array) else x
+      if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
+        raise ValueError(f'calibration_batches[{i}] holds NaN or Inf values; the statistics '
+                         'of every layer would be NaN. Give finite calibration data.')
   closed = jax.make_jaxpr(fn)(params, batches[0])
   first = [jax.typeof(x) for x in jax.tree.leaves(batches[0])]
   for i, batch in enumerate(batches[1:], 1):
@@ -198,6 +210,12 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     raise ValueError('prune: found no layer (a parameter leaf used only as a dot_general '
                      'operand) in fn; weights inside scan/while/cond are not seen.')
   targets = _targets(layers, default, overrides or {})
+  for layer in layers:
+    dtype = np.dtype(leaves[layer.leaf].dtype)
+    if targets[layer.leaf] is not None and not jnp.issubdtype(dtype, jnp.floating):
+      raise ValueError(f'layer {layer.name!r} has dtype {dtype}: only floating-point weights '
+                       'can be pruned; leave it dense with overrides={' + repr(layer.name)
+                       + ': None} or convert the params to float.')
   _check_nm(layers, leaves, targets)
   for layer in layers:
     target = targets[layer.leaf]
