@@ -175,3 +175,52 @@ def test_errors(kwargs, message):
   tx = sparse.static(optax.sgd(0.1), 0.5)
   with pytest.raises(ValueError, match='needs the params'):
     tx.update(_params(), tx.init(_params()))
+
+
+RULES = {
+    'static': lambda **kw: sparse.static(optax.sgd(0.1), 0.5, **kw),
+    'set': lambda **kw: sparse.set_(optax.sgd(0.1), 0.5, end_step=10, update_freq=1, **kw),
+    'rigl': lambda **kw: sparse.rigl(optax.sgd(0.1), 0.5, end_step=10, update_freq=1, **kw),
+    'ste': lambda **kw: sparse.ste(optax.sgd(0.1), 0.5, **kw),
+}
+
+
+@pytest.mark.parametrize('rule', sorted(RULES))
+def test_nan_gradients_keep_every_count(rule):
+  """All-NaN gradients at a mask update: each leaf keeps its mask (and so its count), as
+  the pruning transform skips non-finite updates."""
+  tx = RULES[rule]()
+  params = _params()
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  _, state = step(_grads(params, 0), state, params)
+  before = [int(m.sum()) for m in jax.tree.leaves(state.masks)]
+  nan = jax.tree.map(lambda p: jnp.full_like(p, jnp.nan), params)
+  for _ in range(3):
+    _, state = step(nan, state, params)
+  assert [int(m.sum()) for m in jax.tree.leaves(state.masks)] == before
+
+
+@pytest.mark.parametrize('rule', sorted(RULES))
+def test_bad_arguments_are_one_line_errors(rule):
+  with pytest.raises(ValueError, match=r"sparsity_map entries \['nothere'\] match no sparse"):
+    RULES[rule](sparsity_map={'nothere': 0.3}).init(_params())
+  params = _params()
+  tx = RULES[rule]()
+  state = tx.init(params)
+  grads = dict(params, b={'kernel': jnp.ones((8, 20))})
+  with pytest.raises(ValueError, match=r"gradient of 'b/kernel' has shape \(8, 20\)"):
+    tx.update(grads, state, params)
+
+
+def test_wrong_optimizer_and_erk_power_are_named():
+  with pytest.raises(TypeError, match='the first argument is the optimizer to wrap'):
+    sparse.static(None, 0.5)
+  with pytest.raises(TypeError, match='the first argument is the optimizer to wrap'):
+    sparse.ste(None)
+  for rule in (sparse.set_, sparse.rigl):
+    with pytest.raises(ValueError, match='erk_power=nan: must be a finite number'):
+      rule(optax.adam(1e-3), 0.5, end_step=10, distribution='erk',
+           erk_power=float('nan')).init(_params())
+  with pytest.raises(ValueError, match='give a sparsity or an N:M pattern, not both'):
+    sparse.ste(optax.sgd(0.1), 0.7, nm='2:4')

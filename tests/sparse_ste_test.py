@@ -36,7 +36,7 @@ def _nm_reference(weights, n, m):
 @pytest.mark.parametrize('nm', [None, '2:4'])
 def test_ste_steps_against_numpy(nm):
   lr = 0.5
-  tx = sparse.ste(optax.sgd(lr), 0.75, nm=nm)
+  tx = sparse.ste(optax.sgd(lr), 0.75 if nm is None else None, nm=nm)
   params = _params()
   state = tx.init(params)
   step = jax.jit(tx.update)

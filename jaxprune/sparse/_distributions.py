@@ -93,6 +93,9 @@ def densities(params: PyTree, sparsity: float, distribution: str = 'uniform', *,
     raise ValueError(f'sparsity={sparsity!r}: must be in [0, 1), e.g. 0.9.')
   if distribution not in DISTRIBUTIONS:
     raise ValueError(f'distribution={distribution!r}: use one of {DISTRIBUTIONS}.')
+  if not (isinstance(erk_power, (int, float)) and math.isfinite(erk_power) and erk_power >= 0):
+    raise ValueError(f'erk_power={erk_power!r}: must be a finite number >= 0 (1 is the '
+                     "ERK paper's; 0 gives every leaf the same density).")
   entries = dict(sparsity_map or {})
   for regex, value in entries.items():
     maps.check_regex(f'sparsity_map entry {regex!r}', regex)
@@ -111,6 +114,10 @@ def densities(params: PyTree, sparsity: float, distribution: str = 'uniform', *,
                        'make the regexes exclusive.')
     if matches:
       fixed[name] = 1.0 - entries[matches[0]]
+  unused = [regex for regex in entries if not any(re.search(regex, n) for n in names)]
+  if unused:
+    raise ValueError(f'sparsity_map entries {unused} match no sparse leaf; the sparse leaves '
+                     f'are {names}. Fix the regexes (matched with re.search) or drop them.')
   rest = [name for name in names if name not in fixed]
   if distribution == 'erk':
     spread = erk_densities({n: shapes[n] for n in rest}, sparsity, erk_power) if rest else {}

@@ -26,6 +26,7 @@ from jaxprune._masks import update_mask
 from jaxprune._names import named_leaves
 from jaxprune.sparse import _distributions as distributions
 from jaxprune.sparse import _select as select
+from jaxprune.sparse._training import check_inner, check_like_params
 
 PyTree = Any
 
@@ -46,7 +47,7 @@ class STEState(NamedTuple):
   inner_state: PyTree
 
 
-def ste(inner: optax.GradientTransformation, sparsity: float = 0.5, *,
+def ste(inner: optax.GradientTransformation, sparsity: float | None = None, *,
         nm: str | tuple[int, int] | None = None, update_freq: int = 1,
         distribution: str = 'uniform', sparsity_map: Mapping[str, float] | None = None,
         weight_name_regex: str = '(kernel|embedding)$',
@@ -63,7 +64,8 @@ def ste(inner: optax.GradientTransformation, sparsity: float = 0.5, *,
 
   Args:
     inner: the optimizer.
-    sparsity: the fraction of zeros over the sparse leaves, in [0, 1) (ignored with `nm`).
+    sparsity: the fraction of zeros over the sparse leaves, in [0, 1); 0.5 when neither
+      it nor `nm` is given.
     nm: an N:M pattern, e.g. '2:4' (keep 2 of every 4).
     update_freq: steps between mask updates (1: every step, the usual STE).
     distribution, sparsity_map, weight_name_regex, prune_filter: as in `static`.
@@ -72,7 +74,12 @@ def ste(inner: optax.GradientTransformation, sparsity: float = 0.5, *,
     An `optax.GradientTransformation` whose `update` needs `params`; its state is an
     `STEState`.
   """
+  check_inner(inner, 'ste')
   pattern = nm_lib.parse_nm(nm)
+  if pattern is not None and sparsity is not None:
+    raise ValueError(f'jaxprune.sparse.ste: give a sparsity or an N:M pattern, not both '
+                     f'(sparsity={sparsity!r}, nm={nm!r}): N:M keeps N of every M.')
+  sparsity = 0.5 if sparsity is None else sparsity
   if not isinstance(update_freq, int) or update_freq < 1:
     raise ValueError(f'update_freq={update_freq!r}: must be an integer >= 1, e.g. 1.')
 
@@ -107,6 +114,7 @@ def ste(inner: optax.GradientTransformation, sparsity: float = 0.5, *,
     if params is None:
       raise ValueError('jaxprune.sparse.ste: the update needs the params: call '
                        'tx.update(grads, state, params).')
+    check_like_params('ste', grads, params)
     targets = sparsities(params)
     names = [name for name, _ in named_leaves(params)]
     treedef = jax.tree.structure(params)
@@ -124,9 +132,11 @@ def ste(inner: optax.GradientTransformation, sparsity: float = 0.5, *,
     due = state.step % update_freq == 0
 
     def recompute(weights):
-      return [None if w is None else
-              select.on_any_mesh(functools.partial(new_mask, n, target=targets[n]), w, w)
-              for n, w in zip(names, weights, strict=True)]
+      # A leaf with NaN or Inf weights keeps its mask (its count would break).
+      return [None if w is None else jnp.where(
+          jnp.all(jnp.isfinite(w)),
+          select.on_any_mesh(functools.partial(new_mask, n, target=targets[n]), w, w), m)
+              for n, w, m in zip(names, weights, old, strict=True)]
 
     new = lax.cond(due, recompute, lambda _: old, new_dense)
     # Kept before and after: params == dense, so adding `u` stores exactly the new dense

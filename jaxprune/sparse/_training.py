@@ -91,6 +91,26 @@ def reset_at(inner_state: PyTree, params: PyTree, grown: PyTree) -> PyTree:
   return jax.tree.map(reset, inner_state, is_leaf=like_params)
 
 
+def check_inner(inner: Any, rule: str) -> None:
+  """A TypeError unless `inner` is an optax transform (the optimizer the rule wraps)."""
+  if not (callable(getattr(inner, 'init', None)) and callable(getattr(inner, 'update', None))):
+    raise TypeError(f'jaxprune.sparse.{rule}: the first argument is the optimizer to wrap, '
+                    f'e.g. optax.adam(1e-3); got {inner!r}.')
+
+
+def check_like_params(rule: str, grads: PyTree, params: PyTree) -> None:
+  """A ValueError naming the leaf when `grads` is not shaped like `params`."""
+  if jax.tree.structure(grads) != jax.tree.structure(params):
+    raise ValueError(f'jaxprune.sparse.{rule}: the gradients have another tree structure '
+                     f'than the params: {jax.tree.structure(grads)} vs '
+                     f'{jax.tree.structure(params)}.')
+  for (name, p), g in zip(named_leaves(params), jax.tree.leaves(grads), strict=True):
+    if tuple(g.shape) != tuple(p.shape):
+      raise ValueError(f'jaxprune.sparse.{rule}: the gradient of {name!r} has shape '
+                       f'{tuple(g.shape)}, the param {tuple(p.shape)}; pass the gradients '
+                       'of these params.')
+
+
 def _stored(p: Array, u: Array) -> Array:
   """The weight `optax.apply_updates` stores for param `p` and update `u`."""
   return (p + u).astype(p.dtype)
@@ -110,6 +130,7 @@ def sparse_training(inner: optax.GradientTransformation, sparsity: float, *, rul
   """
   if rule not in RULES:
     raise ValueError(f'rule={rule!r}: use one of {RULES}.')
+  check_inner(inner, rule)
   if not 0.0 <= sparsity < 1.0:
     raise ValueError(f'sparsity={sparsity!r}: must be in [0, 1), e.g. 0.9.')
   if distribution not in distributions.DISTRIBUTIONS:
@@ -149,6 +170,7 @@ def sparse_training(inner: optax.GradientTransformation, sparsity: float, *, rul
     if params is None:
       raise ValueError(f'jaxprune.sparse.{rule}: the update needs the params: call '
                        'tx.update(grads, state, params).')
+    check_like_params(rule, grads, params)
     kept = counts(params)
     names = [name for name, _ in named_leaves(params)]
     treedef = jax.tree.structure(params)
@@ -181,8 +203,12 @@ def sparse_training(inner: optax.GradientTransformation, sparsity: float, *, rul
           grow_scores = (jnp.abs(g) if rule == 'rigl' else
                          jax.random.uniform(jax.random.fold_in(subkey, i), m.shape))
           regrown = functools.partial(select.drop_and_grow, max_drop=max_drop)
-          masks.append(select.on_any_mesh(regrown, m, m, jnp.abs(_stored(p, u)), grow_scores,
-                                          n_drop))
+          magnitudes = jnp.abs(_stored(p, u))
+          new_mask = select.on_any_mesh(regrown, m, m, magnitudes, grow_scores, n_drop)
+          # NaN or Inf weights or gradients would break the counts: the leaf keeps its mask,
+          # as the pruning transform skips such updates.
+          finite = jnp.all(jnp.isfinite(magnitudes)) & jnp.all(jnp.isfinite(grow_scores))
+          masks.append(jnp.where(finite, new_mask, m))
         grown = [None if n is None else n & ~m for n, m in zip(masks, old, strict=True)]
         return masks, reset_at(inner_state, params, jax.tree.unflatten(treedef, grown))
 
