@@ -243,6 +243,13 @@ def _check(condition: bool, field: str, value: Any, rule: str) -> None:
 # / float32
 # arithmetic); the rules between fields are in `_check_window`.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    'name': ((lambda v: v.strip() != ''),
+             "must not be empty: it prefixes every summary ('<name>/sparsity'); the default "
+             "is 'model_pruning'"),
+    'weight_name_regex': ((lambda v: v != ''),
+                          'must not be empty: an empty regex matches every leaf name; give '
+                          "the leaves to prune, e.g. '(kernel|embedding)$' (the default), or "
+                          "'.' for every leaf with 2 or more axes"),
     'begin_pruning_step': ((lambda v: v >= 0), 'must be >= 0'),
     'sparsity_function_begin_step': ((lambda v: v >= 0), 'must be >= 0'),
     'sparsity_function_exponent': (

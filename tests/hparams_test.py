@@ -96,6 +96,9 @@ def test_unknown_name_lists_known_names():
     ('weight_name_regex=(', 'weight_name_regex'),
     ('nm_sparsity=4:2', 'nm_sparsity'),
     ('nm_sparsity_map=[dense:2]', 'nm_sparsity_map'),
+    ('name=', 'name'),
+    ('weight_name_regex=', "weight_name_regex='': must not be empty"),
+    ('mask_search=gpu', 'mask_search'),
 ])
 def test_each_validation_rule_names_its_field(text, field):
   with pytest.raises(ValueError, match=field):
