@@ -1,4 +1,4 @@
-"""Runs the README's quick start exactly as written."""
+"""Runs the README's quick start exactly as written, and checks the output it shows."""
 
 import contextlib
 import io
@@ -7,17 +7,25 @@ import os
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
 
 
-def test_quickstart_code_runs_and_prunes():
+def test_quickstart_code_runs_prunes_and_prints_what_the_readme_shows():
   with open(README) as f:
     text = f.read()
   start = text.index('```python', text.index('## Quick start')) + len('```python\n')
-  code = text[start:text.index('```', start)]
+  end = text.index('```', start)
+  code = text[start:end]
+  shown_start = text.index('```\n', end + 3) + len('```\n')
+  shown = text[shown_start:text.index('```', shown_start)]
   namespace = {}
-  with contextlib.redirect_stdout(io.StringIO()):
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
     exec(compile(code, 'README.md', 'exec'), namespace)  # noqa: S102
+  assert out.getvalue() == shown
   import jaxprune
-  sparsity = {k: float(v) for k, v in jaxprune.get_weight_sparsity(namespace['params']).items()}
-  # The histogram threshold lands at most one bin (of 256) below the target.
-  assert 0.9 - 1 / 256 <= sparsity['layers_0/kernel'] <= 0.9
-  assert 0.9 - 1 / 256 <= sparsity['layers_2/kernel'] <= 0.9
-  assert 0.5 - 1 / 256 <= sparsity['layers_4/kernel'] <= 0.5
+  masks = jaxprune.get_masks(namespace['opt_state'])
+  kept = {f'{layer}/kernel': int(masks[layer]['kernel'].sum()) for layer in masks
+          if masks[layer]['kernel'] is not None}
+  # The exact rule keeps round(N * (1 - s)) weights of each kernel: the targets exactly.
+  assert kept == {'layers_0/kernel': 1920, 'layers_2/kernel': 3000, 'layers_4/kernel': 500}
+  sparsity = jaxprune.get_weight_sparsity(namespace['params'])
+  assert {k: int(round(float(v) * 1000)) for k, v in sparsity.items()} == {
+      'layers_0/kernel': 900, 'layers_2/kernel': 900, 'layers_4/kernel': 500}
