@@ -211,3 +211,30 @@ def test_dead_inputs_are_pruned_without_nan():
                          sparsity=0.5)
   assert np.all(np.asarray(new['w'])[3] == 0)
   np.testing.assert_allclose(np.asarray(new['w']), expected_w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_flax_module_or_its_apply_is_the_model():
+  """`prune(model, params, ...)` and `prune(model.apply, ...)` call
+  `model.apply({'params': params}, batch)` (or `model.apply(variables, batch)`): the same
+  result as the explicit function; an error inside the model is one line with its cause."""
+  import flax.linen as nn
+
+  model = nn.Sequential([nn.Dense(32), nn.relu, nn.Dense(8)])
+  x = jax.random.normal(jax.random.key(0), (16, 12))
+  variables = model.init(jax.random.key(1), x)
+  expected = oneshot.prune(lambda p, x: model.apply({'params': p}, x), variables['params'],
+                           [x], method='wanda', sparsity=0.5)
+  for fn, params in ((model, variables['params']), (model.apply, variables['params']),
+                     (model.apply, variables)):
+    got = oneshot.prune(fn, params, [x], method='wanda', sparsity=0.5)
+    if params is variables:
+      got = jax.tree.map(lambda t: t['params'], got, is_leaf=lambda t: 'params' in t)
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match=r'fn\(params, batch\) raised ScopeParamShapeError: .*'
+                                       r"lambda p, x: model.apply\(\{'params': p\}, x\)") as err:
+    oneshot.prune(model, variables['params'], [jnp.ones((16, 7))], method='wanda',
+                  sparsity=0.5)
+  assert type(err.value.__cause__).__name__ == 'ScopeParamShapeError'
+  with pytest.raises(TypeError, match='fn=3: must be the model'):
+    oneshot.prune(3, variables['params'], [x], method='wanda', sparsity=0.5)

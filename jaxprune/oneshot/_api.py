@@ -104,6 +104,37 @@ def _check_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
           'out with overrides={regex: None}.')
 
 
+def _as_function(fn: Any, params: PyTree) -> Callable[[PyTree, Any], Any]:
+  """`fn(params, batch)`: a function as it is, or a Flax module (or its `apply`) called
+  on `{'params': params}` (on `params` itself when it already holds a 'params' collection)."""
+  module = getattr(fn, '__self__', None) if getattr(fn, '__name__', '') == 'apply' else fn
+  try:
+    from flax import linen
+  except ImportError:  # pragma: no cover - flax is a dependency
+    return fn
+  if not isinstance(module, linen.Module):
+    if not callable(fn):
+      raise TypeError(f'fn={fn!r}: must be the model, as a function fn(params, batch) such as '
+                      "lambda p, x: model.apply({'params': p}, x), or a Flax module.")
+    return fn
+  if isinstance(params, Mapping) and 'params' in params:
+    return lambda variables, batch: module.apply(variables, batch)
+  return lambda p, batch: module.apply({'params': p}, batch)
+
+
+def _traced(fn: Callable, params: PyTree, batch: Any) -> Any:
+  """The jaxpr of `fn(params, batch)`; an error inside `fn` in one line, with the cause."""
+  try:
+    return jax.make_jaxpr(fn)(params, batch)
+  except Exception as err:  # the user's model failed on these arguments
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ''
+    raise ValueError(
+        f'oneshot.prune: fn(params, batch) raised {type(err).__name__}: {first[:300]}. fn '
+        'must run the model on the params tree given and on one calibration batch, e.g. '
+        "lambda p, x: model.apply({'params': p}, x); check the params and the batch's "
+        'shape.') from err
+
+
 def _batches(fn: Callable, params: PyTree, calibration_batches: Iterable[Any]) -> tuple:
   if hasattr(calibration_batches, 'shape') and hasattr(calibration_batches, 'dtype'):
     shape = tuple(calibration_batches.shape)
@@ -121,7 +152,7 @@ def _batches(fn: Callable, params: PyTree, calibration_batches: Iterable[Any]) -
       if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
         raise ValueError(f'calibration_batches[{i}] holds NaN or Inf values; the statistics '
                          'of every layer would be NaN. Give finite calibration data.')
-  closed = jax.make_jaxpr(fn)(params, batches[0])
+  closed = _traced(fn, params, batches[0])
   first = [jax.typeof(x) for x in jax.tree.leaves(batches[0])]
   for i, batch in enumerate(batches[1:], 1):
     avals = [jax.typeof(x) for x in jax.tree.leaves(batch)]
@@ -157,7 +188,9 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
   accumulated over the batches inside `jit`, one wave at a time.
 
   Args:
-    fn: `fn(params, batch)`, the model's apply.
+    fn: the model: `fn(params, batch)`, or a Flax module (or its `apply`), then called
+      as `model.apply({'params': params}, batch)` (as `model.apply(params, batch)` when
+      `params` holds a 'params' collection).
     params: the trained parameters (a pytree of arrays; may be sharded).
     calibration_batches: an iterable of batches of one shape.
     method: 'magnitude', 'wanda' or 'sparsegpt'.
@@ -202,6 +235,7 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     raise ValueError(f'blocksize={blocksize!r}: must be a positive integer, e.g. 128.')
   if not isinstance(percdamp, (int, float)) or not percdamp >= 0:
     raise ValueError(f'percdamp={percdamp!r}: must be >= 0, e.g. 0.01.')
+  fn = _as_function(fn, params)
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   leaves = [leaf for _, leaf in flat]
   closed, batches = _batches(fn, params, calibration_batches)
