@@ -52,6 +52,21 @@ def test_resume_keeps_the_records_of_the_restored_step_and_drops_the_next(tmp_pa
   assert [r['step'] for r in resumed.history] == [19, 20, 20]
 
 
+def test_a_line_out_of_step_order_is_dropped_on_rerun(tmp_path):
+  """`{"step": 999, "loss": NaN}` appended to a finished run's file: the job writes steps in
+  order, so a step below an earlier line's was not written by it; a rerun drops it."""
+  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+  for step in (1000, 2000, 3000):
+    writer.write(step, {'loss': 0.1})
+  writer.close()
+  with open(os.path.join(tmp_path, 'metrics.jsonl'), 'a') as f:
+    f.write('{"step": 999, "loss": NaN}\n')
+  with pytest.warns(UserWarning, match='line 4 has step 999 after step 3000'):
+    rerun = metrics.MetricsWriter(str(tmp_path), resume_step=3000, tensorboard=False)
+  rerun.close()
+  assert [r['step'] for r in _lines(tmp_path)] == [1000, 2000, 3000]
+
+
 def test_memory_only_writer_keeps_history(tmp_path):
   writer = metrics.MetricsWriter(None)
   writer.write(1, {'a': 2.0})

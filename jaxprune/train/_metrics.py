@@ -36,15 +36,16 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
   """Reads every record of `<workdir>/metrics.jsonl` (empty if it is absent).
 
   A line that is not a JSON record with an integer `step` (the last line cut
-  short by an interrupted write, or a damaged one) is dropped with a warning
-  naming the file and the line.
+  short by an interrupted write, or a damaged one), or whose step comes before
+  the step of a line above it (the job writes steps in order: such a line was
+  added by something else), is dropped with a warning naming the file and the line.
   """
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return []
   with open(path, 'rb') as f:
     lines = f.read().split(b'\n')
-  records = []
+  records: list[dict[str, Any]] = []
   for number, line in enumerate(lines, 1):
     if not line.strip():
       continue
@@ -56,6 +57,11 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
       # Only the last line can lack its newline: a write cut short.
       what = 'cut short by an interrupted write' if number == len(lines) else f'damaged ({err})'
       warnings.warn(f'{path}: line {number} is {what}; dropped it: {line[:80]!r}', stacklevel=2)
+      continue
+    if records and record['step'] < records[-1]['step']:
+      warnings.warn(f'{path}: line {number} has step {record["step"]} after step '
+                    f'{records[-1]["step"]}: the job writes steps in order, so it did not '
+                    f'write this line; dropped it: {line[:80]!r}', stacklevel=2)
       continue
     records.append(record)
   return records
