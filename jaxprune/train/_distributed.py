@@ -32,6 +32,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -117,9 +118,48 @@ def _detected_cluster() -> str | None:
   return None
 
 
+def _check_port_free(coordinator_address: str | None, process_id: int | None) -> None:
+  """ConfigError when process 0's coordinator port is already taken on this machine.
+
+  JAX's coordination service would crash the process (after a raw log line)
+  when it cannot listen there.
+  """
+  if process_id != 0 or not coordinator_address or ':' not in coordinator_address:
+    return
+  port = coordinator_address.rsplit(':', 1)[1]
+  if not port.isdigit():
+    raise ConfigError(f'--coordinator_address={coordinator_address}: must be host:port, '
+                      'e.g. 10.0.0.1:1234 (the address of process 0).')
+  with socket.socket() as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind(('', int(port)))
+    except OSError as err:
+      raise ConfigError(
+          f'--coordinator_address={coordinator_address}: process 0 cannot listen on port '
+          f'{port} ({err.strerror}): another job (or an earlier run still ending) uses it; '
+          'give every process another free port.') from None
+
+
+def _check_agreement(num_processes: int | None, coordinator_address: str | None) -> None:
+  """ConfigError in every process when they were given different --num_processes.
+
+  JAX takes the count of process 0 (which runs the coordination service) and
+  would let the others train as part of a job of another size without a word.
+  """
+  given = multihost_utils.process_allgather(np.int32(-1 if num_processes is None
+                                                     else num_processes))
+  counts = [int(n) for n in np.ravel(given)]
+  if any(n not in (-1, jax.process_count()) for n in counts):
+    raise ConfigError(
+        f'the processes were given different --num_processes ({counts}, by process id; -1: '
+        f'not given), and JAX joined {jax.process_count()} of them (the count of process 0, '
+        f'at {coordinator_address}). Give every process the same --num_processes.')
+
+
 def initialize(coordinator_address: str | None, num_processes: int | None,
                process_id: int | None, heartbeat_timeout_seconds: int = 100,
-               initialization_timeout: int = 300) -> None:
+               initialization_timeout: int = 30) -> None:
   """Joins the job's processes with `jax.distributed.initialize`, if this is one.
 
   Must run before anything touches JAX's devices. With none of the three
@@ -135,7 +175,7 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
     process_id: this process's index, 0 to num_processes - 1.
     heartbeat_timeout_seconds: how long a silent process is given before the
       job is stopped.
-    initialization_timeout: how long to wait for every process to join.
+    initialization_timeout: how long to wait for every process to join, in seconds.
 
   Raises:
     ConfigError: the arguments do not describe a job, or the processes cannot join.
@@ -146,9 +186,20 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
     return
   if num_processes == 1 and process_id is None:
     process_id = 0
+  _check_port_free(coordinator_address, process_id)
   # CPU devices need a collectives library to reach other processes.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   _guard_stderr()
+  # JAX's service ends a process that cannot join (a duplicate --process_id, a job of
+  # another size) from C++, with a stack trace: this line replaces them.
+  joining = (f'{PROGRAM}: process {process_id} could not join the job at '
+             f'{coordinator_address}: JAX\'s coordination service stopped it (a process '
+             f'missing after {initialization_timeout} s, a --process_id given twice, or a job '
+             'of another size). Give every process the same --coordinator_address and '
+             '--num_processes, start them together, and give each its own '
+             f'--process_id from 0 to {num_processes - 1 if num_processes else "N - 1"}.')
+  sys.stderr.flush()
+  os.write(2, _SET_LINE + joining.encode() + b'\n')
   try:
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                initialization_timeout=initialization_timeout,
@@ -157,9 +208,11 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
   except (ValueError, TypeError, RuntimeError) as err:
     raise ConfigError(
         f'--coordinator_address={coordinator_address} --num_processes={num_processes} '
-        f'--process_id={process_id}: the processes could not join ({one_line(str(err))}); '
-        'give every process the same address of process 0 and number of processes, and '
-        'each its own id from 0.') from err
+        f'--process_id={process_id}: the processes could not join within '
+        f'{initialization_timeout} s ({one_line(str(err))[:300]}); give every process the '
+        'same address of process 0 and number of processes, each its own id from 0, and '
+        'start them together (or raise --initialization_timeout_seconds).') from err
+  _check_agreement(num_processes, coordinator_address)
   sys.stderr.flush()
   os.write(2, _SET_LINE + _lost("JAX's coordination service stopped this process").encode()
            + b'\n')

@@ -51,6 +51,8 @@ _HELP = {
     'process_id': 'Multi-process jobs: this process\'s index, 0 to num_processes - 1.',
     'heartbeat_timeout_seconds': 'Multi-process jobs: how long a silent (dead) process is '
                                  'waited for before the others stop (default 100).',
+    'initialization_timeout_seconds': 'Multi-process jobs: how long the processes wait for '
+                                      'each other to join at the start (default 30).',
 }
 
 
@@ -62,6 +64,7 @@ class _Flags(NamedTuple):
   num_processes: flags.FlagHolder
   process_id: flags.FlagHolder
   heartbeat_timeout_seconds: flags.FlagHolder
+  initialization_timeout_seconds: flags.FlagHolder
 
 
 def _define_flags() -> _Flags:
@@ -77,7 +80,9 @@ def _define_flags() -> _Flags:
       flags.DEFINE_integer('num_processes', None, _HELP['num_processes'], lower_bound=1),
       flags.DEFINE_integer('process_id', None, _HELP['process_id'], lower_bound=0),
       flags.DEFINE_integer('heartbeat_timeout_seconds', 100, _HELP['heartbeat_timeout_seconds'],
-                           lower_bound=1))
+                           lower_bound=1),
+      flags.DEFINE_integer('initialization_timeout_seconds', 30,
+                           _HELP['initialization_timeout_seconds'], lower_bound=1))
 
 
 def _fail(message: str) -> NoReturn:
@@ -211,7 +216,8 @@ def _join_processes(defined: _Flags, distributed: Any) -> None:
   """
   try:
     distributed.initialize(defined.coordinator_address.value, defined.num_processes.value,
-                           defined.process_id.value, defined.heartbeat_timeout_seconds.value)
+                           defined.process_id.value, defined.heartbeat_timeout_seconds.value,
+                           defined.initialization_timeout_seconds.value)
   except errors.RunError as err:
     _fail(str(err))
   if not distributed.multiprocess():
