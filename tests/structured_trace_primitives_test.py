@@ -202,13 +202,15 @@ def test_every_rule_of_the_table_has_a_hand_worked_case():
   assert not missing, f'trace rules with no hand-worked case: {missing}'
 
 
-def test_a_scan_without_num_consts_is_refused_naming_the_jax_to_use():
-  # jax 0.11 writes lax.scan with other parameters: a clear refusal, not a KeyError.
+def test_a_scan_in_neither_form_is_refused_naming_both():
+  # jax < 0.11 writes num_consts/num_carry, jax >= 0.11 ft_in/ft_out (both read by
+  # `_core/params.py`); a scan with neither is a clear error, not a KeyError.
   closed = jax.make_jaxpr(lambda x: jax.lax.scan(lambda c, _: (c * 2.0, None), x, None,
                                                  length=3)[0])(jnp.ones(2))
   [eqn] = [e for e in closed.jaxpr.eqns if e.primitive.name == 'scan']
-  newer = eqn.replace(params={k: v for k, v in eqn.params.items() if k != 'num_consts'})
-  with pytest.raises(NotImplementedError, match=r'Install jax<0\.11 to prune a model with a '
-                                                r'scanned loop'):
-    control.check_scan(newer)
-  control.check_scan(eqn)  # this jax's scan reads
+  neither = eqn.replace(params={k: v for k, v in eqn.params.items()
+                                if k not in ('num_consts', 'ft_in')})
+  with pytest.raises(NotImplementedError, match=r'num_consts/num_carry \(jax<0\.11\) or '
+                                                r'ft_in/ft_out \(jax>=0\.11\)'):
+    control.scan_subjaxprs(neither)
+  assert control.scan_subjaxprs(eqn)[0][2] == 3.0  # this jax's scan reads

@@ -2,7 +2,9 @@
 
 Which equations hold sub-jaxprs, and which of them are calls (a body that
 takes the operands and gives the results), is read from the primitives table
-(`table.sub_jaxprs`, `Primitive.body`) and nowhere else:
+(`table.sub_jaxprs`, `Primitive.body`) and nowhere else, and their parameters
+through `_core/params.py` (the one reader of loop and call parameters, which
+knows both forms of `scan`'s, before and after jax 0.11):
 
   `call_body(eqn)`   the body of a call whose operands and results map one to one;
   `equations(...)`   every equation of a jaxpr and of its sub-jaxprs, with its
@@ -31,6 +33,7 @@ from typing import Any
 from jax import lax
 from jax.extend import core as jcore
 
+from jaxprune.structured._core import params as params_lib
 from jaxprune.structured._primitives import control, table
 
 Scope = tuple[int, ...]
@@ -49,7 +52,7 @@ def call_body(eqn: Any) -> Any | None:
   entry = table.lookup(eqn.primitive.name)
   if entry is None or entry.body is None:
     return None
-  body = eqn.params[entry.body]
+  body = params_lib.call_body(eqn, entry.body)
   jaxpr = control.inner(body)
   if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
     return None

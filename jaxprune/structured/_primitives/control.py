@@ -7,6 +7,8 @@ shared by several call sites (e.g. `relu`'s) gets separate ids per site.
 
 `*_subjaxprs(eqn)` list `(sub_index, jaxpr, times run per call)`; the
 primitives table is the only place that says which primitive uses which.
+The parameters of these primitives are read through `_core/params.py` (scan's
+changed in jax 0.11), never from `eqn.params` here.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
+from jaxprune.structured._core import params as params_lib
 from jaxprune.structured._core.shapes import is_static, var_shape
 from jaxprune.structured._primitives.rules import block_all
 
@@ -41,11 +42,12 @@ def _tie(ctx, outer: list[Any], inner_vars: list[Any], scope: tuple[int, ...],
 def call(param: str) -> Callable[[Any, Any], None]:
   """The rule of a call primitive whose body is `eqn.params[param]` (one per param)."""
   def rule(ctx, eqn) -> None:
-    body = inner(eqn.params[param])
+    closed = params_lib.call_body(eqn, param)
+    body = inner(closed)
     if len(body.invars) != len(eqn.invars) or len(body.outvars) != len(eqn.outvars):
       block_all(ctx, eqn)
       return
-    scope = ctx.walk(eqn.params[param], 0)
+    scope = ctx.walk(closed, 0)
     _tie(ctx, eqn.invars, body.invars, scope)
     _tie(ctx, eqn.outvars, body.outvars, scope)
   return rule
@@ -57,27 +59,15 @@ def _block_iteration_axis(ctx, variables: list[Any]) -> None:
       ctx.block_ids(ctx.ids(var, 0), 'scan iteration axis')
 
 
-def check_scan(eqn: Any) -> None:
-  """Refuses a scan written without `num_consts`/`num_carry` (jax 0.11 rewrote the primitive)."""
-  if 'num_consts' not in eqn.params or 'num_carry' not in eqn.params:
-    raise NotImplementedError(
-        f"trace: jaxprune.structured reads lax.scan as jax 0.10 and earlier write it (with "
-        f"num_consts and num_carry); jax {jax.__version__} writes it with the parameters "
-        f"{sorted(eqn.params)}. Install jax<0.11 to prune a model with a scanned loop "
-        "(lax.scan, nn.scan), or unroll the loop.")
-
-
 def scan(ctx, eqn) -> None:
-  check_scan(eqn)
-  params = eqn.params
-  body = inner(params['jaxpr'])
-  scope = ctx.walk(params['jaxpr'], 0)
-  n_fixed = params['num_consts'] + params['num_carry']
-  n_carry = params['num_carry']
+  loop = params_lib.scan(eqn)
+  body = inner(loop.body)
+  scope = ctx.walk(loop.body, 0)
+  n_fixed, n_carry = loop.n_fixed, loop.n_carry
   _tie(ctx, eqn.invars[:n_fixed], body.invars[:n_fixed], scope)
   _tie(ctx, eqn.invars[n_fixed:], body.invars[n_fixed:], scope, shift=1)
   _tie(ctx, eqn.outvars[:n_carry], body.outvars[:n_carry], scope)
-  carry_in = body.invars[params['num_consts']:n_fixed]
+  carry_in = body.invars[loop.n_consts:n_fixed]
   _tie(ctx, body.outvars[:n_carry], carry_in, scope, outer_scope=scope)
   _tie(ctx, eqn.outvars[n_carry:], body.outvars[n_carry:], scope, shift=1)
   _block_iteration_axis(ctx, [*eqn.invars[n_fixed:], *eqn.outvars[n_carry:]])
@@ -86,16 +76,17 @@ def scan(ctx, eqn) -> None:
 def scan_subjaxprs(eqn: Any) -> list[tuple[int, Any, float]]:
   # A symbolic length (a sequence exported as `jax.export.symbolic_shape('b, t')`)
   # counts as unknown, like every symbolic dimension (`shapes.static_prod`).
-  length = eqn.params['length']
-  return [(0, eqn.params['jaxpr'], float(length) if is_static(length) else math.nan)]
+  loop = params_lib.scan(eqn)
+  length = loop.length
+  return [(0, loop.body, float(length) if is_static(length) else math.nan)]
 
 
 def while_loop(ctx, eqn) -> None:
-  params = eqn.params
-  n_cond, n_body = params['cond_nconsts'], params['body_nconsts']
-  cond_scope = ctx.walk(params['cond_jaxpr'], 0)
-  body_scope = ctx.walk(params['body_jaxpr'], 1)
-  cond, body = inner(params['cond_jaxpr']), inner(params['body_jaxpr'])
+  loop = params_lib.while_loop(eqn)
+  n_cond, n_body = loop.cond_nconsts, loop.body_nconsts
+  cond_scope = ctx.walk(loop.cond, 0)
+  body_scope = ctx.walk(loop.body, 1)
+  cond, body = inner(loop.cond), inner(loop.body)
   carry = eqn.invars[n_cond + n_body:]
   _tie(ctx, eqn.invars[:n_cond], cond.invars[:n_cond], cond_scope)
   _tie(ctx, carry, cond.invars[n_cond:], cond_scope)
@@ -107,12 +98,13 @@ def while_loop(ctx, eqn) -> None:
 
 def while_subjaxprs(eqn: Any) -> list[tuple[int, Any, float]]:
   # The trip count is unknown when tracing: FLOPs count one iteration.
-  return [(0, eqn.params['cond_jaxpr'], 1.0), (1, eqn.params['body_jaxpr'], 1.0)]
+  loop = params_lib.while_loop(eqn)
+  return [(0, loop.cond, 1.0), (1, loop.body, 1.0)]
 
 
 def cond(ctx, eqn) -> None:
   operands = eqn.invars[1:]
-  for index, branch in enumerate(eqn.params['branches']):
+  for index, branch in enumerate(params_lib.branches(eqn)):
     scope = ctx.walk(branch, index)
     _tie(ctx, operands, inner(branch).invars, scope)
     _tie(ctx, eqn.outvars, inner(branch).outvars, scope)
@@ -121,5 +113,5 @@ def cond(ctx, eqn) -> None:
 def cond_subjaxprs(eqn: Any) -> list[tuple[int, Any, float]]:
   # One branch runs per call and which is unknown when tracing: FLOPs are the
   # branches' mean (every branch equally likely).
-  branches = eqn.params['branches']
+  branches = params_lib.branches(eqn)
   return [(i, b, 1.0 / len(branches)) for i, b in enumerate(branches)]

@@ -6,7 +6,8 @@ A shrink rule is `rule(shrinker, eqn, scope, eqn_index, invals) -> outputs`;
 need no rule (the table's default binds them with their traced parameters).
 Rules for primitives with sub-jaxprs evaluate them through
 `shrinker.run(jaxpr, consts, args, scope)` or re-trace them with
-`shrinker.retrace(closed_jaxpr, scope)`.
+`shrinker.retrace(closed_jaxpr, scope)`; they read and rewrite the loop and
+call parameters through `_core/params.py`, in the form the installed JAX uses.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
+
+from jaxprune.structured._core import params as params_lib
 
 ShrinkRule = Callable[[Any, Any, tuple, int, list], list]
 
@@ -143,35 +146,35 @@ def gather(shrinker, eqn, scope, index, invals):
 def inline(param: str) -> ShrinkRule:
   """Call primitives: evaluate the body in place at the pruned shapes."""
   def rule(shrinker, eqn, scope, index, invals):
-    sub = eqn.params[param]
+    sub = params_lib.call_body(eqn, param)
     jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, 'consts') else (sub, ())
     return shrinker.run(jaxpr, consts, invals, scope + (index, 0))
   return rule
 
 
 def scan(shrinker, eqn, scope, index, invals):
-  body = shrinker.retrace(eqn.params['jaxpr'], scope + (index, 0))
-  n = eqn.params['num_consts']
-  return bind(eqn, [*body.consts, *invals], jaxpr=jcore.ClosedJaxpr(_hoisted(body), ()),
-              num_consts=n + len(body.consts))
+  body = shrinker.retrace(params_lib.scan(eqn).body, scope + (index, 0))
+  new = params_lib.scan_with_consts(eqn, jcore.ClosedJaxpr(_hoisted(body), ()),
+                                    len(body.consts))
+  return bind(eqn, [*body.consts, *invals], **new)
 
 
 def while_loop(shrinker, eqn, scope, index, invals):
-  p = eqn.params
-  cond = shrinker.retrace(p['cond_jaxpr'], scope + (index, 0))
-  body = shrinker.retrace(p['body_jaxpr'], scope + (index, 1))
-  nc, nb = p['cond_nconsts'], p['body_nconsts']
+  loop = params_lib.while_loop(eqn)
+  cond = shrinker.retrace(loop.cond, scope + (index, 0))
+  body = shrinker.retrace(loop.body, scope + (index, 1))
+  nc, nb = loop.cond_nconsts, loop.body_nconsts
   cond_consts, body_consts, carry = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
   cond_j = jcore.ClosedJaxpr(_hoisted(cond), ())
   body_j = jcore.ClosedJaxpr(_hoisted(body), ())
   new = [*cond.consts, *cond_consts, *body.consts, *body_consts, *carry]
-  return bind(eqn, new, cond_jaxpr=cond_j, body_jaxpr=body_j,
-              cond_nconsts=nc + len(cond.consts), body_nconsts=nb + len(body.consts))
+  return bind(eqn, new, **params_lib.while_with_consts(eqn, cond_j, body_j, len(cond.consts),
+                                                      len(body.consts)))
 
 
 def cond(shrinker, eqn, scope, index, invals):
   branches = [shrinker.retrace(b, scope + (index, i))
-              for i, b in enumerate(eqn.params['branches'])]
+              for i, b in enumerate(params_lib.branches(eqn))]
   # Branches must share a signature, so each takes every branch's constants.
   all_consts = [c for b in branches for c in b.consts]
   new_branches = []
@@ -179,7 +182,8 @@ def cond(shrinker, eqn, scope, index, invals):
     before = sum(len(o.consts) for o in branches[:i])
     after = len(all_consts) - before - len(b.consts)
     new_branches.append(_pad_consts(b, before, after, all_consts))
-  return bind(eqn, [invals[0], *all_consts, *invals[1:]], branches=tuple(new_branches))
+  return bind(eqn, [invals[0], *all_consts, *invals[1:]],
+              **params_lib.cond_with_branches(eqn, new_branches))
 
 
 def _hoisted(closed):

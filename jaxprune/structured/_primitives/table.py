@@ -28,6 +28,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxprune.structured._core import params as params_lib
 from jaxprune.structured._primitives import control, offsets, rules, shrink_rules
 from jaxprune.structured._primitives import flops as flops_lib
 
@@ -46,7 +47,7 @@ class Primitive:
 
   def sub_jaxprs(self, eqn: Any) -> list[tuple[int, Any, float]]:
     if self.body is not None:
-      return [(0, eqn.params[self.body], 1.0)]
+      return [(0, params_lib.call_body(eqn, self.body), 1.0)]
     return self.subjaxprs(eqn) if self.subjaxprs is not None else []
 
 
@@ -104,10 +105,12 @@ TABLE: dict[str, Primitive] = {
     'pjit': _call('jaxpr'),  # the name of `jit` before jax 0.7
     'closed_call': _call('call_jaxpr'),
     'call': _call('call_jaxpr'),
+    # jax 0.11.2 stages `closed_call` and `call` as `eval_jaxpr` (the same body parameter).
+    'eval_jaxpr': _call('call_jaxpr'),
     'remat2': _call('jaxpr'),
     'custom_jvp_call': _call('call_jaxpr'),
     'custom_vjp_call': _call('call_jaxpr'),
-    'composite': _call('jaxpr'),
+    'composite': _call('jaxpr'),  # `call_jaxpr` in jax 0.11.2: read as either (`_core/params`)
     'scan': Primitive(control.scan, shrink_rules.scan, subjaxprs=control.scan_subjaxprs),
     'while': Primitive(control.while_loop, shrink_rules.while_loop,
                        subjaxprs=control.while_subjaxprs),

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxprune.structured._core import jaxprs
+from jaxprune.structured._core import params as params_lib
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._primitives import control, table
 
@@ -77,8 +78,9 @@ def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[
 
 def _scan(eqn: Any, ins: list[bool], scope: Scope, found: set) -> list[bool]:
   """`scan`: consts and scanned-over values as given, the carry until it settles."""
-  n_consts, n_carry = eqn.params['num_consts'], eqn.params['num_carry']
-  body = control.inner(eqn.params['jaxpr'])
+  loop = params_lib.scan(eqn)
+  n_consts, n_carry = loop.n_consts, loop.n_carry
+  body = control.inner(loop.body)
   carry = ins[n_consts:n_consts + n_carry]
   while True:
     outs = dependent(body, [*ins[:n_consts], *carry, *ins[n_consts + n_carry:]],
@@ -91,9 +93,10 @@ def _scan(eqn: Any, ins: list[bool], scope: Scope, found: set) -> list[bool]:
 
 def _while(eqn: Any, ins: list[bool], scope: Scope, found: set) -> list[bool]:
   """`while`: each body's consts as given, the carry until it settles."""
-  n_cond, n_body = eqn.params['cond_nconsts'], eqn.params['body_nconsts']
-  cond = control.inner(eqn.params['cond_jaxpr'])
-  body = control.inner(eqn.params['body_jaxpr'])
+  loop = params_lib.while_loop(eqn)
+  n_cond, n_body = loop.cond_nconsts, loop.body_nconsts
+  cond = control.inner(loop.cond)
+  body = control.inner(loop.body)
   carry = ins[n_cond + n_body:]
   while True:
     dependent(cond, [*ins[:n_cond], *carry], scope + (0,), found)
@@ -108,7 +111,7 @@ def _cond(eqn: Any, ins: list[bool], scope: Scope, found: set) -> list[bool]:
   """`cond`: every branch on the operands; an output from an input-dependent
   index or from any branch's dependent value depends on the inputs."""
   outs = [ins[0]] * len(eqn.outvars)
-  for sub_index, branch in enumerate(eqn.params['branches']):
+  for sub_index, branch in enumerate(params_lib.branches(eqn)):
     branch_outs = dependent(control.inner(branch), ins[1:], scope + (sub_index,), found)
     outs = [a or b for a, b in zip(outs, branch_outs, strict=True)]
   return outs
@@ -121,12 +124,12 @@ def _recurrent(scope: Scope, index: int, eqn: Any, found: set) -> list[Any]:
   """The carry variables (in the body's scope) of a `scan` over input-dependent values."""
   if eqn.primitive.name != 'scan':
     return []
-  n_fixed = eqn.params['num_consts'] + eqn.params['num_carry']
-  body = control.inner(eqn.params['jaxpr'])
-  xs = body.invars[n_fixed:]
+  loop = params_lib.scan(eqn)
+  body = control.inner(loop.body)
+  xs = body.invars[loop.n_fixed:]
   if not any((scope + (index, 0), v) in found for v in xs):
     return []
-  return body.invars[eqn.params['num_consts']:n_fixed]
+  return body.invars[loop.n_consts:loop.n_fixed]
 
 
 def input_dependent(graph: DependencyGraph, n_inputs: int) -> set:
