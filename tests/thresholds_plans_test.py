@@ -225,9 +225,9 @@ def test_exact_rule_is_a_sort_at_llm_sizes(shape):
   size = int(np.prod(shape))
   w = np.random.default_rng(size).standard_normal(shape).astype(F32)
   a = np.abs(w).ravel()
-  runs = [('adaptive', 0.1), ('fixed', 0.1)] if len(shape) == 1 else [('adaptive', 0.1)]
-  if shape == (2 ** 25 + 1,):
-    runs.append(('adaptive', 0.9))
+  # The fixed plan (15 candidates a pass) is slow on 2 CPU cores: once, at 2**24 - 3.
+  runs = {(2 ** 24 - 3,): [('adaptive', 0.1), ('fixed', 0.1)],
+          (2 ** 25 + 1,): [('adaptive', 0.1), ('adaptive', 0.9)]}.get(shape, [('adaptive', 0.1)])
   for plan, sparsity in runs:
     kept = _keep_count_reference(size, sparsity)
     expected = np.partition(a, size - kept)[size - kept]
