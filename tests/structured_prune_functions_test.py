@@ -3,6 +3,7 @@
 import functools
 
 import equinox as eqx
+import flax.linen as nn
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -94,3 +95,24 @@ def test_what_prune_cannot_take():
     jps.prune(_mlp, jnp.ones((2, 6)), ratio=0.5)
   with pytest.raises(ValueError, match='pass variables=... with a partial'):
     jps.prune(functools.partial(_mlp), jnp.ones((2, 6)), ratio=0.5)
+
+
+def test_a_pruned_linen_result_prints_in_one_line_and_its_model_applies():
+  """`print(result)` is one line (the fields hold whole models and graphs), and
+  `result.model.apply(result.variables, x)` runs the module at the pruned sizes."""
+  class CNN(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.relu(nn.Conv(16, (3, 3))(x))
+      x = nn.relu(nn.Conv(32, (3, 3))(x))
+      return nn.Dense(10)(x.mean((1, 2)))
+
+  model, x = CNN(), jnp.ones((2, 8, 8, 3))
+  variables = model.init(jax.random.key(0), x)
+  result = jps.prune(model, x, variables=variables, ratio=0.5)
+  text = repr(result)
+  assert '\n' not in text and len(text) < 400, text
+  assert text.startswith('PruneResult(channels removed from ') and 'FLOPs' in text
+  out = result.model.apply(result.variables, x)
+  np.testing.assert_array_equal(out, result.apply(result.variables, x))
+  assert result.model.module is model

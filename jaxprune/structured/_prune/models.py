@@ -48,6 +48,29 @@ def explained(what: str) -> Iterator[None]:
         'Constraint(locked=(...,)).') from e
 
 
+class ResizedLinen:
+  """A pruned Linen module: `apply(variables, ...)` runs the module at the variables' sizes.
+
+  Linen checks every parameter against the shape its module would create, so
+  the original module refuses the smaller arrays (`ScopeParamShapeError`);
+  this wrapper applies it inside `flax_rebuild.linen_resized(variables)`. Any
+  other attribute is the module's (`module` is the module itself).
+  """
+
+  def __init__(self, module: nn.Module):
+    self.module = module
+
+  def apply(self, variables: PyTree, *args: Any, **kwargs: Any) -> Any:
+    with flax_rebuild.linen_resized(variables), explained('result.model.apply'):
+      return self.module.apply(variables, *args, **kwargs)
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self.module, name)
+
+  def __repr__(self) -> str:
+    return f'ResizedLinen({type(self.module).__name__}: apply runs it at the pruned sizes)'
+
+
 class LinenModel:
   """A Linen module and its variables; `apply_kwargs` go to every `model.apply`."""
 
@@ -88,9 +111,9 @@ class LinenModel:
   def committed(self, new_variables: PyTree) -> PyTree:
     return new_variables
 
-  def pruned_model(self, pruned_fn: Callable[..., Any]) -> nn.Module:
+  def pruned_model(self, pruned_fn: Callable[..., Any]) -> ResizedLinen:
     del pruned_fn
-    return self.model
+    return ResizedLinen(self.model)
 
 
 class NnxModel:

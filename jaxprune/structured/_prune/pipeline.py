@@ -18,6 +18,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import jax
+
 from jaxprune.structured._core import cost
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan, make_plan
@@ -44,8 +46,10 @@ class PruneResult(cost.FlopsReport):
   """What `prune` hands back.
 
   Attributes:
-    model: the Linen module (run it with `result.apply`), the NNX model,
-      pruned in place, or for a plain function the pruned callable
+    model: for a Linen module, the module wrapped so that
+      `result.model.apply(result.variables, x)` runs it at the pruned sizes
+      (`result.apply` too; `result.model.module` is the module itself); the NNX
+      model, pruned in place; or for a plain function the pruned callable
       (`result.model(result.variables, x)`).
     variables: the pruned variables (Linen) or the NNX model's new state.
     plan: the channels removed.
@@ -72,8 +76,19 @@ class PruneResult(cost.FlopsReport):
 
   def apply(self, variables: PyTree, *args: Any, **kwargs: Any) -> Any:
     """Runs a pruned Linen module (`model.apply` at the sizes of `variables`)."""
+    model = getattr(self.model, 'module', self.model)
     with flax_rebuild.linen_resized(variables), models.explained('result.apply'):
-      return self.model.apply(variables, *args, **kwargs)
+      return model.apply(variables, *args, **kwargs)
+
+  def __repr__(self) -> str:
+    """One line: what was pruned, the FLOPs, the check (the fields hold whole models)."""
+    sizes = [getattr(x, 'size', 0) for x in jax.tree.leaves(self.variables)]
+    check = 'not checked' if self.check is None else (
+        f'checked, largest difference {self.check.max_rel_diff:.2g} of the output scale')
+    return (f'PruneResult(channels removed from {len(self.plan.removed)} of '
+            f'{len(self.graph.groups)} channel groups, {sum(sizes):,} values left in '
+            f'{len(sizes)} arrays, {self.flops_line()}, {check}; see .summary(), .model, '
+            '.variables, .pruned_fn)')
 
   def summary(self) -> str:
     """The plan's summary, then the FLOPs line (`FlopsReport`)."""
