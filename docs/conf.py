@@ -44,6 +44,16 @@ nb_execution_raise_on_error = True  # a failing example fails the build
 nb_execution_show_tb = True
 nb_merge_streams = True
 
+
+def _kernels_over_ipc() -> None:
+  """Notebook kernels talk to the build over local sockets (IPC), not TCP: ipykernel then
+  has no reason to warn, once per page, that its TCP traffic is not encrypted."""
+  from jupyter_client.manager import KernelManager
+  KernelManager.transport.default_value = 'ipc'
+
+
+_kernels_over_ipc()
+
 # API reference.
 autosummary_generate = True
 autodoc_default_options = {'members': True, 'show-inheritance': False}
@@ -69,6 +79,8 @@ html_theme_options = {
     'navigation_with_keys': False,
     'home_page_in_toc': True,
 }
+# One search: the header's button (the theme also puts a search field in the sidebar).
+html_sidebars = {'**': ['navbar-logo.html', 'icon-links.html', 'sbt-sidebar-nav.html']}
 html_static_path = ['_static']
 html_css_files = ['custom.css']
 

@@ -237,7 +237,7 @@ def nm_structured(params: PyTree, n: int, m: int, axis: int = -2, *,
 
   The N:M pattern of tfmot's `sparsity_m_by_n` (2:4 for sparse tensor cores);
   the default axis -2 is the input-channel axis of Dense `(in, out)` and conv
-  `(H, W, in, out)` kernels. See `jaxprune._nm.nm_mask`.
+  `(H, W, in, out)` kernels. See `jaxprune.nm_mask`.
 
   Args:
     params: a pytree of arrays.

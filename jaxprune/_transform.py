@@ -309,7 +309,7 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | Non
       their masks at each mask update, e.g. `jaxprune.channels.ChannelRule`
       for whole coupled channels; the schedule, gating and the application of
       the masks stay as above. The default is the per-leaf magnitude rule
-      (`jaxprune/_magnitude.py`).
+      (docs/explanation/semantics.md).
     **fields: hparams fields by name, over `hparams`:
       `pruning(target_sparsity=0.8, sparsity_function_end_step=1000)`.
 

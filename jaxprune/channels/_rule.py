@@ -184,7 +184,7 @@ class ChannelRule:
   def new_masks(self, hparams: hparams_lib.HParams, weights: list[Callable[[Any], Array]],
                 old_masks: list[Array], thresholds: PyTree, sparsity: Array
                 ) -> tuple[list[Array], PyTree, Array]:
-    """One mask update inside jit (see `jaxprune._transform.MaskRule`)."""
+    """One mask update inside jit (see `jaxprune.MaskRule`)."""
     layout = self.layout
     if not layout.groups:
       return list(old_masks), thresholds, jnp.int32(0)

@@ -171,7 +171,7 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
   """Prunes a trained model once, from calibration batches.
 
   The layers are the parameter leaves used only as a `dot_general` operand
-  (`jaxprune.oneshot._layers`); each is pruned along its input channels:
+  (docs/guides/oneshot.md); each is pruned along its input channels:
 
   * 'magnitude': keeps the largest |W| of the layer (`per_row=True`: of each
     output row, as Wanda compares); the batches serve only to trace `fn`.
@@ -209,7 +209,7 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     (params with pruned entries zero (and, for SparseGPT, the kept ones
     updated), masks): masks is a tree parallel to params, bool (True = kept)
     for the pruned layers, None elsewhere, as `jaxprune.apply_masks`,
-    `jaxprune._export` and `PruningState.masks` use.
+    `jaxprune.strip`, `jaxprune.size_report` and `PruningState.masks` use.
 
   Raises:
     ValueError: for an unknown method, no batch, a sparsity outside [0, 1),

@@ -116,7 +116,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   """Trains (and prunes) the model of `config`, resuming from `workdir`.
 
   Args:
-    config: a training config (see `jaxprune/train/_defaults.py`).
+    config: a training config, `jaxprune.train.get_config()` with your changes.
     workdir: directory for checkpoints, `metrics.jsonl`, TensorBoard events,
       the report and plots. If it holds a checkpoint of the same config, the
       run resumes from its newest good checkpoint. None writes nothing.

@@ -35,7 +35,7 @@ class Member:
   """One axis of one variables leaf that belongs to a group.
 
   Attributes:
-    leaf: the leaf's name (`jaxprune._names.leaf_name` of its key path), e.g.
+    leaf: the leaf's name (`jaxprune.leaf_name` of its key path), e.g.
       'params/Conv_0/kernel' or 'batch_stats/BatchNorm_0/mean'.
     axis: the axis of that leaf.
     indices: int array of shape `(group.size, k)`; row `c` holds the positions

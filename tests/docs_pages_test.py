@@ -1,0 +1,33 @@
+"""Code cells added to the migration and benchmarks pages run as written, with numbers
+worked out by hand."""
+
+import matplotlib
+
+matplotlib.use('Agg')
+
+from docs_blocks import code_cells  # noqa: E402
+
+
+def test_jaxpruner_rigl_cell_prints_the_erk_counts(capsys):
+  [cell] = code_cells('migration/jaxpruner.md')
+  exec(cell, {})  # noqa: S102 - the page's own code
+  # ERK: density = eps * sum(shape) / prod(shape), with eps such that 10% of the
+  # 16,384 + 2,560 weights are kept: eps = 0.1 * 18944 / (320 + 266).
+  eps = 0.1 * 18944 / (320 + 266)
+  kept = [round(eps * 320), round(eps * 266)]
+  assert kept == [1034, 860]
+  assert capsys.readouterr().out.splitlines() == [
+      'Dense_0/kernel: 1,034 of 16,384 kept (93.7% sparse)',
+      'Dense_1/kernel: 860 of 2,560 kept (66.4% sparse)']
+
+
+def test_benchmarks_glance_reaches_the_target_with_both_rules():
+  cells = code_cells('benchmarks.md', '## At a glance', '## Zhu & Gupta on digits')
+  scope = {}
+  for cell in cells:
+    exec(cell, scope)  # noqa: S102 - the page's own code
+  # The exact rule keeps round(N / 10) of each kernel; the histogram one lands at most
+  # one bin (1/256 of the range) below, never above.
+  assert scope['achieved']['exact'][-1] == 0.9
+  assert 0.9 - 1 / 256 <= scope['achieved']['histogram'][-1] <= 0.9
+  assert scope['speedup']['H200, old plan']['exact'] < 1 < scope['speedup']['CPU, 2 cores']['exact']
