@@ -116,3 +116,15 @@ def test_a_pruned_linen_result_prints_in_one_line_and_its_model_applies():
   out = result.model.apply(result.variables, x)
   np.testing.assert_array_equal(out, result.apply(result.variables, x))
   assert result.model.module is model
+
+
+def test_variables_may_come_first_as_in_model_apply():
+  """`prune(model, variables, x)` is `prune(model, x, variables=variables)`."""
+  model = nn.Sequential([nn.Dense(32), nn.relu, nn.Dense(8)])
+  x = jnp.ones((4, 12))
+  variables = model.init(jax.random.key(0), x)
+  a = jps.prune(model, variables, x, ratio=0.5)
+  b = jps.prune(model, x, variables=variables, ratio=0.5)
+  for u, v in zip(jax.tree.leaves(a.variables), jax.tree.leaves(b.variables), strict=True):
+    np.testing.assert_array_equal(u, v)
+  assert a.variables['params']['layers_0']['kernel'].shape == (12, 16)

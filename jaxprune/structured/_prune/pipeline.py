@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+from flax import nnx
 
 from jaxprune.structured._core import cost
 from jaxprune.structured._core.graph import DependencyGraph
@@ -188,7 +189,10 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
       or a function `fn(variables, *args)` such as a haiku, equinox or keras
       model wrapped as in the third-party guide (give `variables`; the
       Linen-only arguments and `recalibrate_bn` do not apply).
-    *example_args: example inputs; the model is traced at these shapes.
+    *example_args: example inputs; the model is traced at these shapes. With
+      `variables` not given as a keyword, the first of them is the variables
+      (`prune(model, variables, x)`, the order of `model.apply` and
+      `oneshot.prune`).
     variables: the Linen variables, or the pytree a function's first
       argument takes.
     ratio: fraction of channels to remove (per group, or overall with
@@ -228,6 +232,9 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   """
   if calibration_batches is not None:
     calibration_batches = list(calibration_batches)
+  if variables is None and len(example_args) >= 2 and not isinstance(model, nnx.Module):
+    # prune(model, variables, x): the order of oneshot.prune and of model.apply.
+    variables, example_args = example_args[0], example_args[1:]
   adapted = models.adapter(model, variables, apply_kwargs, train_model, train_kwargs,
                            recalibrate_bn)
   _check_arguments(example_args, ratio, flops_target, importance, scope, search, constraint,
