@@ -12,9 +12,18 @@ The public API (docs/api/index.md lists every name):
 """
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
-from jaxprune._export import check_sparse_outputs, size_report, sparse_apply, strip, to_bcoo
+from jaxprune._export import (
+    OutputMismatchError,
+    SizeReport,
+    check_sparse_outputs,
+    size_report,
+    sparse_apply,
+    strip,
+    to_bcoo,
+)
 from jaxprune._hparams import get_pruning_hparams, parse_hparams
 from jaxprune._masks import update_mask
 from jaxprune._names import leaf_name, named_leaves, tree_names
@@ -40,9 +49,16 @@ if TYPE_CHECKING:
 _NAMESPACES = ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured',
                'train')
 
+try:
+  __version__ = importlib.metadata.version('jaxprune')  # pyproject.toml's, once installed
+except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
+  __version__ = '0+unknown'
+
 __all__ = [
     'MaskRule',
+    'OutputMismatchError',
     'PruningState',
+    'SizeReport',
     'abstract_with_shardings',
     'apply_masks',
     'check_sparse_outputs',

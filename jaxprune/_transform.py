@@ -382,8 +382,10 @@ def pruned(optimizer: optax.GradientTransformation,
       `pruned(optax.adam(1e-3), target_sparsity=0.9)`.
 
   Returns:
-    An `optax.GradientTransformation` whose `update(grads, state, params)` needs
-    `params`; apply its updates with `optax.apply_updates`.
+    An `optax.GradientTransformationExtraArgs` whose `update(grads, state, params,
+    **extra_args)` needs `params` and hands the extra arguments (e.g. `value=loss`
+    for `optax.contrib.reduce_on_plateau`) to `optimizer`; apply its updates with
+    `optax.apply_updates`.
 
   Example:
     >>> import jax.numpy as jnp, optax, jaxprune
@@ -398,7 +400,7 @@ def pruned(optimizer: optax.GradientTransformation,
   def init_fn(params):
     return optimizer.init(params), engine.init(params)
 
-  def update_fn(grads, state, params=None):
+  def update_fn(grads, state, params=None, **extra_args):
     params = _need_params(params, 'jaxprune.pruned')
     inner, pruning_state = state
     _check_like_init(pruning_state, params, grads)
@@ -412,13 +414,13 @@ def pruned(optimizer: optax.GradientTransformation,
       def weights_of(operands):
         # Stored once: every counting pass then reads one array per leaf.
         grads, inner, params = operands
-        updates = jax.tree.leaves(optimizer.update(grads, inner, params)[0])
+        updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
         leaves = jax.tree.leaves(params)
         return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
       params_of = lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned]  # noqa: E731
     masks, pruning_state = engine.step(pruning_state, params, operands, weights_of, params_of)
     inner = _ordered_after(inner, pruning_state.nonfinite_skips)
-    updates, inner = optimizer.update(grads, inner, params)
+    updates, inner = optimizer.update(grads, inner, params, **extra_args)
     return _masked(masks, updates, params), (inner, pruning_state)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -16,12 +16,12 @@ import pytest
 from orbax.checkpoint._src.path import atomicity
 
 import jaxprune
-from jaxprune.train import _checkpoints as checkpoints
-from jaxprune.train._errors import (
-    DamagedCheckpointError,
-    IncompatibleWorkdirError,
-    StorageError,
+from jaxprune.train import (
+  DamagedCheckpointError,
+  IncompatibleWorkdirError,
+  StorageError,
 )
+from jaxprune.train import _checkpoints as checkpoints
 
 
 class _Inner(NamedTuple):

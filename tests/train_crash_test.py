@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import train_faults
 
+from jaxprune.train import StorageError
 from jaxprune.train import _checkpoints as checkpoints
 from jaxprune.train import _loop as loop
-from jaxprune.train._errors import StorageError
 from jaxprune.train._metrics import read_metrics
 
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train_faults.py')

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import train_faults
 
+from jaxprune.train import ConfigError
 from jaxprune.train import _data as data
 from jaxprune.train import _defaults as defaults
 from jaxprune.train import _loop as loop
 from jaxprune.train import _usage as usage
-from jaxprune.train._errors import ConfigError
 from jaxprune.train._metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import jaxprune
+from jaxprune.train import DivergedError
 from jaxprune.train import _checkpoints as checkpoints
 from jaxprune.train import _data as data
 from jaxprune.train import _defaults as defaults
 from jaxprune.train import _loop as loop
-from jaxprune.train._errors import DivergedError
 from jaxprune.train._metrics import read_metrics
 from jaxprune.train._report import format_report
 

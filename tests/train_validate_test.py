@@ -3,9 +3,9 @@
 import pytest
 
 import jaxprune
+from jaxprune.train import ConfigError
 from jaxprune.train import _defaults as defaults
 from jaxprune.train import _validate as validate
-from jaxprune.train._errors import ConfigError
 
 
 def _set(config, dotted, value):

@@ -12,14 +12,14 @@ import ml_collections
 import pytest
 import train_faults
 
-from jaxprune.train import _files as files
-from jaxprune.train import _workdir as workdir
-from jaxprune.train._errors import (
+from jaxprune.train import (
   ConfigError,
   IncompatibleWorkdirError,
   StorageError,
   WorkdirBusyError,
 )
+from jaxprune.train import _files as files
+from jaxprune.train import _workdir as workdir
 
 
 def _config(**changes):

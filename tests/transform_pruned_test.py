@@ -188,3 +188,27 @@ def test_multisteps_around_pruning_counts_optimizer_steps():
       strict=True):
     assert np.all(np.asarray(leaf)[~np.asarray(mask)] == 0)
     assert 0.4 <= np.mean(~np.asarray(mask)) <= 0.6
+
+
+def test_pruned_hands_extra_arguments_to_the_optimizer():
+  """optax's `update(..., **extra_args)`: reduce_on_plateau reads `value`, the loss, and
+  scales the updates down as it changes; `pruned` gives what the optimizer alone gives
+  (no mask update in these steps)."""
+  params = {'Dense_0': {'kernel': jnp.ones((4, 4))}}
+  inner = optax.chain(optax.sgd(1.0), optax.contrib.reduce_on_plateau(patience=0, factor=0.5))
+  tx = jaxprune.pruned(inner, target_sparsity=0.5)
+  assert isinstance(tx, optax.GradientTransformationExtraArgs)
+  state, inner_state = tx.init(params), inner.init(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  scales = []
+  for loss in (1.0, 2.0, 0.5, 4.0):
+    updates, state = tx.update(grads, state, params, value=jnp.float32(loss))
+    expected, inner_state = inner.update(grads, inner_state, params, value=jnp.float32(loss))
+    np.testing.assert_array_equal(updates['Dense_0']['kernel'], expected['Dense_0']['kernel'])
+    scales.append(float(-updates['Dense_0']['kernel'][0, 0]))
+  assert scales[-1] < scales[0]  # the loss reached the plateau rule
+
+
+def test_version_is_the_packages():
+  import importlib.metadata
+  assert jaxprune.__version__ == importlib.metadata.version('jaxprune')

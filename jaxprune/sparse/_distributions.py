@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxprune import _maps as maps
+from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._names import named_leaves
 
 PyTree = Any
@@ -23,7 +24,7 @@ PruneFilter = Callable[[str, Any], bool]
 DISTRIBUTIONS = ('uniform', 'erk')
 
 
-def sparse_names(params: PyTree, weight_name_regex: str = '(kernel|embedding)$',
+def sparse_names(params: PyTree, weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
                  prune_filter: PruneFilter | None = None) -> list[str]:
   """Names of the leaves that get a mask, in the params' flattening order.
 
@@ -70,7 +71,7 @@ def erk_densities(shapes: Mapping[str, tuple[int, ...]], sparsity: float,
 
 def densities(params: PyTree, sparsity: float, distribution: str = 'uniform', *,
               sparsity_map: Mapping[str, float] | None = None,
-              weight_name_regex: str = '(kernel|embedding)$',
+              weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
               prune_filter: PruneFilter | None = None,
               erk_power: float = 1.0) -> dict[str, float]:
   """The density (kept fraction) of every sparse leaf.

@@ -7,6 +7,7 @@ from typing import Any
 
 import optax
 
+from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune.sparse._training import sparse_training
 
 PruneFilter = Callable[[str, Any], bool]
@@ -14,7 +15,7 @@ PruneFilter = Callable[[str, Any], bool]
 
 def static(inner: optax.GradientTransformation, sparsity: float, *,
            distribution: str = 'uniform', sparsity_map: Mapping[str, float] | None = None,
-           seed: int = 0, weight_name_regex: str = '(kernel|embedding)$',
+           seed: int = 0, weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
            prune_filter: PruneFilter | None = None,
            erk_power: float = 1.0) -> optax.GradientTransformation:
   """Static sparse training: random masks drawn at `init`, never changed.
@@ -46,7 +47,8 @@ def set_(inner: optax.GradientTransformation, sparsity: float, *, end_step: int,
          update_freq: int = 100, begin_step: int = 0, drop_fraction: float = 0.3,
          drop_fraction_decay: str = 'cosine', distribution: str = 'uniform',
          sparsity_map: Mapping[str, float] | None = None, seed: int = 0,
-         weight_name_regex: str = '(kernel|embedding)$', prune_filter: PruneFilter | None = None,
+         weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
+         prune_filter: PruneFilter | None = None,
          erk_power: float = 1.0) -> optax.GradientTransformation:
   """Sparse Evolutionary Training (Mocanu et al. 2018): drop the smallest, regrow at random.
 
@@ -84,7 +86,8 @@ def rigl(inner: optax.GradientTransformation, sparsity: float, *, end_step: int,
          update_freq: int = 100, begin_step: int = 0, drop_fraction: float = 0.3,
          drop_fraction_decay: str = 'cosine', distribution: str = 'erk',
          sparsity_map: Mapping[str, float] | None = None, seed: int = 0,
-         weight_name_regex: str = '(kernel|embedding)$', prune_filter: PruneFilter | None = None,
+         weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
+         prune_filter: PruneFilter | None = None,
          erk_power: float = 1.0) -> optax.GradientTransformation:
   """RigL (Evci et al. 2020, arXiv:1911.11134): drop the smallest, grow where |grad| is largest.
 

@@ -22,6 +22,7 @@ import optax
 from jax import Array, lax
 
 from jaxprune import _nm as nm_lib
+from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._masks import update_mask
 from jaxprune._names import named_leaves
 from jaxprune.sparse import _distributions as distributions
@@ -50,7 +51,7 @@ class STEState(NamedTuple):
 def ste(inner: optax.GradientTransformation, sparsity: float | None = None, *,
         nm: str | tuple[int, int] | None = None, update_freq: int = 1,
         distribution: str = 'uniform', sparsity_map: Mapping[str, float] | None = None,
-        weight_name_regex: str = '(kernel|embedding)$',
+        weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
         prune_filter: Callable[[str, Any], bool] | None = None) -> optax.GradientTransformation:
   """Sparse training with the straight-through estimator, by magnitude or N:M.
 
@@ -144,7 +145,7 @@ def ste(inner: optax.GradientTransformation, sparsity: float | None = None, *,
     out = [u if n is None else jnp.where(n, jnp.where(m, u, w), -p).astype(u.dtype)
            for u, p, m, n, w in zip(u_leaves, p_leaves, old, new, new_dense, strict=True)]
     return jax.tree.unflatten(treedef, out), STEState(
-        step=jnp.where(state.step < 2 ** 31 - 1, state.step + 1, state.step),
+        step=optax.safe_increment(state.step),
         masks=jax.tree.unflatten(treedef, new), dense=jax.tree.unflatten(treedef, new_dense),
         inner_state=inner_state)
 

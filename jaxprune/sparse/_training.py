@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 from jax import Array, lax
 
+from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._names import named_leaves
 from jaxprune.sparse import _distributions as distributions
 from jaxprune.sparse import _select as select
@@ -120,7 +121,7 @@ def sparse_training(inner: optax.GradientTransformation, sparsity: float, *, rul
                     distribution: str = 'uniform', sparsity_map: Mapping[str, float] | None = None,
                     update_freq: int = 100, begin_step: int = 0, end_step: int | None = None,
                     drop_fraction: float = 0.3, drop_fraction_decay: str = 'cosine',
-                    seed: int = 0, weight_name_regex: str = '(kernel|embedding)$',
+                    seed: int = 0, weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
                     prune_filter: Callable[[str, Any], bool] | None = None,
                     erk_power: float = 1.0) -> optax.GradientTransformation:
   """The common form of `static`, `set_` and `rigl` (see their docstrings); `rule` picks one.
@@ -218,7 +219,7 @@ def sparse_training(inner: optax.GradientTransformation, sparsity: float, *, rul
     out = [u if n is None else jnp.where(n if g is None else n & ~g, u, -p).astype(u.dtype)
            for u, p, n, g in zip(u_leaves, p_leaves, new, grown, strict=True)]
     return jax.tree.unflatten(treedef, out), SparseState(
-        step=jnp.where(step < 2 ** 31 - 1, step + 1, step), key=key,
+        step=optax.safe_increment(step), key=key,
         masks=jax.tree.unflatten(treedef, new), inner_state=inner_state)
 
   return optax.GradientTransformation(init_fn, update_fn)
