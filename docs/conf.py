@@ -32,7 +32,7 @@ extensions = [
     'sphinx.ext.intersphinx',
     'sphinx.ext.viewcode',
 ]
-exclude_patterns = ['_build', 'README.md', '**.ipynb_checkpoints', 'jupyter_execute']
+exclude_patterns = ['_build', '_ipython', 'README.md', '**.ipynb_checkpoints', 'jupyter_execute']
 
 # Markdown and notebooks.
 myst_enable_extensions = ['colon_fence', 'dollarmath', 'deflist']
@@ -43,16 +43,10 @@ nb_execution_timeout = 300        # seconds per cell
 nb_execution_raise_on_error = True  # a failing example fails the build
 nb_execution_show_tb = True
 nb_merge_streams = True
-
-
-def _kernels_over_ipc() -> None:
-  """Notebook kernels talk to the build over local sockets (IPC), not TCP: ipykernel then
-  has no reason to warn, once per page, that its TCP traffic is not encrypted."""
-  from jupyter_client.manager import KernelManager
-  KernelManager.transport.default_value = 'ipc'
-
-
-_kernels_over_ipc()
+# The notebook kernels' own log (ipykernel warns, once per page, that the local TCP
+# link to the build is unencrypted) stays out of the build log: their IPython
+# profile, docs/_ipython, sets the kernel's log level to errors.
+os.environ['IPYTHONDIR'] = os.path.join(os.path.dirname(__file__), '_ipython')
 
 # API reference.
 autosummary_generate = True

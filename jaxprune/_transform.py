@@ -310,7 +310,7 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | Non
       for whole coupled channels; the schedule, gating and the application of
       the masks stay as above. The default is the per-leaf magnitude rule
       (docs/explanation/semantics.md).
-    **fields: hparams fields by name, over `hparams`:
+    fields: hparams fields by keyword, over `hparams`:
       `pruning(target_sparsity=0.8, sparsity_function_end_step=1000)`.
 
   Returns:
@@ -378,13 +378,13 @@ def pruned(optimizer: optax.GradientTransformation,
 
   Args:
     optimizer: any optax transform, e.g. `optax.adam(1e-3)`.
-    hparams, sparsity_fn, prune_filter, mask_rule, **fields: as in `pruning`, e.g.
+    hparams, sparsity_fn, prune_filter, mask_rule, fields: as in `pruning`, e.g.
       `pruned(optax.adam(1e-3), target_sparsity=0.9)`.
 
   Returns:
-    An `optax.GradientTransformationExtraArgs` whose `update(grads, state, params,
-    **extra_args)` needs `params` and hands the extra arguments (e.g. `value=loss`
-    for `optax.contrib.reduce_on_plateau`) to `optimizer`; apply its updates with
+    An `optax.GradientTransformationExtraArgs`: its `update(grads, state, params)`
+    needs `params`, and hands any extra keyword arguments (e.g. `value=loss` for
+    `optax.contrib.reduce_on_plateau`) to `optimizer`; apply its updates with
     `optax.apply_updates`.
 
   Example:
