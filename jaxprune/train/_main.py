@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -186,11 +187,15 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
       _fail(str(err))
   workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
   print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
+  _defer_interrupts_to_training()
   try:
     result = distributed.guarded(loop.train, config, workdir)
   except errors.RunError as err:
     _fail(str(err))
   except KeyboardInterrupt:
+    if not _has_checkpoint(workdir):
+      _stop_interrupted(f'interrupted before the first checkpoint of {workdir}; run the same '
+                        'command again to start the run.')
     print(f'\nInterrupted; run the same command again to resume from the newest checkpoint '
           f'in {workdir} (training writes one when interrupted).', file=sys.stderr)
     sys.exit(130)
@@ -230,8 +235,45 @@ def _join_processes(defined: _Flags, distributed: Any) -> None:
     warnings.simplefilter('ignore')  # process 0 shows the same warnings
 
 
+def _has_checkpoint(workdir: str) -> bool:
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  return os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
+
+
+def _stop_interrupted(message: str) -> NoReturn:
+  """Ctrl-C before anything was saved: one line, status 130, and no interpreter shutdown.
+
+  A shutdown while JAX is still starting (its threads compiling, its backends
+  half made) can crash the process; nothing is pending that it would save.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.write(2, f'\n{PROGRAM}: {message}\n'.encode())
+  os._exit(130)
+
+
+def _on_interrupt_at_start(signum: int, frame: Any) -> None:
+  del signum, frame
+  _stop_interrupted('interrupted while starting; nothing was written.')
+
+
+def _catch_interrupts_at_start() -> None:
+  """Until training starts, Ctrl-C ends the job at once with one line (no traceback of
+  whatever import or flag parsing it hit)."""
+  if (threading.current_thread() is threading.main_thread()
+      and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    signal.signal(signal.SIGINT, _on_interrupt_at_start)
+
+
+def _defer_interrupts_to_training() -> None:
+  """Gives Ctrl-C back to Python's handler, which the training loop defers to its steps."""
+  if signal.getsignal(signal.SIGINT) is _on_interrupt_at_start:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run() -> None:
   """Console-script entry point (`jaxprune-train`)."""
+  _catch_interrupts_at_start()
   argv = sys.argv
   if any(arg in usage.HELP_FLAGS for arg in argv[1:]) or '--helpfull' in argv[1:]:
     print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()],
