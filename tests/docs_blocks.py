@@ -27,4 +27,6 @@ def code_cells(page: str, start: str | None = None, end: str | None = None) -> l
   if end is not None:
     assert end in text, f'docs/{page} has no {end!r} after {start!r}'
     text = text.split(end, 1)[0]
-  return re.findall(r'```\{code-cell\}[^\n]*\n(.*?)```', text, flags=re.DOTALL)
+  cells = re.findall(r'```\{code-cell\}[^\n]*\n(.*?)```', text, flags=re.DOTALL)
+  # A cell may open with MyST options (`:tags: [hide-input]`) and a blank line.
+  return [re.sub(r'\A(?::[^\n]*\n)+\n?', '', cell) for cell in cells]
