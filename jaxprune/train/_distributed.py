@@ -31,9 +31,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -75,22 +77,53 @@ _JAX_FATAL = b'Terminating process because the JAX distributed service detected 
 _SET_LINE = b'\0jaxprune-lost-line:'  # how the process tells the child its line
 
 
+# The distributed runtime's own log lines (glog's `E1128 03:03:31.55 5169
+# coordination_service.cc:1549] ...`, several lines each, from the coordination
+# service, its agent and the preemption manager) come just before its fatal message:
+# they are held back for a few seconds, and dropped when that message follows.
+_RUNTIME_LOG = re.compile(rb'^[EWF]\d{4} [\d:.]+ +\d+ (?:coordination_service|'
+                          rb'coordination_service_agent|preemption_sync_manager|client)'
+                          rb'\.(?:cc|h):', re.M)
+_HOLD_SECONDS = 5.0
+
+
 def _pass_stderr_on(source: int, target: int) -> None:
   """The child: copies `source` to `target` until every writer is gone, then exits."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the job, not for this copy
-  line, lost = b'', False
-  while chunk := os.read(source, 65536):
+  line, lost, held, held_until = b'', False, b'', 0.0
+  while True:
+    wait = held_until - time.monotonic()
+    if held and (wait <= 0 or not select.select([source], [], [], wait)[0]):
+      os.write(target, held)  # no fatal error followed: the lines were news after all
+      held = b''
+      continue
+    chunk = os.read(source, 65536)
+    if not chunk:
+      break
     if lost:
       continue
     start = chunk.find(_SET_LINE)
     if start >= 0:  # written in one piece, before anything JAX could stop
       end = chunk.index(b'\n', start)
       line, chunk = chunk[start + len(_SET_LINE):end], chunk[:start] + chunk[end + 1:]
+    chunk, was_held, held = held + chunk, bool(held), b''
     at = chunk.find(_JAX_FATAL)
     if at >= 0:
       lost = True
-      chunk = chunk[:chunk.rfind(b'\n', 0, at) + 1] + line + b'\n'
-    os.write(target, chunk)
+      chunk = chunk[:chunk.rfind(b'\n', 0, at) + 1]
+      log = _RUNTIME_LOG.search(chunk)
+      os.write(target, chunk[:log.start() if log else len(chunk)] + line + b'\n')
+      continue
+    log = None if was_held else _RUNTIME_LOG.search(chunk)
+    if was_held:
+      held = chunk  # still within the moment the first held line started
+    elif log:
+      chunk, held, held_until = chunk[:log.start()], chunk[log.start():], (
+          time.monotonic() + _HOLD_SECONDS)
+      os.write(target, chunk)
+    else:
+      os.write(target, chunk)
+  os.write(target, held)
   os._exit(0)
 
 
