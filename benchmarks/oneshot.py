@@ -6,7 +6,10 @@ Zhu & Gupta 2017, arXiv 1710.01878); then prunes the dense checkpoint once with
 magnitude, Wanda and SparseGPT at 50% and 60% unstructured and at 2:4, and prints
 held-out bits per character and the seconds each one-shot method takes.
 The attention and MLP kernels of the blocks are pruned; the embedding and the
-output head stay dense, as in the SparseGPT and Wanda papers.
+output head stay dense, as in the SparseGPT and Wanda papers. Wanda and
+SparseGPT also prune the same checkpoint written with its blocks under one
+`nn.scan` (`charlm.Config.scan`, the params stacked as MaxText holds them),
+which must give the unrolled model's bits per character.
 
     python -m benchmarks.oneshot train --workdir /tmp/oneshot   # two training runs
     python -m benchmarks.oneshot prune --workdir /tmp/oneshot   # one-shot, from dense
@@ -16,6 +19,7 @@ output head stay dense, as in the SparseGPT and Wanda papers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -70,6 +74,7 @@ SETTINGS = {'50%': dict(sparsity=0.5), '60%': dict(sparsity=0.6), '2:4': dict(nm
 VARIANTS = {'magnitude (per layer)': dict(method='magnitude'),
             'magnitude (per row)': dict(method='magnitude', per_row=True),
             'Wanda': dict(method='wanda'), 'SparseGPT': dict(method='sparsegpt')}
+SCANNED = ('Wanda', 'SparseGPT')   # also run on the model with its blocks under nn.scan
 
 
 def prune(workdir: str) -> None:
@@ -79,19 +84,26 @@ def prune(workdir: str) -> None:
   evaluation = charlm.heldout_batches(heldout, seq_len=config.seq_len, **HELDOUT)
   calibration = [b[:, :-1] for b in charlm.sample_batches(
       data, CALIBRATION['batch_size'], config.seq_len, CALIBRATION['count'], CALIBRATION['seed'])]
-  fn = charlm.apply_fn(config)
+  scanned = dataclasses.replace(config, scan=True)
+  models = {'': (config, dense), ', blocks under nn.scan': (
+      scanned, charlm.stack_blocks(dense, config.layers))}
   results = {'dense': charlm.bits_per_char(config, dense, evaluation)}
   for setting, target in SETTINGS.items():
-    for name, method in VARIANTS.items():
-      start = time.perf_counter()
-      params, _ = oneshot.prune(fn, dense, calibration, overrides={'^head/': None},
-                                **method, **target)
-      jax.block_until_ready(params)
-      seconds = time.perf_counter() - start
-      results[f'{name} {setting}'] = [charlm.bits_per_char(config, params, evaluation), seconds]
-      print(f'{name} {setting}: {results[f"{name} {setting}"]}', flush=True)
-      with open(os.path.join(workdir, 'prune.json'), 'w') as f:
-        json.dump(results, f, indent=1)
+    for suffix, (model_config, model_params) in models.items():
+      fn = charlm.apply_fn(model_config)
+      for name, method in VARIANTS.items():
+        if suffix and name not in SCANNED:
+          continue
+        start = time.perf_counter()
+        params, _ = oneshot.prune(fn, model_params, calibration, overrides={'^head/': None},
+                                  **method, **target)
+        jax.block_until_ready(params)
+        seconds = time.perf_counter() - start
+        key = f'{name}{suffix} {setting}'
+        results[key] = [charlm.bits_per_char(model_config, params, evaluation), seconds]
+        print(f'{key}: {results[key]}', flush=True)
+        with open(os.path.join(workdir, 'prune.json'), 'w') as f:
+          json.dump(results, f, indent=1)
 
 
 def table(workdir: str) -> None:
@@ -102,9 +114,10 @@ def table(workdir: str) -> None:
   with open(os.path.join(workdir, 'prune.json')) as f:
     pruned = json.load(f)
   rows = [['dense', *[f'{pruned["dense"]:.3f}'] * 3, '']]
+  names = [*VARIANTS, *(f'{name}, blocks under nn.scan' for name in SCANNED)]
   rows += [[name, *[f'{pruned[f"{name} {s}"][0]:.3f}' for s in SETTINGS],
             ' / '.join(f'{pruned[f"{name} {s}"][1]:.0f}' for s in SETTINGS)]
-           for name in VARIANTS]
+           for name in names if f'{name} 50%' in pruned]
   gradual = trained['gradual']
   rows.append([f'gradual magnitude in training ({config.steps} steps)', f'{gradual["bpc"]:.3f}',
                '', '', f'{gradual["seconds"]:.0f} (training)'])

@@ -90,3 +90,26 @@ def test_hf_models_pruned_by_all_three_methods(name):
     assert np.all(np.isfinite(np.asarray(case.fn(new, batches[0]))))
   stripped = jaxprune._export.strip(new, masks)
   assert jax.tree.structure(stripped) == jax.tree.structure(case.variables)
+
+
+@pytest.mark.parametrize('method', ['wanda', 'sparsegpt'])
+def test_charlm_with_its_blocks_under_nn_scan_prunes_as_unrolled(method):
+  """The byte LM with `Config.scan` (the blocks' params stacked, run by one `nn.scan`)
+  gets the unrolled model's masks and params, slice by slice."""
+  config = charlm.Config(layers=2, width=32, heads=2, hidden=64, seq_len=16)
+  scanned = charlm.Config(layers=2, width=32, heads=2, hidden=64, seq_len=16, scan=True)
+  params = charlm.init_params(config)
+  rng = np.random.default_rng(0)
+  batches = [jnp.asarray(rng.integers(0, 256, (4, 16)), jnp.int32) for _ in range(2)]
+  target = dict(sparsity=0.5) if method == 'wanda' else dict(nm='2:4')
+  new, masks = oneshot.prune(charlm.apply_fn(config), params, batches, method=method,
+                             overrides={'^head/': None}, **target)
+  got, got_masks = oneshot.prune(charlm.apply_fn(scanned), charlm.stack_blocks(params, 2),
+                                 batches, method=method, overrides={'^head/': None}, **target)
+  for a, b in zip(jax.tree.leaves(got_masks), jax.tree.leaves(charlm.stack_blocks(masks, 2)),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(charlm.stack_blocks(new, 2)),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert float(np.mean(np.asarray(got_masks['blocks']['q']['kernel']))) == 0.5

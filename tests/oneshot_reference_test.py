@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from oneshot_references import sparsegpt_reference, stable_prune
 
 import jaxprune
 from jaxprune import oneshot
@@ -21,45 +22,6 @@ def _linear(params, x):
   return x @ params['w']
 
 
-def _stable_prune(scores, pruned):
-  """Bool mask pruning (True) the `pruned` lowest scores of a 1-d array, lower index first."""
-  out = np.zeros(scores.shape, bool)
-  out[np.argsort(scores, kind='stable')[:pruned]] = True
-  return out
-
-
-def sparsegpt_reference(w, h, sparsity, nm, blocksize, percdamp):
-  """Algorithm 1 of Frantar & Alistarh 2023 in float64, W as (outputs, inputs)."""
-  w, h = w.astype(np.float64).copy(), h.astype(np.float64).copy()
-  k = w.shape[1]
-  dead = np.diag(h) == 0
-  h[dead, dead] = 1.0
-  w[:, dead] = 0.0
-  h += percdamp * np.mean(np.diag(h)) * np.eye(k)
-  u = np.linalg.cholesky(np.linalg.inv(h)).T          # H^-1 = U^T U, U upper
-  pruned = np.zeros(w.shape, bool)
-  for i1 in range(0, k, blocksize):
-    i2 = min(i1 + blocksize, k)
-    w1, u1, err1 = w[:, i1:i2].copy(), u[i1:i2, i1:i2], np.zeros((w.shape[0], i2 - i1))
-    p1 = np.zeros(w1.shape, bool)
-    if nm is None:
-      p1 = _stable_prune((w1 ** 2 / np.diag(u1) ** 2).ravel(),
-                         round(sparsity * w1.size)).reshape(w1.shape)
-    for i in range(i2 - i1):
-      if nm is not None and i % nm[1] == 0:
-        tmp = w1[:, i:i + nm[1]] ** 2 / np.diag(u1)[i:i + nm[1]] ** 2
-        for r in range(w1.shape[0]):
-          p1[r, i:i + nm[1]] = _stable_prune(tmp[r], nm[1] - nm[0])
-      q = np.where(p1[:, i], 0.0, w1[:, i])
-      err1[:, i] = (w1[:, i] - q) / u1[i, i]
-      w1[:, i:] -= np.outer(err1[:, i], u1[i, i:])
-      w1[:, i] = q
-    w[:, i1:i2] = w1
-    w[:, i2:] -= err1 @ u[i1:i2, i2:]
-    pruned[:, i1:i2] = p1
-  return w, ~pruned
-
-
 def _setup(k=16, out=8, seed=0):
   batches, x = _calibration(k=k, seed=seed)
   w = np.random.default_rng(seed + 1).normal(size=(k, out)).astype(np.float32)
@@ -70,7 +32,7 @@ def test_wanda_mask_is_the_numpy_rule():
   params, batches, x, w = _setup()
   norms = np.sqrt((x ** 2).sum(0))
   scores = np.abs(w.T) * norms                      # (outputs, inputs)
-  expected = ~np.stack([_stable_prune(row, 8) for row in scores]).T
+  expected = ~np.stack([stable_prune(row, 8) for row in scores]).T
   new, masks = oneshot.prune(_linear, params, batches, method='wanda', sparsity=0.5)
   np.testing.assert_array_equal(np.asarray(masks['w']), expected)
   np.testing.assert_array_equal(np.asarray(new['w']), np.where(expected, w, 0))
@@ -78,8 +40,8 @@ def test_wanda_mask_is_the_numpy_rule():
 
 def test_magnitude_per_layer_and_per_row():
   params, batches, _, w = _setup()
-  per_layer = ~_stable_prune(np.abs(w).ravel(), round(0.6 * w.size)).reshape(w.shape)
-  per_row = ~np.stack([_stable_prune(np.abs(col), round(0.6 * 16)) for col in w.T]).T
+  per_layer = ~stable_prune(np.abs(w).ravel(), round(0.6 * w.size)).reshape(w.shape)
+  per_row = ~np.stack([stable_prune(np.abs(col), round(0.6 * 16)) for col in w.T]).T
   _, masks = oneshot.prune(_linear, params, batches, method='magnitude', sparsity=0.6)
   np.testing.assert_array_equal(np.asarray(masks['w']), per_layer)
   _, masks = oneshot.prune(_linear, params, batches, method='magnitude', sparsity=0.6,
@@ -136,7 +98,7 @@ def test_sequential_inputs_come_from_the_pruned_earlier_layer():
     w1 = np.asarray(new['w1'] if sequential else params['w1'], np.float64)
     hidden = np.maximum(x @ w1, 0)
     scores = np.abs(np.asarray(params['w2']).T) * np.sqrt((hidden ** 2).sum(0))
-    expected[sequential] = ~np.stack([_stable_prune(row, 12) for row in scores]).T
+    expected[sequential] = ~np.stack([stable_prune(row, 12) for row in scores]).T
     np.testing.assert_array_equal(np.asarray(masks['w2']), expected[sequential])
     assert masks['scale'] is None
   assert not np.array_equal(expected[True], expected[False])

@@ -1,7 +1,11 @@
 """One-shot pruning of trained models from calibration batches: magnitude, Wanda
-(Sun et al. 2023) and SparseGPT (Frantar & Alistarh 2023), unstructured or N:M."""
+(Sun et al. 2023) and SparseGPT (Frantar & Alistarh 2023), unstructured or N:M, of
+matmul and convolution weights, also those stacked under a `lax.scan`; `prune_with_report`
+also reports each layer's sparsity and reconstruction error."""
 
-from jaxprune.oneshot._api import METHODS, prune
-from jaxprune.oneshot._layers import Layer, Site, find_layers
+from jaxprune.oneshot._api import METHODS, prune, prune_with_report
+from jaxprune.oneshot._layers import Layer, Site, Stack, find_layers
+from jaxprune.oneshot._report import LayerReport, Report
 
-__all__ = ['METHODS', 'Layer', 'Site', 'find_layers', 'prune']
+__all__ = ['METHODS', 'Layer', 'LayerReport', 'Report', 'Site', 'Stack', 'find_layers', 'prune',
+           'prune_with_report']

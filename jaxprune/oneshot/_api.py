@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -15,7 +16,8 @@ from jaxprune import _names as names_lib
 from jaxprune import _nm as nm_lib
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _solvers as solvers
-from jaxprune.oneshot._layers import Layer, find_layers
+from jaxprune.oneshot._layers import Layer, layers_and_reasons
+from jaxprune.oneshot._report import LayerReport, Report
 
 PyTree = Any
 Target = tuple[float, tuple[int, int] | None]   # (sparsity, nm)
@@ -52,8 +54,13 @@ def _override(regex: str, value: Any) -> Target | None:
   return _target(where, value, None)
 
 
+def layer_key(layer: Layer) -> tuple[int, int | None]:
+  """A layer's key: its leaf, and its slice for a slice of a stacked leaf."""
+  return layer.leaf, layer.stack.index if layer.stack is not None else None
+
+
 def _targets(layers: list[Layer], default: Target | None,
-             overrides: Mapping[str, Any]) -> dict[int, Target | None]:
+             overrides: Mapping[str, Any]) -> dict[tuple[int, int | None], Target | None]:
   parsed = {}
   for regex, value in overrides.items():
     try:
@@ -68,7 +75,7 @@ def _targets(layers: list[Layer], default: Target | None,
       raise ValueError(f'overrides: layer {layer.name!r} matches several regexes {hits}; '
                        'make them exclusive.')
     used.update(hits)
-    targets[layer.leaf] = parsed[hits[0]] if hits else default
+    targets[layer_key(layer)] = parsed[hits[0]] if hits else default
   unused = [r for r in parsed if r not in used]
   if unused:
     raise ValueError(f'overrides: {unused} match no layer; the layers are '
@@ -93,7 +100,7 @@ def _unmatrix(matrix: jax.Array, like: jax.Array, in_axes: tuple[int, ...]) -> j
 
 def _check_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
   for layer in layers:
-    target = targets[layer.leaf]
+    target = targets[layer_key(layer)]
     if target is None or target[1] is None:
       continue
     inputs = int(np.prod([leaves[layer.leaf].shape[a] for a in layer.in_axes]))
@@ -170,8 +177,11 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
           sequential: bool = True) -> tuple[PyTree, PyTree]:
   """Prunes a trained model once, from calibration batches.
 
-  The layers are the parameter leaves used only as a `dot_general` operand
-  (docs/guides/oneshot.md); each is pruned along its input channels:
+  The layers are the parameter leaves used only as a `dot_general` operand or
+  a convolution kernel (docs/guides/oneshot.md), and each slice of a leaf
+  stacked along a `lax.scan`'s steps whose slice the scan's body uses so (the
+  blocks of Flax's `nn.scan`, haiku's `layer_stack`, a scan over an equinox
+  model's stacked blocks); each is pruned along its input channels:
 
   * 'magnitude': keeps the largest |W| of the layer (`per_row=True`: of each
     output row, as Wanda compares); the batches serve only to trace `fn`.
@@ -182,10 +192,18 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     blocks of `blocksize`, adaptive mask per block (or per N:M group), the kept
     weights updated to compensate.
 
-  With `sequential` (the papers' default) the layers go in waves
-  (`layers.Layer.wave`): a wave's inputs are computed by the model whose
-  earlier waves are already pruned. The Gram matrices and norms are
-  accumulated over the batches inside `jit`, one wave at a time.
+  A convolution is the matmul of its kernel with the unfolded input patches
+  (inputs ordered as the kernel's spatial axes, then its input features, so
+  that N:M groups lie along the input features; a grouped convolution's
+  groups have their own statistics). With `sequential` (the papers' default)
+  the layers go in waves (`oneshot.Layer.wave`): a wave's inputs are computed
+  by the model whose earlier waves are already pruned; a stack's slices come
+  in the order its scan runs them. The Gram matrices and norms are accumulated
+  over the batches inside `jit`, one wave at a time (a stack's: one slice's).
+
+  Weights it cannot prune (a leaf with two axes longer than 1 read by a gather,
+  inside `while` or `cond`, by two products contracting different axes, as a
+  scan's const or carry, ...) are named, with the reason, in one `UserWarning`.
 
   Args:
     fn: the model: `fn(params, batch)`, or a Flax module (or its `apply`), then called
@@ -198,8 +216,9 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     nm: an N:M pattern ('2:4' or (2, 4): keep N of every M consecutive inputs
       of each output), instead of `sparsity`.
     overrides: `{regex: sparsity | 'N:M' | None}` for the layers whose name
-      (e.g. 'block_0/q/kernel') the regex matches (`re.search`); None or 0
-      leaves them dense. Each regex must match a layer, each layer at most one.
+      (e.g. 'block_0/q/kernel', 'blocks/up/kernel[3]' for a stack's slice 3) the
+      regex matches (`re.search`); None or 0 leaves them dense. Each regex must
+      match a layer, each layer at most one.
     per_row: magnitude only: compare within each output row.
     blocksize: SparseGPT's column block (a multiple of M for N:M).
     percdamp: SparseGPT's dampening (0 only for a nonsingular Hessian).
@@ -210,11 +229,14 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     updated), masks): masks is a tree parallel to params, bool (True = kept)
     for the pruned layers, None elsewhere, as `jaxprune.apply_masks`,
     `jaxprune.strip`, `jaxprune.size_report` and `PruningState.masks` use.
+    `prune_with_report` also gives what was pruned and each layer's
+    reconstruction error.
 
   Raises:
     ValueError: for an unknown method, no batch, a sparsity outside [0, 1),
-      an N:M pattern that does not divide a layer's inputs, a bad override, no
-      layer found, or a singular Hessian with `percdamp=0`. Nothing is changed.
+      an N:M pattern that does not divide a layer's inputs (a convolution's
+      input features), a bad override, no layer found, or a singular Hessian
+      with `percdamp=0`. Nothing is changed.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -226,6 +248,93 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     >>> masks['w'].sum(axis=0)  # each output keeps half of its 8 inputs
     Array([4, 4, 4, 4], dtype=int32)
   """
+  pruned, masks, _ = _run(fn, params, calibration_batches, method=method, sparsity=sparsity,
+                          nm=nm, overrides=overrides, per_row=per_row, blocksize=blocksize,
+                          percdamp=percdamp, sequential=sequential, report=False)
+  return pruned, masks
+
+
+def prune_with_report(fn: Callable[[PyTree, Any], Any], params: PyTree,
+                      calibration_batches: Iterable[Any], *, method: str,
+                      sparsity: float | None = None, nm: str | tuple[int, int] | None = None,
+                      overrides: Mapping[str, float | str | tuple[int, int] | None] | None = None,
+                      per_row: bool = False, blocksize: int = 128, percdamp: float = 0.01,
+                      sequential: bool = True) -> tuple[PyTree, PyTree, Report]:
+  """`prune`, and a `Report` of what it did: each pruned layer in order (its target, the
+  share of its weights now zero, and its reconstruction error
+  `||W X - W' X||^2 / ||W X||^2` on the calibration inputs it was pruned from), and the
+  weights left dense with the reason.
+
+  The same params and masks as `prune` with the same arguments; measuring the error
+  needs each layer's Gram matrix `X^T X` (for 'magnitude' too, which then runs the
+  calibration passes it otherwise skips). `print(report)` gives a table.
+
+  Example:
+    >>> import jax
+    >>> from jaxprune import oneshot
+    >>> params = {'w': jax.random.normal(jax.random.key(0), (8, 4))}
+    >>> batches = [jax.random.normal(jax.random.key(1), (16, 8))]
+    >>> _, _, report = oneshot.prune_with_report(lambda p, x: x @ p['w'], params, batches,
+    ...                                          method='sparsegpt', nm='2:4')
+    >>> [(layer.name, layer.shape, layer.target, layer.sparsity) for layer in report.layers]
+    [('w', (4, 8), '2:4', 0.5)]
+  """
+  return _run(fn, params, calibration_batches, method=method, sparsity=sparsity, nm=nm,
+              overrides=overrides, per_row=per_row, blocksize=blocksize, percdamp=percdamp,
+              sequential=sequential, report=True)
+
+
+def _skipped(layers: list[Layer], reasons: Mapping[int, tuple[str, int | None]],
+             leaves: list[Any], names: list[str]) -> list[tuple[str, str]]:
+  """(name, reason) of the used leaves that look like weights (floating, with two axes
+  longer than 1 in what the model multiplies: a stack's slice for a stacked leaf) but are
+  not layers."""
+  found = {layer.leaf for layer in layers}
+  out = []
+  for leaf, (reason, stacked) in sorted(reasons.items()):
+    shape = [n for a, n in enumerate(np.shape(leaves[leaf])) if a != stacked]
+    if (leaf not in found and sum(n > 1 for n in shape) >= 2
+        and jnp.issubdtype(np.dtype(leaves[leaf].dtype), jnp.floating)):
+      out.append((names[leaf], reason))
+  return out
+
+
+def _listing(skipped: list[tuple[str, str]]) -> str:
+  return '; '.join(f'{name!r} ({reason})' for name, reason in skipped)
+
+
+def _check_conv_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
+  """A convolution's N:M groups lie along its input features: M must divide them."""
+  for layer in layers:
+    target = targets[layer_key(layer)]
+    if target is None or target[1] is None or not layer.sites[0].conv:
+      continue
+    features = leaves[layer.leaf].shape[layer.in_axes[-1]]
+    if features % target[1][1]:
+      raise ValueError(
+          f'nm={target[1][0]}:{target[1][1]}: convolution {layer.name!r} has {features} input '
+          f'features per group, not divisible by M={target[1][1]}; choose an M dividing '
+          f'{features} or leave the layer out with overrides={{regex: None}}.')
+
+
+def _rounds(group: list[Layer]) -> Iterator[tuple[list[Layer], dict]]:
+  """The layers of a wave in passes: each pass measures one step of each scan (`at`),
+  the unstacked layers in the first."""
+  steps: dict[Any, set[int]] = {}
+  for layer in group:
+    if layer.stack is not None:
+      steps.setdefault(layer.stack.scan, set()).add(layer.stack.index)
+  ordered = {scan: sorted(indices) for scan, indices in steps.items()}
+  for r in range(max(map(len, ordered.values()), default=1)):
+    at = {scan: indices[r] for scan, indices in ordered.items() if r < len(indices)}
+    yield [layer for layer in group
+           if (layer.stack is None and r == 0)
+           or (layer.stack is not None and at.get(layer.stack.scan) == layer.stack.index)], at
+
+
+def _run(fn, params, calibration_batches, *, method, sparsity, nm, overrides, per_row,
+         blocksize, percdamp, sequential, report) -> tuple[PyTree, PyTree, Report]:
+  """`prune_with_report`; with `report=False` the error is not measured (NaN)."""
   if method not in METHODS:
     raise ValueError(f'method={method!r}: choose one of {METHODS}.')
   default = _target('prune', sparsity, nm)
@@ -238,56 +347,119 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
   fn = _as_function(fn, params)
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   leaves = [leaf for _, leaf in flat]
+  names = [names_lib.leaf_name(path) for path, _ in flat]
   closed, batches = _batches(fn, params, calibration_batches)
-  layers = find_layers(closed, [names_lib.leaf_name(path) for path, _ in flat])
+  layers, reasons = layers_and_reasons(closed, names)
+  skipped = _skipped(layers, reasons, leaves, names)
   if not layers:
     raise ValueError('prune: found no layer (a parameter leaf used only as a dot_general '
-                     'operand) in fn; weights inside scan/while/cond are not seen.')
+                     'operand or a convolution kernel) in fn'
+                     + (f': {_listing(skipped)}.' if skipped else '.'))
+  if skipped:
+    warnings.warn(f'oneshot.prune leaves {len(skipped)} weight(s) dense, which it cannot '
+                  f'prune: {_listing(skipped)}.', UserWarning, stacklevel=3)
   targets = _targets(layers, default, overrides or {})
   for layer in layers:
     dtype = np.dtype(leaves[layer.leaf].dtype)
-    if targets[layer.leaf] is not None and not jnp.issubdtype(dtype, jnp.floating):
+    if targets[layer_key(layer)] is not None and not jnp.issubdtype(dtype, jnp.floating):
       raise ValueError(f'layer {layer.name!r} has dtype {dtype}: only floating-point weights '
                        'can be pruned; leave it dense with overrides={' + repr(layer.name)
                        + ': None} or convert the params to float.')
   _check_nm(layers, leaves, targets)
+  _check_conv_nm(layers, leaves, targets)
   for layer in layers:
-    target = targets[layer.leaf]
+    target = targets[layer_key(layer)]
     if method == 'sparsegpt' and target is not None and target[1] is not None:
       if blocksize % target[1][1]:
         raise ValueError(f'blocksize={blocksize}: must be a multiple of M={target[1][1]} '
                          f'for N:M (layer {layer.name!r}).')
-  chosen = [layer for layer in layers if targets[layer.leaf] is not None]
+  chosen = [layer for layer in layers if targets[layer_key(layer)] is not None]
+  kinds = {'magnitude': (), 'wanda': ('sqnorm',), 'sparsegpt': ('gram',)}[method]
+  if report and 'gram' not in kinds:
+    kinds += ('gram',)
   current = list(leaves)
   masks: list[Any] = [None] * len(leaves)
-  kind = 'gram' if method == 'sparsegpt' else 'sqnorm'
   # One compiled pass measuring every layer, rerun per wave, unless the statistics of all
-  # layers together would be large: then one pass per wave, measuring only its layers.
-  shared = capture.stat_size(chosen, leaves, kind) <= _SHARED_STATS_LIMIT
-  collect = capture.collector(closed, chosen, kind) if shared else None
+  # layers together would be large: then one pass per wave, measuring only its layers (one
+  # compiled pass per set of leaves: the waves of a stack's slices share theirs).
+  shared = capture.stat_size(chosen, leaves, kinds) <= _SHARED_STATS_LIMIT
+  collectors: dict[Any, Callable] = {}
+
+  def measure(group: list[Layer], at: dict) -> dict:
+    key = () if shared else tuple(sorted({layer.leaf for layer in group}))
+    if key not in collectors:
+      collectors[key] = capture.collector(closed, chosen if shared else group, kinds)
+    return collectors[key](current if sequential else leaves, batches, at)
+
+  records = []
   waves = sorted({layer.wave for layer in chosen}) if sequential else [None]
   for wave in waves:
     group = [layer for layer in chosen if not sequential or layer.wave == wave]
-    stats = {}
-    if method != 'magnitude':
-      stats = (collect or capture.collector(closed, group, kind))(current, batches)
-    for layer in group:
-      current[layer.leaf], masks[layer.leaf] = _prune_layer(
-          layer, current[layer.leaf], stats.get(layer.leaf), targets[layer.leaf], method,
-          per_row=per_row, blocksize=blocksize, percdamp=float(percdamp))
+    for part, at in _rounds(group):
+      stats = measure(group, at) if kinds else {}
+      for layer in part:
+        target = targets[layer_key(layer)]
+        new, mask, error = _prune_layer(
+            layer, _weight(layer, current[layer.leaf]), stats.get(layer.leaf), target,
+            method, per_row=per_row, blocksize=blocksize, percdamp=float(percdamp),
+            with_error=report)
+        current[layer.leaf], masks[layer.leaf] = _put(layer, current[layer.leaf],
+                                                      masks[layer.leaf], new, mask)
+        records.append(LayerReport(
+            layer.name, _matrix_shape(layer, leaves[layer.leaf]),
+            f'{target[1][0]}:{target[1][1]}' if target[1] else f'{100 * target[0]:g}%',
+            float(1 - jnp.mean(mask)), layer.wave, error))
   for i, leaf in enumerate(leaves):
     sharding = getattr(leaf, 'sharding', None)
     if masks[i] is not None and sharding is not None:
       current[i], masks[i] = jax.device_put((current[i], masks[i]), sharding)
-  return jax.tree.unflatten(treedef, current), jax.tree.unflatten(treedef, masks)
+  return (jax.tree.unflatten(treedef, current), jax.tree.unflatten(treedef, masks),
+          Report(tuple(records), tuple(skipped)))
 
 
-@functools.partial(jax.jit, static_argnames=('in_axes', 'target', 'method', 'per_row',
-                                             'blocksize', 'percdamp'))
+def _slice_axes(layer: Layer) -> tuple[int, ...]:
+  """The layer's input axes in its weight: the leaf, or a stack's slice of it."""
+  if layer.stack is None:
+    return layer.in_axes
+  return tuple(a - (a > layer.stack.axis) for a in layer.in_axes)
+
+
+def _weight(layer: Layer, leaf: jax.Array) -> jax.Array:
+  """The layer's weight: the leaf, or its slice for a stacked layer."""
+  if layer.stack is None:
+    return leaf
+  return jax.lax.index_in_dim(leaf, layer.stack.index, layer.stack.axis, keepdims=False)
+
+
+def _put(layer: Layer, leaf: jax.Array, mask: Any, new: jax.Array,
+         new_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(leaf, mask) with the layer's weight and mask replaced (a stack's other slices kept,
+  those not pruned with a mask of all True)."""
+  if layer.stack is None:
+    return new, new_mask
+  if mask is None:
+    mask = jnp.ones(leaf.shape, bool)
+  index, axis = layer.stack.index, layer.stack.axis
+  return (jax.lax.dynamic_update_index_in_dim(leaf, new, index, axis),
+          jax.lax.dynamic_update_index_in_dim(mask, new_mask, index, axis))
+
+
+def _matrix_shape(layer: Layer, leaf: Any) -> tuple[int, int]:
+  """(outputs, inputs) of the layer's weight as a matrix."""
+  inputs = int(np.prod([leaf.shape[a] for a in layer.in_axes]))
+  stacked = leaf.shape[layer.stack.axis] if layer.stack is not None else 1
+  return int(np.prod(leaf.shape)) // inputs // stacked, inputs
+
+
+@functools.partial(jax.jit, static_argnames=('in_axes', 'groups', 'target', 'method', 'per_row',
+                                             'blocksize', 'percdamp', 'with_error'))
 def _prune_leaf(leaf: jax.Array, stat: Any, rows: Any, *, in_axes: tuple[int, ...],
-                target: Target, method: str, per_row: bool, blocksize: int,
-                percdamp: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(new leaf, mask, whether SparseGPT's H^-1 was finite) of one layer."""
+                groups: int, target: Target, method: str, per_row: bool, blocksize: int,
+                percdamp: float, with_error: bool
+                ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """(new weight, mask, whether SparseGPT's H^-1 was finite, relative reconstruction
+  error (`with_error`, from the Gram matrix in `stat`; NaN otherwise)) of one layer's
+  weight."""
   sparsity, nm = target
   w = _matrix(leaf, in_axes)
   finite = jnp.bool_(True)
@@ -295,25 +467,39 @@ def _prune_leaf(leaf: jax.Array, stat: Any, rows: Any, *, in_axes: tuple[int, ..
     mask = solvers.magnitude(w, sparsity=sparsity, nm=nm, per_row=per_row)
     new = jnp.where(mask, w, 0.0)
   elif method == 'wanda':
-    mask = solvers.wanda(w, stat, sparsity=sparsity, nm=nm)
+    mask = solvers.wanda(w, jnp.repeat(stat['sqnorm'], w.shape[0] // groups, axis=0),
+                         sparsity=sparsity, nm=nm)
     new = jnp.where(mask, w, 0.0)
   else:
-    new, mask, finite = solvers.sparsegpt(
-        w, solvers.hessian(stat, rows), sparsity=sparsity, nm=nm,
-        blocksize=min(blocksize, w.shape[1]), percdamp=percdamp)
+    grouped = w.reshape(groups, -1, w.shape[1])
+    solve = functools.partial(solvers.sparsegpt, sparsity=sparsity, nm=nm,
+                              blocksize=min(blocksize, w.shape[1]), percdamp=percdamp)
+    h = solvers.hessian(stat['gram'], rows)
+    if groups == 1:
+      new, mask, finite = solve(grouped[0], h[0])
+    else:
+      new, mask, finite = jax.vmap(solve)(grouped, h)
+      new, mask, finite = new.reshape(w.shape), mask.reshape(w.shape), jnp.all(finite)
+  error = jnp.float32(jnp.nan)
+  if with_error:
+    error = solvers.relative_error(w.reshape(groups, -1, w.shape[1]),
+                                   new.reshape(groups, -1, w.shape[1]), stat['gram'])
   return (_unmatrix(new, leaf, in_axes).astype(leaf.dtype), _unmatrix(mask, leaf, in_axes),
-          finite)
+          finite, error)
 
 
-def _prune_layer(layer: Layer, leaf: jax.Array, stat: Any, target: Target, method: str, *,
-                 per_row: bool, blocksize: int, percdamp: float) -> tuple[jax.Array, jax.Array]:
-  """(new leaf, mask) of one layer; a ValueError for a singular Hessian."""
+def _prune_layer(layer: Layer, weight: jax.Array, stat: Any, target: Target, method: str, *,
+                 per_row: bool, blocksize: int, percdamp: float, with_error: bool
+                 ) -> tuple[jax.Array, jax.Array, float]:
+  """(new weight, mask, relative error or NaN) of one layer; a ValueError for a singular
+  Hessian."""
   value, rows = stat if stat is not None else (None, 1)
-  new, mask, finite = _prune_leaf(leaf, value, jnp.float32(rows), in_axes=layer.in_axes,
-                                  target=target, method=method, per_row=per_row,
-                                  blocksize=blocksize, percdamp=percdamp)
+  new, mask, finite, error = _prune_leaf(
+      weight, value, jnp.float32(rows), in_axes=_slice_axes(layer), groups=layer.groups,
+      target=target, method=method, per_row=per_row, blocksize=blocksize, percdamp=percdamp,
+      with_error=with_error)
   if not bool(finite):
     raise ValueError(f'sparsegpt: the Hessian of the inputs of layer {layer.name!r} is '
                      f'singular (percdamp={percdamp}); set percdamp > 0, e.g. 0.01, or '
                      'calibrate on more tokens.')
-  return new, mask
+  return new, mask, float(error)

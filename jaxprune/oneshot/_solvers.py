@@ -46,8 +46,11 @@ def magnitude(w: jax.Array, *, sparsity: float, nm: tuple[int, int] | None,
 def wanda(w: jax.Array, sqnorm: jax.Array, *, sparsity: float,
           nm: tuple[int, int] | None) -> jax.Array:
   """Wanda (Sun et al. 2023, arXiv 2306.11695): keeps the largest |W_ij| * ||X_j||_2
-  within each output row i, `X_j` the j-th input channel over all calibration tokens."""
-  scores = jnp.abs(w.astype(jnp.float32)) * jnp.sqrt(sqnorm)[None, :]
+  within each output row i, `X_j` the j-th input channel over all calibration tokens.
+
+  `sqnorm` is `||X_j||^2` of shape (inputs,), or (outputs, inputs) where output rows read
+  different inputs (the feature groups of a grouped convolution)."""
+  scores = jnp.abs(w.astype(jnp.float32)) * jnp.sqrt(sqnorm)
   return _select(scores, sparsity, nm, per_row=True)
 
 
@@ -129,6 +132,16 @@ def sparsegpt(w: jax.Array, h: jax.Array, *, sparsity: float, nm: tuple[int, int
     w = w.at[:, i2:].add(-jnp.matmul(err1, u[i1:i2, i2:], precision=_HIGHEST))
     masks.append(~prune1)
   return w, jnp.concatenate(masks, axis=1), jnp.all(jnp.isfinite(u))
+
+
+def relative_error(w: jax.Array, new: jax.Array, gram: jax.Array) -> jax.Array:
+  """`||W X - W' X||^2 / ||W X||^2` summed over the rows of X, from the Gram matrix
+  `X^T X`: `tr(D G D^T) / tr(W G W^T)`, D = W - W'. All three have a leading axis of
+  feature groups, each with its own inputs; NaN when `W X` is zero."""
+  def energy(m):
+    return jnp.sum(jnp.matmul(m, gram, precision=_HIGHEST) * m)
+  before = energy(w)
+  return jnp.where(before > 0, energy(w - new) / before, jnp.nan)
 
 
 def hessian(gram: jax.Array, rows: jax.Array) -> jax.Array:

@@ -47,6 +47,7 @@ class Config:
   warmup: int = 30
   heldout_every: int = 10   # one file in this many goes to the held-out set
   seed: int = 0
+  scan: bool = False        # the blocks under one `nn.scan`, their params stacked ('blocks')
 
 
 class Block(nn.Module):
@@ -73,8 +74,20 @@ class Block(nn.Module):
     return x + nn.Dense(d, use_bias=False, name='down')(nn.silu(gate) * up)
 
 
+class _ScanStep(Block):
+  """A block as `nn.scan` runs it: (carry, x) -> (carry, y)."""
+
+  def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
+    return Block.__call__(self, x), None
+
+
 class CharLM(nn.Module):
-  """Byte-level decoder: embedding + learned positions, blocks, norm, output head."""
+  """Byte-level decoder: embedding + learned positions, blocks, norm, output head.
+
+  With `config.scan` the blocks run under one `nn.scan` (as MaxText and other large
+  JAX models run theirs), their params stacked along a leading axis under 'blocks'
+  (`stack_blocks` turns the unrolled params into these): the same function.
+  """
   config: Config
 
   @nn.compact
@@ -83,9 +96,22 @@ class CharLM(nn.Module):
     x = nn.Embed(256, c.width, name='embed')(tokens)
     pos = self.param('pos', nn.initializers.normal(0.02), (c.seq_len, c.width))
     x = x + pos[:tokens.shape[1]]
-    for i in range(c.layers):
-      x = Block(c.width, c.heads, c.hidden, name=f'block_{i}')(x)
+    if c.scan:
+      blocks = nn.scan(_ScanStep, variable_axes={'params': 0}, split_rngs={'params': True},
+                       length=c.layers)
+      x, _ = blocks(c.width, c.heads, c.hidden, name='blocks')(x, None)
+    else:
+      for i in range(c.layers):
+        x = Block(c.width, c.heads, c.hidden, name=f'block_{i}')(x)
     return nn.Dense(256, use_bias=False, name='head')(nn.RMSNorm(name='final_norm')(x))
+
+
+def stack_blocks(params: PyTree, layers: int) -> PyTree:
+  """The params of the unrolled model as the scanned one (`Config.scan`) holds them: the
+  blocks' leaves stacked along a new leading axis under 'blocks'."""
+  blocks = [params[f'block_{i}'] for i in range(layers)]
+  rest = {k: v for k, v in params.items() if not k.startswith('block_')}
+  return {**rest, 'blocks': jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)}
 
 
 def stdlib_files() -> list[str]:

@@ -25,11 +25,14 @@ structured's private modules may change without notice.
                    one traversal of jaxprs finds it
   evaluate_watching  a jaxpr run as traced, a callback shown every equation's
                    inputs and outputs (calls entered)
+  scan_layout      a `scan` equation's consts, carries, xs, ys, body, length and
+                   direction, from either JAX's parameters (`_core/params.py`)
 """
 
 from jaxprune.structured._core.cost import FlopsReport, count_flops, flops_kept, flops_text
 from jaxprune.structured._core.jaxprs import call_body
 from jaxprune.structured._core.observe import evaluate as evaluate_watching
+from jaxprune.structured._core.params import scan as scan_layout
 from jaxprune.structured._select.importance import is_weight
 from jaxprune.structured._shrink.verify import checked_callable, compare, traced_outputs
 from jaxprune.structured._trace.kinds import activation_products
@@ -37,5 +40,5 @@ from jaxprune.structured._trace.kinds import activation_products
 __all__ = [
     'FlopsReport', 'activation_products', 'call_body', 'checked_callable', 'compare',
     'count_flops', 'evaluate_watching', 'flops_kept', 'flops_text', 'is_weight',
-    'traced_outputs',
+    'scan_layout', 'traced_outputs',
 ]

@@ -1,0 +1,54 @@
+"""What one-shot pruning did, layer by layer: `oneshot.prune_with_report`'s third result."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerReport:
+  """One pruned layer.
+
+  Attributes:
+    name: the layer's name (`Layer.name`: e.g. 'block_0/up/kernel', or
+      'blocks/up/kernel[2]' for slice 2 of a stacked leaf).
+    shape: its weight as a matrix, (outputs, inputs).
+    target: '50%' for an unstructured target, '2:4' for an N:M pattern.
+    sparsity: the share of its weights now zero by the mask.
+    wave: its position in the sequential order (`Layer.wave`).
+    error: `||W X - W' X||^2 / ||W X||^2` over the calibration inputs `X` the
+      layer was pruned from, `W` its weights before, `W'` after (what SparseGPT's
+      and Wanda's scripts print per layer, made relative); NaN when its output
+      is zero on all of them.
+  """
+  name: str
+  shape: tuple[int, int]
+  target: str
+  sparsity: float
+  wave: int
+  error: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """The pruned layers in the order they were pruned, and the weights left dense.
+
+  Attributes:
+    layers: a `LayerReport` per pruned layer.
+    skipped: `(name, reason)` of each weight the methods cannot prune (a leaf
+      with two axes longer than 1 that is not a layer), as `prune` warns.
+  """
+  layers: tuple[LayerReport, ...]
+  skipped: tuple[tuple[str, str], ...]
+
+  def __str__(self) -> str:
+    """A table: one line per layer (name, shape, target, sparsity, error), then the
+    weights left dense and why."""
+    width = max([len(layer.name) for layer in self.layers] + [5])
+    lines = [f'{"layer":<{width}}  {"outputs x inputs":>16}  target  sparsity  rel. error']
+    for layer in self.layers:
+      shape = f'{layer.shape[0]} x {layer.shape[1]}'
+      lines.append(f'{layer.name:<{width}}  {shape:>16}  {layer.target:>6}  '
+                   f'{layer.sparsity:>8.1%}  {layer.error:>10.4f}')
+    lines += [f'left dense: {name} ({reason})' for name, reason in self.skipped]
+    return '\n'.join(lines)

@@ -1,0 +1,123 @@
+"""jaxprune.oneshot on convolution kernels: Wanda and SparseGPT as matmuls over the input
+patches, against numpy references that unfold the input by loops."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from oneshot_references import conv_patches, row_mask, sparsegpt_reference
+
+from jaxprune import oneshot
+
+# A 3x3 convolution, stride 2, padding (1, 1) / (0, 1), dilation 1, NHWC input, HWIO kernel.
+_WINDOW, _STRIDE, _PAD = (3, 3), 2, ((1, 1), (0, 1))
+
+
+def _conv(groups, dilation=1):
+  def fn(p, x):
+    return jax.lax.conv_general_dilated(
+        x, p['k'], (_STRIDE, _STRIDE), _PAD, rhs_dilation=(dilation, dilation),
+        dimension_numbers=('NHWC', 'HWIO', 'NHWC'), feature_group_count=groups,
+        precision=jax.lax.Precision.HIGHEST)
+  return fn
+
+
+def _setup(groups, channels=8, features=6, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(4, 7, 7, channels)) * np.exp(rng.normal(size=channels))
+  kernel = rng.normal(size=(*_WINDOW, channels // groups, features))
+  batches = [jnp.asarray(x[:2], jnp.float32), jnp.asarray(x[2:], jnp.float32)]
+  return {'k': jnp.asarray(kernel, jnp.float32)}, batches, x, kernel
+
+
+def _rows_of(kernel, groups):
+  """The kernel as (groups, outputs per group, K), inputs ordered (a, b, c) as the patches."""
+  kh, kw, per, features = kernel.shape
+  w = np.moveaxis(kernel, 3, 0).reshape(features, kh * kw * per)
+  return w.reshape(groups, features // groups, -1)
+
+
+def _kernel_of(rows, shape):
+  kh, kw, per, features = shape
+  return np.moveaxis(rows.reshape(features, kh, kw, per), 0, 3)
+
+
+def test_the_patch_reference_is_the_convolution():
+  """The numpy patches times the kernel's rows give lax's convolution (checks the reference)."""
+  for groups, dilation in ((1, 1), (2, 2)):
+    params, batches, x, kernel = _setup(groups)
+    out = np.asarray(_conv(groups, dilation)(params, jnp.asarray(x, jnp.float32)))
+    rows = conv_patches(x, _WINDOW, _STRIDE, _PAD, dilation, groups)
+    w = _rows_of(kernel, groups)
+    expected = np.concatenate([rows[g] @ w[g].T for g in range(groups)], axis=1)
+    np.testing.assert_allclose(out.reshape(-1, out.shape[-1]), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('groups', [1, 2])
+@pytest.mark.parametrize('nm', [None, (2, 4)], ids=['50%', '2:4'])
+def test_wanda_on_a_convolution_is_the_numpy_rule(groups, nm):
+  params, batches, x, kernel = _setup(groups)
+  rows = conv_patches(x, _WINDOW, _STRIDE, _PAD, 1, groups)
+  w = _rows_of(kernel, groups)
+  keep = np.concatenate([row_mask(np.abs(w[g]) * np.sqrt((rows[g] ** 2).sum(0)),
+                                  None if nm else 0.5, nm) for g in range(groups)])
+  expected = _kernel_of(keep, kernel.shape)
+  new, masks = oneshot.prune(_conv(groups), params, batches, method='wanda',
+                             sparsity=None if nm else 0.5, nm=nm)
+  np.testing.assert_array_equal(np.asarray(masks['k']), expected)
+  np.testing.assert_array_equal(np.asarray(new['k']), np.where(expected, kernel, 0)
+                                .astype(np.float32))
+  if nm:   # 2 of every 4 consecutive input channels, at each kernel position and output
+    groups_of_4 = np.asarray(masks['k']).reshape(*_WINDOW, -1, 4, kernel.shape[3])
+    np.testing.assert_array_equal(groups_of_4.sum(axis=3), 2)
+
+
+@pytest.mark.parametrize('groups', [1, 2])
+@pytest.mark.parametrize('nm', [None, (2, 4)], ids=['50%', '2:4'])
+def test_sparsegpt_on_a_convolution_is_the_papers_update(groups, nm):
+  """Each group of output features: Algorithm 1 with H = 2 P^T P / n of its patches P."""
+  params, batches, x, kernel = _setup(groups)
+  rows = conv_patches(x, _WINDOW, _STRIDE, _PAD, 1, groups)
+  w = _rows_of(kernel, groups)
+  solved = [sparsegpt_reference(w[g], 2 * rows[g].T @ rows[g] / len(rows[g]), 0.5, nm,
+                                blocksize=16, percdamp=0.01) for g in range(groups)]
+  expected_w = _kernel_of(np.concatenate([s[0] for s in solved]), kernel.shape)
+  expected_mask = _kernel_of(np.concatenate([s[1] for s in solved]), kernel.shape)
+  new, masks = oneshot.prune(_conv(groups), params, batches, method='sparsegpt',
+                             sparsity=None if nm else 0.5, nm=nm, blocksize=16)
+  np.testing.assert_array_equal(np.asarray(masks['k']), expected_mask)
+  np.testing.assert_allclose(np.asarray(new['k']), expected_w, rtol=1e-3, atol=1e-3)
+
+
+def test_other_layouts_and_flax_conv():
+  """An NCHW / OIHW convolution prunes the same weights as the NHWC / HWIO one; a Flax
+  `nn.Conv` kernel is a layer, its N:M groups along the input channels."""
+  params, batches, _, kernel = _setup(1)
+  _, expected = oneshot.prune(_conv(1), params, batches, method='wanda', sparsity=0.5)
+
+  def nchw(p, x):
+    return jax.lax.conv_general_dilated(
+        x, p['k'], (_STRIDE, _STRIDE), _PAD, dimension_numbers=('NCHW', 'OIHW', 'NCHW'),
+        precision=jax.lax.Precision.HIGHEST)
+
+  oihw = {'k': jnp.transpose(params['k'], (3, 2, 0, 1))}
+  _, masks = oneshot.prune(nchw, oihw, [jnp.transpose(b, (0, 3, 1, 2)) for b in batches],
+                           method='wanda', sparsity=0.5)
+  np.testing.assert_array_equal(np.asarray(masks['k']),
+                                np.transpose(np.asarray(expected['k']), (3, 2, 0, 1)))
+  model = nn.Conv(6, (3, 3), strides=2, feature_group_count=2)
+  variables = model.init(jax.random.key(0), batches[0])
+  _, masks = oneshot.prune(model, variables['params'], batches, method='sparsegpt', nm='2:4')
+  groups_of_4 = np.asarray(masks['kernel']).reshape(3, 3, 1, 4, 6)
+  np.testing.assert_array_equal(groups_of_4.sum(axis=3), 2)
+  assert masks['bias'] is None
+
+
+def test_nm_that_does_not_divide_the_input_channels_is_an_error():
+  """1:3 over 3 x 3 x 4 = 36 inputs would cross kernel positions: M must divide the 4
+  input channels (per group)."""
+  params, batches, _, _ = _setup(1, channels=4)
+  with pytest.raises(ValueError, match=r"convolution 'k' has 4 input features per group, "
+                                       r'not divisible by M=3'):
+    oneshot.prune(_conv(1), params, batches, method='wanda', nm='1:3')
