@@ -23,15 +23,12 @@ structured's private modules may change without notice.
                    activations, which counters that see only layers leave out
   call_body        the body of a call equation (pjit, custom_jvp, ...), as the
                    one traversal of jaxprs finds it
-  evaluate_watching  a jaxpr run as traced, a callback shown every equation's
-                   inputs and outputs (calls entered)
   scan_layout      a `scan` equation's consts, carries, xs, ys, body, length and
                    direction, from either JAX's parameters (`_core/params.py`)
 """
 
 from jaxprune.structured._core.cost import FlopsReport, count_flops, flops_kept, flops_text
 from jaxprune.structured._core.jaxprs import call_body
-from jaxprune.structured._core.observe import evaluate as evaluate_watching
 from jaxprune.structured._core.params import scan as scan_layout
 from jaxprune.structured._select.importance import is_weight
 from jaxprune.structured._shrink.verify import checked_callable, compare, traced_outputs
@@ -39,6 +36,6 @@ from jaxprune.structured._trace.kinds import activation_products
 
 __all__ = [
     'FlopsReport', 'activation_products', 'call_body', 'checked_callable', 'compare',
-    'count_flops', 'evaluate_watching', 'flops_kept', 'flops_text', 'is_weight',
+    'count_flops', 'flops_kept', 'flops_text', 'is_weight',
     'scan_layout', 'traced_outputs',
 ]
