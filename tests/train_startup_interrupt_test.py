@@ -26,7 +26,7 @@ def test_ctrl_c_while_starting_is_one_line():
 
 def test_ctrl_c_before_the_first_checkpoint_is_one_line(tmp_path):
   """Sent as soon as the job names its workdir, while JAX starts and compiles (this
-  crashed the process, status -11, in 3 of 5 tries, and claimed a checkpoint)."""
+  crashed the process, status -11, in 3 of 7 tries, and claimed a checkpoint)."""
   workdir = tmp_path / 'run'
   job = subprocess.Popen([sys.executable, '-m', 'jaxprune.train', '--config.num_steps=3000',
                           f'--workdir={workdir}'], stdout=subprocess.PIPE,
