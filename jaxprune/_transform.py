@@ -12,6 +12,7 @@ are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -203,6 +204,55 @@ def _weights_of(arrays: list[Array]) -> list[Callable[[Any], Array]]:
   return [functools.partial(counting.fresh, a) for a in arrays]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Source:
+  """Where one step's mask update reads the pruned leaves, in the params' order.
+
+  Attributes:
+    operands: all that the mask update's conditional reads.
+    weights: `operands -> [token -> array]`, the weights to threshold (read through
+      `counting.fresh`, see `masks.Variable`).
+    params: `operands -> [array]`, the pruned leaves of the params the step starts
+      from (for the moved-weights check).
+  """
+  operands: Any
+  weights: Callable[[Any], list[Callable[[Any], Array]]]
+  params: Callable[[Any], list[Array]]
+
+
+def _from_params(params: PyTree, pruned: list[int]) -> _Source:
+  """`mask_source='params'`: the weights the step starts from, already in memory, so
+  steps without an update pay nothing for the update's conditional."""
+  return _Source([jax.tree.leaves(params)[i] for i in pruned], _weights_of, list)
+
+
+def _from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> _Source:
+  """The chained form: the weights as `optax.apply_updates` will store them
+  (docs/explanation/semantics.md#applying-the-masks), recomputed in each pass."""
+  def weights(operands):
+    def stored(p, u, token):
+      p, u = counting.fresh((p, u), token)
+      return _as_stored(p + u, p.dtype)
+    return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
+  param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
+  operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
+  return _Source(operands, weights, lambda operands: operands[0])
+
+
+def _from_optimizer(optimizer: optax.GradientTransformation, grads: PyTree, inner: Any,
+                    params: PyTree, pruned: list[int], extra_args: dict[str, Any]) -> _Source:
+  """`pruned`: the stored weights, recomputed from the gradients, the optimizer state and
+  the params (in memory anyway) only when the update runs, and stored once there, so
+  that every counting pass reads one array per leaf."""
+  def weights(operands):
+    grads, inner, params = operands
+    updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
+    leaves = jax.tree.leaves(params)
+    return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
+  return _Source((grads, inner, params), weights,
+                 lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned])
+
+
 class _Engine:
   """What `pruning` and `pruned` share: hparams, the rule, the state, one masking step."""
 
@@ -234,17 +284,11 @@ class _Engine:
         masks=masks, thresholds=thresholds, nonfinite_skips=jnp.zeros((), jnp.int32),
         sparsity=jnp.zeros((), jnp.float32), moved_updates=jnp.zeros((), jnp.int32))
 
-  def step(self, state: PruningState, params: PyTree, operands: Any,
-           weights_of: Callable[[Any], list[Callable[[Any], Array]]],
-           params_of: Callable[[Any], list[Array]]) -> tuple[PyTree, PruningState]:
+  def step(self, state: PruningState, params: PyTree, source: _Source
+           ) -> tuple[PyTree, PruningState]:
     """(masks, new state) of one step: the schedule, the gating
     (docs/explanation/semantics.md#gating), and the rule's mask update under a
-    conditional that reads only `operands`.
-
-    `weights_of(operands)`, called inside the conditional, gives the pruned
-    leaves' values as `token -> array` callables in the params' order;
-    `params_of(operands)` the pruned leaves of the params the step starts from
-    (for the moved-weights check), which `operands` hold in every form.
+    conditional that reads only `source.operands`.
     """
     hparams, rule = self.hparams, self.rule(params)
     step = state.step
@@ -257,19 +301,20 @@ class _Engine:
 
     def compute(operands, state, sparsity):
       masks, thresholds, skips = rule.new_masks(
-          hparams, weights_of(operands), jax.tree.leaves(state.masks), state.thresholds,
+          hparams, source.weights(operands), jax.tree.leaves(state.masks), state.thresholds,
           sparsity)
       return masks, jax.tree.leaves(thresholds), skips
 
     def recompute(operands):
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
-      moved = (step > 0) & _any_moved(old_masks, params_of(operands))
+      moved = (step > 0) & _any_moved(old_masks, source.params(operands))
       return masks, thresholds, skips, moved.astype(jnp.int32)
 
     def keep(_):
       return old_masks, old_thresholds, jnp.int32(0), jnp.int32(0)
 
-    new_masks, new_thresholds, skips, moved = lax.cond(do_update, recompute, keep, operands)
+    new_masks, new_thresholds, skips, moved = lax.cond(do_update, recompute, keep,
+                                                       source.operands)
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
     return masks, PruningState(
         step=optax.safe_increment(step),
@@ -337,23 +382,9 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | Non
     params = _need_params(params, 'jaxprune.pruning')
     _check_like_init(state, params, updates)
     pruned = _pruned_indices(state)
-    param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
-    if engine.hparams.mask_source == 'params':
-      # The weights the step starts from: already in memory, so steps without an
-      # update pay nothing for the update's conditional.
-      operands, weights_of, params_of = [param_leaves[i] for i in pruned], _weights_of, list
-    else:
-      # The weights as they will be stored (docs/explanation/semantics.md#applying-the-masks):
-      # optax.apply_updates casts params + updates to the params' dtype.
-      operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
-
-      def weights_of(operands):
-        def stored(p, u, token):
-          p, u = counting.fresh((p, u), token)
-          return _as_stored(p + u, p.dtype)
-        return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
-      params_of = lambda operands: operands[0]  # noqa: E731
-    masks, state = engine.step(state, params, operands, weights_of, params_of)
+    source = (_from_params(params, pruned) if engine.hparams.mask_source == 'params'
+              else _from_updates(params, updates, pruned))
+    masks, state = engine.step(state, params, source)
     return _masked(masks, updates, params), state
 
   return optax.GradientTransformation(engine.init, update_fn)
@@ -405,20 +436,9 @@ def pruned(optimizer: optax.GradientTransformation,
     inner, pruning_state = state
     _check_like_init(pruning_state, params, grads)
     pruned = _pruned_indices(pruning_state)
-    if engine.hparams.mask_source == 'params':
-      operands = [jax.tree.leaves(params)[i] for i in pruned]
-      weights_of, params_of = _weights_of, list
-    else:
-      operands = (grads, inner, params)
-
-      def weights_of(operands):
-        # Stored once: every counting pass then reads one array per leaf.
-        grads, inner, params = operands
-        updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
-        leaves = jax.tree.leaves(params)
-        return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
-      params_of = lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned]  # noqa: E731
-    masks, pruning_state = engine.step(pruning_state, params, operands, weights_of, params_of)
+    source = (_from_params(params, pruned) if engine.hparams.mask_source == 'params'
+              else _from_optimizer(optimizer, grads, inner, params, pruned, extra_args))
+    masks, pruning_state = engine.step(pruning_state, params, source)
     inner = _ordered_after(inner, pruning_state.nonfinite_skips)
     updates, inner = optimizer.update(grads, inner, params, **extra_args)
     return _masked(masks, updates, params), (inner, pruning_state)
