@@ -76,3 +76,14 @@ def test_a_coordinator_port_in_use_is_one_line(tmp_path):
                       f'cannot listen on port {port} (Address already in use): another job (or '
                       'an earlier run still ending) uses it; give every process another free '
                       'port.'), lines
+
+
+def test_a_job_without_process_0_stops_within_its_timeout(tmp_path):
+  """Both given --process_id=1: no process runs the coordination service (this hung)."""
+  port = mp.free_port()
+  codes, lines, seconds = _launch(tmp_path, 'none', [_command(tmp_path, port, 2, 1),
+                                                     _command(tmp_path, port, 2, 1)])
+  assert all(code != 0 for code in codes), (codes, lines)
+  for line in lines:
+    assert line.startswith('jaxprune-train: process 1 could not join the job at '), line
+  assert seconds < 60
