@@ -1,5 +1,8 @@
 """jaxprune.oneshot on convolution kernels: Wanda and SparseGPT as matmuls over the input
-patches, against numpy references that unfold the input by loops."""
+patches, against numpy references that unfold the input by loops; and a small Flax ResNet
+(BatchNorm, skips, a strided projection) whose every conv and head reach the target."""
+
+import warnings
 
 import flax.linen as nn
 import jax
@@ -121,3 +124,98 @@ def test_nm_that_does_not_divide_the_input_channels_is_an_error():
   with pytest.raises(ValueError, match=r"convolution 'k' has 4 input features per group, "
                                        r'not divisible by M=3'):
     oneshot.prune(_conv(1), params, batches, method='wanda', nm='1:3')
+
+
+class _Block(nn.Module):
+  """conv-BatchNorm-relu-conv-BatchNorm plus the input (through a strided 1x1 projection
+  conv where the shape changes), then relu: a ResNet basic block with frozen statistics."""
+  features: int
+  strides: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.Conv(self.features, (3, 3), self.strides, use_bias=False, name='conv_0')(x)
+    y = nn.relu(nn.BatchNorm(use_running_average=True, name='bn_0')(y))
+    y = nn.Conv(self.features, (3, 3), use_bias=False, name='conv_1')(y)
+    y = nn.BatchNorm(use_running_average=True, name='bn_1')(y)
+    if self.strides != 1 or x.shape[-1] != self.features:
+      x = nn.Conv(self.features, (1, 1), self.strides, use_bias=False, name='proj')(x)
+    return nn.relu(x + y)
+
+
+class _ResNet(nn.Module):
+  """Stem conv, a block at 8 channels, a strided block to 16 with a projection, global
+  average pooling, a Dense head."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Conv(8, (3, 3), use_bias=False, name='stem')(x)
+    x = nn.relu(nn.BatchNorm(use_running_average=True, name='stem_bn')(x))
+    x = _Block(8, name='block_0')(x)
+    x = _Block(16, strides=2, name='block_1')(x)
+    return nn.Dense(10, name='head')(x.mean(axis=(1, 2)))
+
+
+# Every kernel of _ResNet: its name and shape (HWIO for the convs, (in, out) for the head).
+_KERNELS = {'stem/kernel': (3, 3, 4, 8),
+            'block_0/conv_0/kernel': (3, 3, 8, 8), 'block_0/conv_1/kernel': (3, 3, 8, 8),
+            'block_1/conv_0/kernel': (3, 3, 8, 16), 'block_1/conv_1/kernel': (3, 3, 16, 16),
+            'block_1/proj/kernel': (1, 1, 8, 16), 'head/kernel': (16, 10)}
+
+
+def _at(tree, name):
+  """The leaf `name` ('block_1/proj/kernel') of a params or masks tree, as numpy."""
+  for key in name.split('/'):
+    tree = tree[key]
+  return np.asarray(tree)
+
+
+def _masked_names(masks):
+  """The names of the leaves of a mask tree that hold a mask (not None)."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(masks, is_leaf=lambda m: m is None)
+  return sorted('/'.join(key.key for key in path) for path, m in flat if m is not None)
+
+
+@pytest.mark.parametrize('method', ['wanda', 'sparsegpt'])
+@pytest.mark.parametrize('nm', [None, (2, 4)], ids=['50%', '2:4'])
+def test_a_resnet_prunes_every_conv_and_the_head(method, nm):
+  """Every conv of a small ResNet (stem, 3x3s, the strided 1x1 projection) and the Dense
+  head is pruned to the target, nothing is left dense with a warning, the params passed in
+  are untouched; Wanda's stem mask, whose inputs are the images, is the numpy rule."""
+  images = np.random.default_rng(0).normal(size=(16, 8, 8, 4)).astype(np.float32)
+  batches = [jnp.asarray(images[:8]), jnp.asarray(images[8:])]
+  model = _ResNet()
+  variables = model.init(jax.random.key(0), batches[0])
+  params, stats = variables['params'], variables['batch_stats']
+  before = jax.tree.map(np.array, params)
+  fn = lambda p, x: model.apply({'params': p, 'batch_stats': stats}, x)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')                      # no weight left dense with a warning
+    new, masks, report = oneshot.prune_with_report(fn, params, batches, method=method,
+                                                   sparsity=None if nm else 0.5, nm=nm)
+  assert report.skipped == ()
+  assert sorted(layer.name for layer in report.layers) == sorted(_KERNELS)
+  assert {layer.target for layer in report.layers} == {'2:4' if nm else '50%'}
+  for name, shape in _KERNELS.items():
+    mask, kernel = _at(masks, name), _at(new, name)
+    assert mask.shape == shape, name
+    assert not kernel[~mask].any(), name             # the pruned weights are zero
+    inputs = int(np.prod(shape[:-1]))
+    per_output = mask.reshape(inputs, shape[-1]).sum(axis=0)
+    if nm:                  # 2 of every 4 consecutive input channels, per position and output
+      groups = mask.reshape(*shape[:-2], shape[-2] // 4, 4, shape[-1]).sum(axis=-2)
+      np.testing.assert_array_equal(groups, 2, err_msg=name)
+    elif method == 'wanda':   # each output keeps half of its inputs
+      np.testing.assert_array_equal(per_output, inputs // 2, err_msg=name)
+    else:                   # SparseGPT: half of each column block (so of the layer)
+      assert mask.sum() == mask.size // 2, name
+    if method == 'wanda':   # no weight update: the kept weights are the originals
+      np.testing.assert_array_equal(kernel[mask], _at(before, name)[mask], err_msg=name)
+  assert _masked_names(masks) == sorted(_KERNELS)    # BatchNorm's and the biases: None
+  if method == 'wanda':
+    rows = conv_patches(images, (3, 3), 1, ((1, 1), (1, 1)), 1, 1)[0]   # (16*64, 36)
+    expected = row_mask(np.abs(_rows_of(before['stem']['kernel'], 1)[0])
+                        * np.sqrt((rows ** 2).sum(0)), None if nm else 0.5, nm)
+    np.testing.assert_array_equal(_at(masks, 'stem/kernel'),
+                                  _kernel_of(expected, _KERNELS['stem/kernel']))
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), before)
