@@ -298,11 +298,14 @@ def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> Non
     if wanted - float(achieved) > _SHORTFALL:
       short.append(f'{name} {float(achieved):.1%} (target {wanted:.1%})')
   if short:
-    remedy = ("use threshold_method='exact', which keeps exactly the target's share, or "
-              'raise nbins' if h.threshold_method == 'histogram' else
-              'check the weights for NaN, Inf or all zeros (such leaves keep their mask)')
+    causes = ('their weights were all zero, or held NaN or Inf, at the update (such a leaf '
+              'keeps its mask; see nonfinite_skips)')
+    if h.threshold_method == 'histogram':
+      causes = (f'Either a few large weights put nearly all the others in the lowest of the '
+                f"histogram's {h.nbins} bins (threshold_method='exact' keeps exactly the "
+                f"target's share; more bins help too), or {causes}")
+    else:
+      causes = causes[0].upper() + causes[1:]
     warnings.warn(
         f'jaxprune: after the mask update at step {last}, these leaves are far below their '
-        f'target sparsity: {", ".join(short)}. A histogram threshold is a multiple of '
-        f'max|w|/{h.nbins}, so a few large weights can leave a leaf dense; {remedy}.',
-        UserWarning, stacklevel=3)
+        f'target sparsity: {", ".join(short)}. {causes}.', UserWarning, stacklevel=3)
