@@ -1,6 +1,6 @@
 """One-shot pruning of a byte-level LM trained on Python's standard library, and of a CNN.
 
-Trains the model of `jaxprune.oneshot.charlm` densely, and once more for the
+Trains the model of `benchmarks/charlm.py` densely, and once more for the
 same number of steps with gradual magnitude pruning to 50% (`jaxprune.pruning`,
 Zhu & Gupta 2017, arXiv 1710.01878); then prunes the dense checkpoint once with
 magnitude, Wanda and SparseGPT at 50% and 60% unstructured and at 2:4, and prints
@@ -34,9 +34,8 @@ import time
 import jax
 
 import jaxprune
-from benchmarks import _oneshot_conv, _timing
+from benchmarks import _oneshot_conv, _timing, charlm
 from jaxprune import oneshot
-from jaxprune.oneshot import charlm
 
 BLOCK_KERNELS = r'block_\d+/.*/kernel$'
 CALIBRATION = dict(batch_size=16, count=8, seed=1)   # 16 x 8 x 128 = 16k bytes

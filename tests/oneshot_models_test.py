@@ -8,8 +8,8 @@ import pytest
 import thirdparty_zoo_hf as hf
 
 import jaxprune
+from benchmarks import charlm
 from jaxprune import oneshot
-from jaxprune.oneshot import charlm
 
 
 def _nats(fn, params, batch):

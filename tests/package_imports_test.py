@@ -194,7 +194,6 @@ def test_the_direction_check_sees_nested_and_relative_imports():
 PUBLIC_MODULES = {
     'jaxprune.functional',       # the torch.nn.utils.prune counterpart (re-exports)
     'jaxprune.methods',          # its pruning criteria (re-exports)
-    'jaxprune.oneshot.charlm',   # `python -m jaxprune.oneshot.charlm`: the benchmarks' model
     'jaxprune.train.__main__',   # `python -m jaxprune.train`
 }
 

@@ -8,7 +8,7 @@ Files are split into train and held-out sets by a hash of their path, so no
 held-out file is ever seen in training. The files are nearly all ASCII, so
 bits per byte is bits per character.
 
-    python -m jaxprune.oneshot.charlm --steps 600 --out /tmp/charlm.msgpack
+    python -m benchmarks.charlm --steps 600 --out /tmp/charlm.msgpack
 """
 
 from __future__ import annotations
