@@ -186,9 +186,9 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     except (ValueError, TypeError) as err:
       _fail(str(err))
   workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
-  print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
-  _defer_interrupts_to_training()
+  _defer_interrupts_to_training()  # before the line: from it on, Ctrl-C is training's
   try:
+    print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
     result = distributed.guarded(loop.train, config, workdir)
   except errors.RunError as err:
     _fail(str(err))
