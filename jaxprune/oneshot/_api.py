@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -13,74 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _names as names_lib
-from jaxprune import _nm as nm_lib
 from jaxprune.oneshot import _capture as capture
+from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _solvers as solvers
 from jaxprune.oneshot._layers import Layer, layers_and_reasons
 from jaxprune.oneshot._report import LayerReport, Report
 
 PyTree = Any
-Target = tuple[float, tuple[int, int] | None]   # (sparsity, nm)
+Target = inputs.Target
 METHODS = ('magnitude', 'wanda', 'sparsegpt')
 _SHARED_STATS_LIMIT = 2 ** 26   # floats (256 MB in float32)
-
-
-def _check_sparsity(where: str, value: Any) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-    raise ValueError(f'{where}={value!r}: sparsity must be a number in [0, 1), e.g. 0.5.')
-  return float(value)
-
-
-def _target(where: str, sparsity: Any, nm: Any) -> Target | None:
-  """(sparsity, nm) of a default or an override; None leaves the layer dense."""
-  if nm is not None and sparsity is not None:
-    raise ValueError(f'{where}: give a sparsity or an N:M pattern, not both '
-                     f'(sparsity={sparsity!r}, nm={nm!r}).')
-  if nm is not None:
-    return 0.0, nm_lib.parse_nm(nm)
-  if sparsity is None:
-    return None
-  sparsity = _check_sparsity(where, sparsity)
-  return (sparsity, None) if sparsity > 0 else None
-
-
-def _override(regex: str, value: Any) -> Target | None:
-  where = f'overrides[{regex!r}]'
-  if isinstance(value, (str, tuple)):
-    try:
-      return _target(where, None, value)
-    except ValueError as err:
-      raise ValueError(f'{where}: {err}') from None
-  return _target(where, value, None)
-
-
-def layer_key(layer: Layer) -> tuple[int, int | None]:
-  """A layer's key: its leaf, and its slice for a slice of a stacked leaf."""
-  return layer.leaf, layer.stack.index if layer.stack is not None else None
-
-
-def _targets(layers: list[Layer], default: Target | None,
-             overrides: Mapping[str, Any]) -> dict[tuple[int, int | None], Target | None]:
-  parsed = {}
-  for regex, value in overrides.items():
-    try:
-      re.compile(regex)
-    except re.error as err:
-      raise ValueError(f'overrides: invalid regex {regex!r} ({err}).') from None
-    parsed[regex] = _override(regex, value)
-  targets, used = {}, set()
-  for layer in layers:
-    hits = [r for r in parsed if re.search(r, layer.name)]
-    if len(hits) > 1:
-      raise ValueError(f'overrides: layer {layer.name!r} matches several regexes {hits}; '
-                       'make them exclusive.')
-    used.update(hits)
-    targets[layer_key(layer)] = parsed[hits[0]] if hits else default
-  unused = [r for r in parsed if r not in used]
-  if unused:
-    raise ValueError(f'overrides: {unused} match no layer; the layers are '
-                     f'{[layer.name for layer in layers]}.')
-  return targets
 
 
 def _matrix(leaf: jax.Array, in_axes: tuple[int, ...]) -> jax.Array:
@@ -96,78 +37,6 @@ def _unmatrix(matrix: jax.Array, like: jax.Array, in_axes: tuple[int, ...]) -> j
   perm = out_axes + in_axes
   moved = matrix.reshape([like.shape[a] for a in perm])
   return jnp.transpose(moved, np.argsort(perm))
-
-
-def _check_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
-  for layer in layers:
-    target = targets[layer_key(layer)]
-    if target is None or target[1] is None:
-      continue
-    inputs = int(np.prod([leaves[layer.leaf].shape[a] for a in layer.in_axes]))
-    if inputs % target[1][1]:
-      raise ValueError(
-          f'nm={target[1][0]}:{target[1][1]}: layer {layer.name!r} has {inputs} inputs, not '
-          f'divisible by M={target[1][1]}; choose an M dividing {inputs} or leave the layer '
-          'out with overrides={regex: None}.')
-
-
-def _as_function(fn: Any, params: PyTree) -> Callable[[PyTree, Any], Any]:
-  """`fn(params, batch)`: a function as it is, or a Flax module (or its `apply`) called
-  on `{'params': params}` (on `params` itself when it already holds a 'params' collection)."""
-  module = getattr(fn, '__self__', None) if getattr(fn, '__name__', '') == 'apply' else fn
-  try:
-    from flax import linen
-  except ImportError:  # pragma: no cover - flax is a dependency
-    return fn
-  if not isinstance(module, linen.Module):
-    if not callable(fn):
-      raise TypeError(f'fn={fn!r}: must be the model, as a function fn(params, batch) such as '
-                      "lambda p, x: model.apply({'params': p}, x), or a Flax module.")
-    return fn
-  if isinstance(params, Mapping) and 'params' in params:
-    return lambda variables, batch: module.apply(variables, batch)
-  return lambda p, batch: module.apply({'params': p}, batch)
-
-
-def _traced(fn: Callable, params: PyTree, batch: Any) -> Any:
-  """The jaxpr of `fn(params, batch)`; an error inside `fn` in one line, with the cause."""
-  try:
-    return jax.make_jaxpr(fn)(params, batch)
-  except Exception as err:  # the user's model failed on these arguments
-    first = str(err).strip().splitlines()[0] if str(err).strip() else ''
-    raise ValueError(
-        f'oneshot.prune: fn(params, batch) raised {type(err).__name__}: {first[:300]}. fn '
-        'must run the model on the params tree given and on one calibration batch, e.g. '
-        "lambda p, x: model.apply({'params': p}, x); check the params and the batch's "
-        'shape.') from err
-
-
-def _batches(fn: Callable, params: PyTree, calibration_batches: Iterable[Any]) -> tuple:
-  if hasattr(calibration_batches, 'shape') and hasattr(calibration_batches, 'dtype'):
-    shape = tuple(calibration_batches.shape)
-    raise ValueError(
-        f'calibration_batches is one array of shape {shape}, which would be read as '
-        f'{shape[0] if shape else 0} batches of one example each; pass a list of batches: '
-        '[x] for one batch, or [x[i:i + 64] for i in range(0, len(x), 64)].')
-  batches = list(calibration_batches)
-  if not batches:
-    raise ValueError('calibration_batches: one-shot pruning needs at least one calibration '
-                     'batch (the inputs `fn(params, batch)` is called with).')
-  for i, batch in enumerate(batches):
-    for x in jax.tree.leaves(batch):
-      x = np.asarray(x) if not isinstance(x, jax.Array) else x
-      if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
-        raise ValueError(f'calibration_batches[{i}] holds NaN or Inf values; the statistics '
-                         'of every layer would be NaN. Give finite calibration data.')
-  closed = _traced(fn, params, batches[0])
-  first = [jax.typeof(x) for x in jax.tree.leaves(batches[0])]
-  for i, batch in enumerate(batches[1:], 1):
-    avals = [jax.typeof(x) for x in jax.tree.leaves(batch)]
-    if [(a.shape, a.dtype) for a in avals] != [(a.shape, a.dtype) for a in first]:
-      raise ValueError(f'calibration_batches[{i}]: shapes {[a.str_short() for a in avals]} '
-                       f'differ from batch 0 ({[a.str_short() for a in first]}); give '
-                       'batches of one shape.')
-  return closed, batches
 
 
 def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches: Iterable[Any],
@@ -306,7 +175,7 @@ def _listing(skipped: list[tuple[str, str]]) -> str:
 def _check_conv_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
   """A convolution's N:M groups lie along its input features: M must divide them."""
   for layer in layers:
-    target = targets[layer_key(layer)]
+    target = targets[inputs.layer_key(layer)]
     if target is None or target[1] is None or not layer.sites[0].conv:
       continue
     features = leaves[layer.leaf].shape[layer.in_axes[-1]]
@@ -337,18 +206,18 @@ def _run(fn, params, calibration_batches, *, method, sparsity, nm, overrides, pe
   """`prune_with_report`; with `report=False` the error is not measured (NaN)."""
   if method not in METHODS:
     raise ValueError(f'method={method!r}: choose one of {METHODS}.')
-  default = _target('prune', sparsity, nm)
+  default = inputs.parse_target('prune', sparsity, nm)
   if sparsity is None and nm is None:
     raise ValueError('prune: give sparsity=<share in [0, 1)> or nm=<N:M, e.g. "2:4">.')
   if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
     raise ValueError(f'blocksize={blocksize!r}: must be a positive integer, e.g. 128.')
   if not isinstance(percdamp, (int, float)) or not percdamp >= 0:
     raise ValueError(f'percdamp={percdamp!r}: must be >= 0, e.g. 0.01.')
-  fn = _as_function(fn, params)
+  fn = inputs.model_function(fn, params)
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   leaves = [leaf for _, leaf in flat]
   names = [names_lib.leaf_name(path) for path, _ in flat]
-  closed, batches = _batches(fn, params, calibration_batches)
+  closed, batches = inputs.read_batches(fn, params, calibration_batches)
   layers, reasons = layers_and_reasons(closed, names)
   skipped = _skipped(layers, reasons, leaves, names)
   if not layers:
@@ -358,22 +227,22 @@ def _run(fn, params, calibration_batches, *, method, sparsity, nm, overrides, pe
   if skipped:
     warnings.warn(f'oneshot.prune leaves {len(skipped)} weight(s) dense, which it cannot '
                   f'prune: {_listing(skipped)}.', UserWarning, stacklevel=3)
-  targets = _targets(layers, default, overrides or {})
+  targets = inputs.layer_targets(layers, default, overrides or {})
   for layer in layers:
     dtype = np.dtype(leaves[layer.leaf].dtype)
-    if targets[layer_key(layer)] is not None and not jnp.issubdtype(dtype, jnp.floating):
+    if targets[inputs.layer_key(layer)] is not None and not jnp.issubdtype(dtype, jnp.floating):
       raise ValueError(f'layer {layer.name!r} has dtype {dtype}: only floating-point weights '
                        'can be pruned; leave it dense with overrides={' + repr(layer.name)
                        + ': None} or convert the params to float.')
-  _check_nm(layers, leaves, targets)
+  inputs.check_nm(layers, leaves, targets)
   _check_conv_nm(layers, leaves, targets)
   for layer in layers:
-    target = targets[layer_key(layer)]
+    target = targets[inputs.layer_key(layer)]
     if method == 'sparsegpt' and target is not None and target[1] is not None:
       if blocksize % target[1][1]:
         raise ValueError(f'blocksize={blocksize}: must be a multiple of M={target[1][1]} '
                          f'for N:M (layer {layer.name!r}).')
-  chosen = [layer for layer in layers if targets[layer_key(layer)] is not None]
+  chosen = [layer for layer in layers if targets[inputs.layer_key(layer)] is not None]
   kinds = {'magnitude': (), 'wanda': ('sqnorm',), 'sparsegpt': ('gram',)}[method]
   if report and 'gram' not in kinds:
     kinds += ('gram',)
@@ -398,7 +267,7 @@ def _run(fn, params, calibration_batches, *, method, sparsity, nm, overrides, pe
     for part, at in _rounds(group):
       stats = measure(group, at) if kinds else {}
       for layer in part:
-        target = targets[layer_key(layer)]
+        target = targets[inputs.layer_key(layer)]
         new, mask, error = _prune_layer(
             layer, _weight(layer, current[layer.leaf]), stats.get(layer.leaf), target,
             method, per_row=per_row, blocksize=blocksize, percdamp=float(percdamp),

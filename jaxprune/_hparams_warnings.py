@@ -1,0 +1,67 @@
+"""Warnings about hyperparameters that are valid but cannot do what they seem to ask.
+
+`HParams` calls `warn_about` once, when a config is frozen (`jaxprune._hparams`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from typing import TYPE_CHECKING
+
+from jaxprune import _schedule as schedule
+
+if TYPE_CHECKING:
+  from jaxprune._hparams import HParams
+
+
+def _warn(message: str) -> None:
+  """Warns, attributing the warning to the first caller outside jaxprune."""
+  package = os.path.dirname(os.path.abspath(__file__))
+  frame, level = sys._getframe(1), 2
+  while frame is not None and (frame.f_code.co_filename.startswith(package)
+                               or frame.f_code.co_filename == '<string>'):  # dataclass __init__
+    frame, level = frame.f_back, level + 1
+  warnings.warn(f'jaxprune: {message}', UserWarning, stacklevel=level)
+
+
+def warn_about(h: HParams) -> None:
+  """Warns about settings that are valid but cannot do what they seem to ask."""
+  for message in schedule.window_problems(h):
+    _warn(message)
+  _warn_about_bins(h)
+
+
+def lowest_bin_share(nbins: int, max_in_stds: float) -> float:
+  """P(|z| < max_in_stds / nbins): the share of normal weights in the lowest bin [0, max/nbins)."""
+  return math.erf(max_in_stds / (nbins * math.sqrt(2.0)))
+
+
+def _warn_about_bins(h: HParams) -> None:
+  """Warns when the histogram rule prunes nothing at a target, for normal weights.
+
+  A histogram threshold is a multiple of max|w| / nbins
+  (docs/explanation/semantics.md#histogram-thresholds): 0, so nothing pruned, while the
+  lowest bin holds the target share of the weights.
+  The largest of 10**4 normal weights is about 4 standard deviations, of 10**6
+  about 5; with 5, nbins <= 7 prune nothing at 50%, nbins <= 3 nothing at 90%.
+  """
+  targets = sorted({s for s in (h.target_sparsity, *(s for _, s in h.sparsity_entries)) if s > 0})
+  if h.threshold_method != 'histogram' or not targets:
+    return
+  low, high = lowest_bin_share(h.nbins, 4.0), lowest_bin_share(h.nbins, 5.0)
+  unreached = [s for s in targets if s <= high]
+  if not unreached:
+    return
+  needed = h.nbins
+  while lowest_bin_share(needed, 5.0) >= unreached[0]:
+    needed += 1
+  _warn(f'nbins={h.nbins}: a histogram threshold is a multiple of max|w|/{h.nbins}, and it '
+        f'prunes nothing while the lowest bin [0, max|w|/{h.nbins}) holds the target share of '
+        f"a layer's weights. For normally distributed weights (10**4 to 10**6 of them, max 4 "
+        f'to 5 standard deviations) that bin holds {low:.1%} to {high:.1%}, so target '
+        f'sparsity {", ".join(f"{s:g}" for s in unreached)} can prune nothing, and larger '
+        f"ones fall short by up to a bin's share. Use nbins >= {needed} (TF's default is 256) "
+        "or threshold_method='exact'.")
