@@ -122,7 +122,8 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
   """
   search = thresholds.resolve_search(mask_search)
   own = [_own_part(v, pooling, global_threshold) for v in variables]
-  keys = [(part.shape, v.layer_axes) for part, v in zip(own, variables, strict=True)]
+  keys = [(part.shape, v.layer_axes, v.is_blocked())
+          for part, v in zip(own, variables, strict=True)]
   groups = _same_keys(keys) if search == 'fixed' else [[i] for i in range(len(own))]
   layout = counting.Layout(tuple(_stacked(variables, own, members, global_threshold)
                                  for members in groups),

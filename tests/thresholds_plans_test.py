@@ -125,6 +125,31 @@ def test_training_gives_the_same_bits_on_both_plans(config, form):
   assert any(not bool(np.all(m)) for m in masks)  # something was pruned
 
 
+def test_a_pooled_leaf_shaped_like_another_is_not_stacked_with_it():
+  """b's 2x2 blocks pool its (16, 16) to (8, 8), a's shape: the fixed plan stacks leaves of
+  one shape, and must not put raw weights and pooled scores in one stack."""
+  rng = np.random.default_rng(0)
+  params = {'a': {'kernel': jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
+            'b': {'kernel': jnp.asarray(rng.standard_normal((16, 16)), jnp.float32)}}
+  masks = {}
+  for plan in PLANS:
+    tx = jaxprune.pruned(optax.sgd(0.0), target_sparsity=0.5, pruning_frequency=1,
+                         sparsity_function_end_step=1, block_dims_map=['b/kernel:2x2'],
+                         mask_search=plan)
+    state = tx.init(params)
+    for _ in range(2):
+      _, state = jax.jit(tx.update)(params, state, params)
+    masks[plan] = jax.tree.leaves(state[1].masks)
+  for a, b in zip(masks['adaptive'], masks['fixed'], strict=True):
+    np.testing.assert_array_equal(a, b)
+  a = np.abs(np.asarray(params['a']['kernel']))
+  pooled = np.abs(np.asarray(params['b']['kernel'])).reshape(8, 2, 8, 2).mean(axis=(1, 3))
+  kept = [int(references.threshold_and_mask(a, 0.5, 256, 'histogram')[1].sum()),
+          4 * int(references.threshold_and_mask(pooled.astype(F32), 0.5, 256,
+                                                'histogram')[1].sum())]
+  assert [int(m.sum()) for m in masks['fixed']] == kept
+
+
 def _control_flow(form, leaves, overrides):
   """(conditionals, while loops) in the compiled update step of `leaves` pruned leaves."""
   params = {f'layer_{i}': {'kernel': jnp.ones((8 + i, 16)), 'bias': jnp.ones(16)}
