@@ -112,6 +112,27 @@ def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
   return jnp.where(jnp.any(in_bin, axis=-1), lowest, candidates[..., 0])
 
 
+def _evenly_spaced(lo: Array, hi: Array, offsets: Array) -> Array:
+  """(units, J) candidates lo + ceil((hi - lo) * j / (J + 1)) for j in offsets = 1..J,
+  without int32 overflow: each part of the split bracket holds at most
+  ceil((hi - lo) / (J + 1)) candidates."""
+  parts = offsets.shape[0] + 1
+  quotient, remainder = jnp.divmod((hi - lo)[:, None], parts)
+  return lo[:, None] + quotient * offsets + (remainder * offsets + (parts - 1)) // parts
+
+
+def _inside(candidates: Array, lo: Array, hi: Array) -> Array:
+  """Candidates moved into (lo, hi) (onto hi when the bracket is closed)."""
+  return jnp.clip(candidates, lo[:, None] + 1, jnp.maximum(hi[:, None] - 1, lo[:, None] + 1))
+
+
+def _narrowed(lo: Array, hi: Array, candidates: Array, ok: Array) -> tuple[Array, Array]:
+  """The bracket (lo, hi] after a pass: the last candidate short of the goal, the first
+  one reaching it."""
+  return (jnp.maximum(lo, jnp.max(jnp.where(ok, lo[:, None], candidates), axis=1)),
+          jnp.minimum(hi, jnp.min(jnp.where(ok, candidates, hi[:, None]), axis=1)))
+
+
 def _first_reaching(thresholds_of: Callable[[Array], Array],
                     reaches: Callable[[Array, Array, Array], Array], lo: Array, hi: Array,
                     guess: Array | None = None,
@@ -138,9 +159,7 @@ def _first_reaching(thresholds_of: Callable[[Array], Array],
   offsets = jnp.arange(1, PROBES + 1, dtype=jnp.int32)
 
   def candidates_of(lo, hi, reach, first):
-    # lo + ceil((hi - lo) * j / (J + 1)) for j = 1..J, without int32 overflow.
-    quotient, remainder = jnp.divmod((hi - lo)[:, None], PROBES + 1)
-    candidates = lo[:, None] + quotient * offsets + (remainder * offsets + PROBES) // (PROBES + 1)
+    candidates = _evenly_spaced(lo, hi, offsets)
     if guess is not None:
       ahead = reach[:, None] * offsets
       up = (lo >= guess) & (lo + reach * PROBES < hi)
@@ -148,7 +167,7 @@ def _first_reaching(thresholds_of: Callable[[Array], Array],
       candidates = jnp.where(up[:, None], lo[:, None] + ahead, candidates)
       candidates = jnp.where(down[:, None], hi[:, None] - ahead, candidates)
       candidates = jnp.where(first, guess[:, None] - PROBES + offsets, candidates)
-    return jnp.clip(candidates, lo[:, None] + 1, jnp.maximum(hi[:, None] - 1, lo[:, None] + 1))
+    return _inside(candidates, lo, hi)
 
   def finished(hi):
     if finish is None:
@@ -158,9 +177,7 @@ def _first_reaching(thresholds_of: Callable[[Array], Array],
 
   def step(state):
     lo, hi, reach, candidates, thresholds, _ = state
-    ok = reaches(thresholds, candidates, hi - lo > 1)
-    lo = jnp.maximum(lo, jnp.max(jnp.where(ok, lo[:, None], candidates), axis=1))
-    hi = jnp.minimum(hi, jnp.min(jnp.where(ok, candidates, hi[:, None]), axis=1))
+    lo, hi = _narrowed(lo, hi, candidates, reaches(thresholds, candidates, hi - lo > 1))
     candidates = candidates_of(lo, hi, reach, False)
     reach = jnp.minimum(reach * (PROBES + 1), 2 ** 20)
     return lo, hi, reach, candidates, thresholds_of(candidates), finished(hi)
@@ -199,16 +216,8 @@ def _fixed_first_reaching(thresholds_of: Callable[[Array], Array],
 
   def narrow(bounds):
     lo, hi = bounds
-    # lo + ceil((hi - lo) * j / (J + 1)) for j = 1..J, without int32 overflow: each
-    # part of the new bracket holds at most ceil((hi - lo) / (J + 1)) candidates.
-    quotient, remainder = jnp.divmod((hi - lo)[:, None], FIXED_PROBES + 1)
-    candidates = (lo[:, None] + quotient * offsets
-                  + (remainder * offsets + FIXED_PROBES) // (FIXED_PROBES + 1))
-    candidates = jnp.clip(candidates, lo[:, None] + 1,
-                          jnp.maximum(hi[:, None] - 1, lo[:, None] + 1))
-    ok = reaches(thresholds_of(candidates), candidates, None)
-    return (jnp.maximum(lo, jnp.max(jnp.where(ok, lo[:, None], candidates), axis=1)),
-            jnp.minimum(hi, jnp.min(jnp.where(ok, candidates, hi[:, None]), axis=1)))
+    candidates = _inside(_evenly_spaced(lo, hi, offsets), lo, hi)
+    return _narrowed(lo, hi, candidates, reaches(thresholds_of(candidates), candidates, None))
 
   bounds = (lo, hi)
   for _ in range(passes):
