@@ -25,8 +25,9 @@ def _xla_knows(flag: str) -> bool:
   """Whether this jaxlib's XLA accepts `flag` in XLA_FLAGS (it aborts on one it does not
   know, so the question is asked of a child process)."""
   env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS='cpu')
-  probe = subprocess.run([sys.executable, '-c', 'import jax; jax.devices()'], env=env,
-                         capture_output=True, check=False)
+  probe = subprocess.run(
+    [sys.executable, '-c', 'import jax; jax.devices()'], env=env, capture_output=True, check=False
+  )
   return probe.returncode == 0
 
 
@@ -34,10 +35,12 @@ if 'JAX_DISABLE_MOST_OPTIMIZATIONS' not in os.environ:
   os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'] = '1'
   jax.config.update('jax_disable_most_optimizations', True)
 # Asked once: the xdist workers inherit the answer with the controller's environment.
-if (jax.config.read('jax_disable_most_optimizations')
-    and 'xla_cpu_use_fusion_emitters' not in os.environ.get('XLA_FLAGS', '')
-    and _xla_knows(_FAST_CPU_CODEGEN)):
-  os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_CPU_CODEGEN}".strip()
+if (
+  jax.config.read('jax_disable_most_optimizations')
+  and 'xla_cpu_use_fusion_emitters' not in os.environ.get('XLA_FLAGS', '')
+  and _xla_knows(_FAST_CPU_CODEGEN)
+):
+  os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {_FAST_CPU_CODEGEN}'.strip()
 
 
 _TESTS = pathlib.Path(__file__).resolve().parent / 'tests'
@@ -52,8 +55,12 @@ def pytest_ignore_collect(collection_path: pathlib.Path, config) -> bool | None:
   devices), which must not leak into the test processes.
   """
   path = pathlib.Path(collection_path)
-  if (path.suffix == '.py' and path.parent == _TESTS and path.name != 'conftest.py'
-      and not path.name.endswith('_test.py')):
+  if (
+    path.suffix == '.py'
+    and path.parent == _TESTS
+    and path.name != 'conftest.py'
+    and not path.name.endswith('_test.py')
+  ):
     return True
   return None
 

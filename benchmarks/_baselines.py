@@ -15,8 +15,10 @@ def sort_pruning(frequency: int, sparsity: float) -> optax.GradientTransformatio
   """
 
   def init_fn(params):
-    return (jnp.zeros((), jnp.int32),
-            jax.tree.map(lambda p: jnp.ones(p.shape, bool) if p.ndim >= 2 else None, params))
+    return (
+      jnp.zeros((), jnp.int32),
+      jax.tree.map(lambda p: jnp.ones(p.shape, bool) if p.ndim >= 2 else None, params),
+    )
 
   def mask_of(p):
     magnitudes = jnp.abs(p)
@@ -29,12 +31,19 @@ def sort_pruning(frequency: int, sparsity: float) -> optax.GradientTransformatio
     is_none = lambda x: x is None
     new = optax.apply_updates(params, updates)
     masks = jax.lax.cond(
-        (step > 0) & (step % frequency == 0),
-        lambda: jax.tree.map(lambda m, p: None if m is None else mask_of(p), masks, new,
-                             is_leaf=is_none),
-        lambda: masks)
-    out = jax.tree.map(lambda m, u, p: u if m is None else jnp.where(m, u, -p),
-                       masks, updates, params, is_leaf=is_none)
+      (step > 0) & (step % frequency == 0),
+      lambda: jax.tree.map(
+        lambda m, p: None if m is None else mask_of(p), masks, new, is_leaf=is_none
+      ),
+      lambda: masks,
+    )
+    out = jax.tree.map(
+      lambda m, u, p: u if m is None else jnp.where(m, u, -p),
+      masks,
+      updates,
+      params,
+      is_leaf=is_none,
+    )
     return out, (step + 1, masks)
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -46,6 +55,7 @@ def train_step(tx: optax.GradientTransformation, loss_fn=None):
   With `loss_fn`, `step(params, state, batch)` differentiates it; without,
   `step(params, state, grads)` applies given gradients (the optimizer alone).
   """
+
   def step(params, opt_state, batch):
     grads = batch if loss_fn is None else jax.grad(loss_fn)(params, *batch)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -68,4 +78,5 @@ def per_call(step, params, state, batch, calls: int):
       p, s = step(p, s, batch)
     holder['params'], holder['state'] = p, s
     return p
+
   return run

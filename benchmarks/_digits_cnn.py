@@ -21,13 +21,15 @@ STEPS, BATCH, LR = 1500, 64, 3e-3
 END_STEP, UPDATE_FREQ, DROP_FRACTION = int(0.75 * STEPS), 50, 0.3
 SEEDS, SPARSITIES = (0, 1, 2), (0.8, 0.9)
 TIMED_STEPS, ROUNDS = 50, 25
-_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      'jaxprune', 'train')
+_TRAIN = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'jaxprune', 'train'
+)
 
 
 def _module(name: str):
-  spec = importlib.util.spec_from_file_location(f'_digits_{name}', os.path.join(_TRAIN,
-                                                                                 f'{name}.py'))
+  spec = importlib.util.spec_from_file_location(
+    f'_digits_{name}', os.path.join(_TRAIN, f'{name}.py')
+  )
   module = importlib.util.module_from_spec(spec)
   sys.modules[spec.name] = module  # dataclasses (flax modules) look their module up
   spec.loader.exec_module(module)
@@ -45,11 +47,12 @@ def task(seed: int):
   rng = np.random.default_rng(seed)
   epochs = -(-STEPS * BATCH // len(dataset.y_train))
   order = np.concatenate([rng.permutation(len(dataset.y_train)) for _ in range(epochs)])
-  return model, params, dataset, order[:STEPS * BATCH].reshape(STEPS, BATCH)
+  return model, params, dataset, order[: STEPS * BATCH].reshape(STEPS, BATCH)
 
 
 def make_step(model, tx, post=None):
   """A jitted training step (params, opt_state, x, y) -> (params, opt_state)."""
+
   def loss(params, x, y):
     logits = model.apply({'params': params}, x)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
@@ -59,6 +62,7 @@ def make_step(model, tx, post=None):
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     return (params if post is None else post(params, opt_state)), opt_state
+
   return jax.jit(step, donate_argnums=(0, 1))
 
 

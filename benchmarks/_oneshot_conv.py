@@ -33,11 +33,12 @@ from benchmarks import _timing
 from jaxprune import oneshot
 from jaxprune import train as train_lib
 
-CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
-                      'digits_cnn.py')
-CALIBRATION = dict(batch_size=128, count=8, seed=1)   # 1,024 of the 1,348 training images
+CONFIG = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'digits_cnn.py'
+)
+CALIBRATION = dict(batch_size=128, count=8, seed=1)  # 1,024 of the 1,348 training images
 FINETUNE_STEPS = 300
-DENSE = {'^Conv_0/': None}                           # one input channel: see the docstring
+DENSE = {'^Conv_0/': None}  # one input channel: see the docstring
 
 
 def job_config(seed: int) -> Any:
@@ -57,7 +58,7 @@ def calibration(dataset: Any) -> list[np.ndarray]:
   """`count` batches of training images, drawn without replacement with a fixed seed."""
   size, count = CALIBRATION['batch_size'], CALIBRATION['count']
   order = np.random.default_rng(CALIBRATION['seed']).permutation(len(dataset.y_train))
-  return [dataset.x_train[order[i * size:(i + 1) * size]] for i in range(count)]
+  return [dataset.x_train[order[i * size : (i + 1) * size]] for i in range(count)]
 
 
 class Task:
@@ -65,10 +66,14 @@ class Task:
 
   def __init__(self, config: Any):
     self.config = config
-    self.dataset = train_lib.load_digits(seed=config.data.seed,
-                                         test_fraction=config.data.test_fraction)
-    self.model = train_lib.CNN(features=tuple(config.model.features), dense=config.model.dense,
-                               num_classes=self.dataset.num_classes)
+    self.dataset = train_lib.load_digits(
+      seed=config.data.seed, test_fraction=config.data.test_fraction
+    )
+    self.model = train_lib.CNN(
+      features=tuple(config.model.features),
+      dense=config.model.dense,
+      num_classes=self.dataset.num_classes,
+    )
     self.tx = optax.adam(config.optimizer.learning_rate)
     self.logits = jax.jit(lambda p, x: self.model.apply({'params': p}, x))
 
@@ -81,6 +86,7 @@ class Task:
       updates, opt_state = self.tx.update(grads, opt_state, params)
       # The pruned weights get Adam updates too; zeroing them after each step keeps the mask.
       return jaxprune.apply_masks(optax.apply_updates(params, updates), masks), opt_state
+
     self.step = jax.jit(step)
 
   def accuracy(self, params: Any) -> float:
@@ -95,9 +101,10 @@ class Task:
     order = np.concatenate([rng.permutation(n) for _ in range(-(-steps * batch // n))])
     opt_state = self.tx.init(params)
     for i in range(steps):
-      idx = order[i * batch:(i + 1) * batch]
-      params, opt_state = self.step(params, opt_state, masks, self.dataset.x_train[idx],
-                                    self.dataset.y_train[idx])
+      idx = order[i * batch : (i + 1) * batch]
+      params, opt_state = self.step(
+        params, opt_state, masks, self.dataset.x_train[idx], self.dataset.y_train[idx]
+      )
     return params
 
 
@@ -117,8 +124,9 @@ def _check_masked(params: Any, masks: Any, target: Mapping[str, Any]) -> None:
     assert abs((1 - m.mean()) - expected) < 1e-6, (target, 1 - m.mean())
 
 
-def run_seed(seed: int, variants: Mapping[str, dict], settings: Mapping[str, dict],
-             steps: int) -> dict[str, list[float]]:
+def run_seed(
+  seed: int, variants: Mapping[str, dict], settings: Mapping[str, dict], steps: int
+) -> dict[str, list[float]]:
   """{row: [accuracy after pruning, after the fine-tune, one-shot seconds] per setting}."""
   config = job_config(seed)
   start = time.perf_counter()
@@ -133,8 +141,7 @@ def run_seed(seed: int, variants: Mapping[str, dict], settings: Mapping[str, dic
     results[name] = []
     for setting, target in settings.items():
       start = time.perf_counter()
-      params, masks = oneshot.prune(task.model, dense, batches, overrides=DENSE, **method,
-                                    **target)
+      params, masks = oneshot.prune(task.model, dense, batches, overrides=DENSE, **method, **target)
       jax.block_until_ready(params)
       seconds = time.perf_counter() - start
       tuned = task.finetune(params, masks, steps)
@@ -144,8 +151,12 @@ def run_seed(seed: int, variants: Mapping[str, dict], settings: Mapping[str, dic
   return results
 
 
-def table(seeds: tuple[int, ...], variants: Mapping[str, dict], settings: Mapping[str, dict],
-          steps: int = FINETUNE_STEPS) -> str:
+def table(
+  seeds: tuple[int, ...],
+  variants: Mapping[str, dict],
+  settings: Mapping[str, dict],
+  steps: int = FINETUNE_STEPS,
+) -> str:
   """Runs every seed; the Markdown table of the mean test accuracies (%), and the seconds of
   each one-shot call of the first seed (with XLA compilation, as a single run pays it; the
   later seeds reuse the compiled code)."""
@@ -160,10 +171,14 @@ def table(seeds: tuple[int, ...], variants: Mapping[str, dict], settings: Mappin
     cells = [row]
     for k in range(len(settings)):
       cells += [f'{100 * mean(row, 3 * k):.2f}', f'{100 * mean(row, 3 * k + 1):.2f}']
-    cells.append('' if row == 'dense' else
-                 ' / '.join(f'{runs[0][row][3 * k + 2]:.1f}' for k in range(len(settings))))
+    cells.append(
+      ''
+      if row == 'dense'
+      else ' / '.join(f'{runs[0][row][3 * k + 2]:.1f}' for k in range(len(settings)))
+    )
     rows.append(cells)
-  return (f'digits CNN of configs/digits_cnn.py, {len(seeds)} seed(s) {list(seeds)} (mean); '
-          f'calibration {CALIBRATION["count"]} x {CALIBRATION["batch_size"]} training images; '
-          f'fine-tune {steps} Adam steps, masks kept; Conv_0 dense\n\n'
-          + _timing.table(header, rows))
+  return (
+    f'digits CNN of configs/digits_cnn.py, {len(seeds)} seed(s) {list(seeds)} (mean); '
+    f'calibration {CALIBRATION["count"]} x {CALIBRATION["batch_size"]} training images; '
+    f'fine-tune {steps} Adam steps, masks kept; Conv_0 dense\n\n' + _timing.table(header, rows)
+  )

@@ -9,8 +9,9 @@ from collections.abc import Callable
 import jax
 
 
-def interleaved(candidates: dict[str, Callable[[], object]], rounds: int,
-                rounds_for: dict[str, int] | None = None) -> dict[str, float]:
+def interleaved(
+  candidates: dict[str, Callable[[], object]], rounds: int, rounds_for: dict[str, int] | None = None
+) -> dict[str, float]:
   """Median seconds per call of each candidate, timed in turns after a warm-up call."""
   rounds_for = rounds_for or {}
   for fn in candidates.values():

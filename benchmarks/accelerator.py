@@ -52,15 +52,21 @@ except ImportError:  # run as a script from the benchmarks folder
 
 HPARAMS = 'target_sparsity=0.9,sparsity_function_end_step=1'
 ROWS = {  # name: (form, extra hparams)
-    'pruned': ('pruned', ''),
-    'chained': ('chain', ''),
-    'chained params': ('chain', 'mask_source=params'),
-    'pruned exact': ('pruned', 'threshold_method=exact'),
+  'pruned': ('pruned', ''),
+  'chained': ('chain', ''),
+  'chained params': ('chain', 'mask_source=params'),
+  'pruned exact': ('pruned', 'threshold_method=exact'),
 }
 TAUGHT = 'pruned'  # the README's form
-GOALS = {'mask update histogram ms': 1.0, 'mask update exact ms': 1.5,
-         'non-update optimizer step': 1.05, 'non-update full step': 1.02,
-         'compile optimizer step': 2.0, 'compile full step': 1.2, 'control flow': 4}
+GOALS = {
+  'mask update histogram ms': 1.0,
+  'mask update exact ms': 1.5,
+  'non-update optimizer step': 1.05,
+  'non-update full step': 1.02,
+  'compile optimizer step': 2.0,
+  'compile full step': 1.2,
+  'control flow': 4,
+}
 
 
 def optimizer(row: str, update: bool, layers: str = '') -> optax.GradientTransformation:
@@ -68,7 +74,7 @@ def optimizer(row: str, update: bool, layers: str = '') -> optax.GradientTransfo
   if row == 'Adam':
     return optax.adam(1e-4)
   if row == 'sort-based':
-    return optax.chain(optax.adam(1e-4), sort_pruning(1 if update else 10 ** 9, 0.9))
+    return optax.chain(optax.adam(1e-4), sort_pruning(1 if update else 10**9, 0.9))
   form, extra = ROWS[row]
   timing = 'pruning_frequency=1' if update else 'begin_pruning_step=1000000000'
   hparams = jaxprune.parse_hparams(','.join(filter(None, [HPARAMS, timing, extra, layers])))
@@ -92,25 +98,36 @@ def one_tensor(shapes) -> list[list[str]]:
     seconds = interleaved({k: (lambda f=f, w=w: f(w)) for k, f in fns.items()}, rounds=15)
     rows.append([' x '.join(map(str, shape))] + [f'{seconds[k] * 1e3:.2f}' for k in fns])
     print(f'one tensor {shape}: done', flush=True)
-  return [['tensor', 'max pass', 'histogram (fixed)', 'histogram (adaptive)', 'exact (fixed)',
-           'exact (adaptive)', '`jnp.sort`', '`lax.top_k`']] + rows
+  return [
+    [
+      'tensor',
+      'max pass',
+      'histogram (fixed)',
+      'histogram (adaptive)',
+      'exact (fixed)',
+      'exact (adaptive)',
+      '`jnp.sort`',
+      '`lax.top_k`',
+    ]
+  ] + rows
 
 
 def _tensor_rules(size: int, kept: int) -> dict:
   """Table 1's candidates: jitted functions of one tensor."""
   return {
-      'max pass': jax.jit(lambda w: jnp.max(jnp.abs(w))),
-      'histogram fixed': jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.9,
-                                                                mask_search='fixed')),
-      'histogram adaptive': jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.9,
-                                                                   mask_search='adaptive')),
-      'exact fixed': jax.jit(lambda w: jaxprune.update_mask(
-          w, 0.0, 0.9, threshold_method='exact', mask_search='fixed')),
-      'exact adaptive': jax.jit(lambda w: jaxprune.update_mask(
-          w, 0.0, 0.9, threshold_method='exact', mask_search='adaptive')),
-      'jnp.sort': jax.jit(lambda w: jnp.abs(w) >= jnp.sort(jnp.abs(w).ravel())[size - kept]),
-      'lax.top_k': jax.jit(lambda w: jnp.abs(w) >= jax.lax.top_k(jnp.abs(w).ravel(),
-                                                                 kept)[0][-1]),
+    'max pass': jax.jit(lambda w: jnp.max(jnp.abs(w))),
+    'histogram fixed': jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.9, mask_search='fixed')),
+    'histogram adaptive': jax.jit(
+      lambda w: jaxprune.update_mask(w, 0.0, 0.9, mask_search='adaptive')
+    ),
+    'exact fixed': jax.jit(
+      lambda w: jaxprune.update_mask(w, 0.0, 0.9, threshold_method='exact', mask_search='fixed')
+    ),
+    'exact adaptive': jax.jit(
+      lambda w: jaxprune.update_mask(w, 0.0, 0.9, threshold_method='exact', mask_search='adaptive')
+    ),
+    'jnp.sort': jax.jit(lambda w: jnp.abs(w) >= jnp.sort(jnp.abs(w).ravel())[size - kept]),
+    'lax.top_k': jax.jit(lambda w: jnp.abs(w) >= jax.lax.top_k(jnp.abs(w).ravel(), kept)[0][-1]),
   }
 
 
@@ -145,21 +162,40 @@ def measure(rows, params, batch, loss_fn=None, layers='') -> dict[str, dict[str,
         flow = count
       runs[f'{row} {"update" if update else "none"}'] = per_call(step, params, state, batch, 1)
     seconds = interleaved(runs, rounds=15)
-    figures[row] = {'adam': seconds['Adam'], 'none': seconds[f'{row} none'],
-                    'update': seconds[f'{row} update'], 'compile': compile_s[row],
-                    'adam compile': compile_s['Adam'], 'control flow': flow}
+    figures[row] = {
+      'adam': seconds['Adam'],
+      'none': seconds[f'{row} none'],
+      'update': seconds[f'{row} update'],
+      'compile': compile_s[row],
+      'adam compile': compile_s['Adam'],
+      'control flow': flow,
+    }
     print(f'{row}: done (Adam {seconds["Adam"] * 1e3:.2f} ms)', flush=True)
   return figures
 
 
 def optimizer_table(figures) -> list[list[str]]:
-  rows = [['row', 'non-update', 'update step', 'mask update ms', 'compile s (vs Adam)',
-           'conditionals + loops']]
+  rows = [
+    [
+      'row',
+      'non-update',
+      'update step',
+      'mask update ms',
+      'compile s (vs Adam)',
+      'conditionals + loops',
+    ]
+  ]
   for row, f in figures.items():
-    rows.append([row, f'{f["none"] / f["adam"]:.2f}x', f'{f["update"] / f["adam"]:.2f}x',
-                 f'{(f["update"] - f["none"]) * 1e3:.2f}',
-                 f'{f["compile"]:.1f} ({f["compile"] / f["adam compile"]:.1f}x)',
-                 str(f['control flow'])])
+    rows.append(
+      [
+        row,
+        f'{f["none"] / f["adam"]:.2f}x',
+        f'{f["update"] / f["adam"]:.2f}x',
+        f'{(f["update"] - f["none"]) * 1e3:.2f}',
+        f'{f["compile"]:.1f} ({f["compile"] / f["adam compile"]:.1f}x)',
+        str(f['control flow']),
+      ]
+    )
   adam = next(iter(figures.values()))
   rows.append(['plain Adam', '1.00x', '', '', f'{adam["adam compile"]:.1f}', ''])
   return rows
@@ -169,8 +205,15 @@ def full_step_table(figures) -> list[list[str]]:
   rows = [['row', 'non-update', 'update', 'frequency 10, amortised', 'compile (vs Adam)']]
   for row, f in figures.items():
     amortised = (f['update'] + 9 * f['none']) / 10 / f['adam']
-    rows.append([row, f'{f["none"] / f["adam"]:.3f}x', f'{f["update"] / f["adam"]:.3f}x',
-                 f'{amortised:.3f}x', f'{f["compile"] / f["adam compile"]:.2f}x'])
+    rows.append(
+      [
+        row,
+        f'{f["none"] / f["adam"]:.3f}x',
+        f'{f["update"] / f["adam"]:.3f}x',
+        f'{amortised:.3f}x',
+        f'{f["compile"] / f["adam compile"]:.2f}x',
+      ]
+    )
   return rows
 
 
@@ -193,6 +236,7 @@ class _Block(nn.Module):
 
 class GPT2(nn.Module):
   """GPT-2 small's shapes (tied embedding), bf16 compute over float32 params."""
+
   layers: int = 12
   width: int = 768
   vocab: int = 50257
@@ -201,7 +245,8 @@ class GPT2(nn.Module):
   def __call__(self, tokens):
     embed = nn.Embed(self.vocab, self.width, dtype=jnp.bfloat16, name='wte')
     x = embed(tokens) + nn.Embed(1024, self.width, dtype=jnp.bfloat16, name='wpe')(
-        jnp.arange(tokens.shape[1]))
+      jnp.arange(tokens.shape[1])
+    )
     for i in range(self.layers):
       x = _Block(self.width, max(self.width // 64, 1), name=f'h_{i}')(x)
     return embed.attend(nn.LayerNorm(dtype=jnp.bfloat16)(x)).astype(jnp.float32)
@@ -215,6 +260,7 @@ def full_step_model(layers, width, vocab, batch, length):
   def loss_fn(params, tokens):
     logits = model.apply({'params': params}, tokens)
     return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:]).mean()
+
   return params, loss_fn, (tokens,)
 
 
@@ -236,49 +282,67 @@ def main() -> None:
   parser.add_argument('--small', action='store_true', help='tiny sizes (a CPU smoke run)')
   args = parser.parse_args()
   tables = args.tables.split(',')
-  print(f'jax {jax.__version__} on {jax.devices()[0].device_kind} '
-        f'({jax.default_backend()}); search plan of mask_search=auto: '
-        f'{"adaptive" if jax.default_backend() == "cpu" else "fixed"}', flush=True)
+  print(
+    f'jax {jax.__version__} on {jax.devices()[0].device_kind} '
+    f'({jax.default_backend()}); search plan of mask_search=auto: '
+    f'{"adaptive" if jax.default_backend() == "cpu" else "fixed"}',
+    flush=True,
+  )
   goals = []
   if '1' in tables:
-    shapes = ([(256, 256), (512, 384)] if args.small
-              else [(4096, 4096), (8192, 8192), (50257, 768)])
+    shapes = [(256, 256), (512, 384)] if args.small else [(4096, 4096), (8192, 8192), (50257, 768)]
     print(table(*_split(one_tensor(shapes))), flush=True)
   if '2' in tables:
     trees = [False, True] if args.stacked else [False]
     for stacked in trees:
       params = gpt2_params(stacked)
       if args.small:
-        params = jax.tree.map(lambda x: x[..., :64, :64] if x.ndim >= 2 else x[..., :64],
-                              params)
+        params = jax.tree.map(lambda x: x[..., :64, :64] if x.ndim >= 2 else x[..., :64], params)
       grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), params)
       layers = 'layer_axes_map=[h/:1]' if stacked else ''
       figures = measure(list(ROWS) + ['sort-based'], params, grads, layers=layers)
-      print(f'Optimizer step, GPT-2-small-shaped tree ({"stacked" if stacked else "unstacked"}'
-            f', {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.0f}M params):')
+      print(
+        f'Optimizer step, GPT-2-small-shaped tree ({"stacked" if stacked else "unstacked"}'
+        f', {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.0f}M params):'
+      )
       print(table(*_split(optimizer_table(figures))), flush=True)
       for row in ROWS:
         f = figures[row]
         rule = 'exact' if 'exact' in row else 'histogram'
         tree = 'stacked' if stacked else 'tree'
-        goals.append(f'{tree}, {row}: ' + '; '.join([
-            _verdict(f'mask update {rule} ms', (f['update'] - f['none']) * 1e3, ' ms'),
-            _verdict('control flow', f['control flow'], ''),
-            _verdict('compile optimizer step', f['compile'] / f['adam compile'])]
-            + ([_verdict('non-update optimizer step', f['none'] / f['adam'])]
-               if row == TAUGHT else [])))
+        goals.append(
+          f'{tree}, {row}: '
+          + '; '.join(
+            [
+              _verdict(f'mask update {rule} ms', (f['update'] - f['none']) * 1e3, ' ms'),
+              _verdict('control flow', f['control flow'], ''),
+              _verdict('compile optimizer step', f['compile'] / f['adam compile']),
+            ]
+            + (
+              [_verdict('non-update optimizer step', f['none'] / f['adam'])]
+              if row == TAUGHT
+              else []
+            )
+          )
+        )
   if '3' in tables:
     sizes = (2, 64, 512, 2, 64) if args.small else (12, 768, 50257, 8, 512)
     params, loss_fn, batch = full_step_model(*sizes)
-    figures = measure(['pruned', 'chained', 'chained params', 'sort-based'], params, batch,
-                      loss_fn)
-    print(f'Full training step, Flax GPT-2 ({sizes[0]} x {sizes[1]}), batch {sizes[3]} x '
-          f'{sizes[4]}:')
+    figures = measure(['pruned', 'chained', 'chained params', 'sort-based'], params, batch, loss_fn)
+    print(
+      f'Full training step, Flax GPT-2 ({sizes[0]} x {sizes[1]}), batch {sizes[3]} x {sizes[4]}:'
+    )
     print(table(*_split(full_step_table(figures))), flush=True)
     f = figures[TAUGHT]
-    goals.append(f'full step, {TAUGHT}: ' + '; '.join([
-        _verdict('non-update full step', f['none'] / f['adam']),
-        _verdict('compile full step', f['compile'] / f['adam compile'])]))
+    goals.append(
+      f'full step, {TAUGHT}: '
+      + '; '.join(
+        [
+          _verdict('non-update full step', f['none'] / f['adam']),
+          _verdict('compile full step', f['compile'] / f['adam compile']),
+        ]
+      )
+    )
   print('\n'.join(f'goals, {g}' for g in goals))
 
 

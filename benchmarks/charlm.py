@@ -36,6 +36,7 @@ PyTree = Any
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Model, data and optimiser settings of the byte-level LM."""
+
   layers: int = 4
   width: int = 128
   heads: int = 4
@@ -45,13 +46,14 @@ class Config:
   steps: int = 900
   learning_rate: float = 3e-3
   warmup: int = 30
-  heldout_every: int = 10   # one file in this many goes to the held-out set
+  heldout_every: int = 10  # one file in this many goes to the held-out set
   seed: int = 0
-  scan: bool = False        # the blocks under one `nn.scan`, their params stacked ('blocks')
+  scan: bool = False  # the blocks under one `nn.scan`, their params stacked ('blocks')
 
 
 class Block(nn.Module):
   """Pre-norm transformer block: causal attention, then a SwiGLU MLP."""
+
   width: int
   heads: int
   hidden: int
@@ -61,8 +63,9 @@ class Block(nn.Module):
     b, t, d = x.shape
     hd = d // self.heads
     h = nn.RMSNorm(name='attn_norm')(x)
-    q, k, v = (nn.Dense(d, use_bias=False, name=n)(h).reshape(b, t, self.heads, hd)
-               for n in ('q', 'k', 'v'))
+    q, k, v = (
+      nn.Dense(d, use_bias=False, name=n)(h).reshape(b, t, self.heads, hd) for n in ('q', 'k', 'v')
+    )
     logits = jnp.einsum('bthd,bshd->bhts', q, k) / np.sqrt(hd)
     causal = jnp.tril(jnp.ones((t, t), bool))
     weights = jax.nn.softmax(jnp.where(causal, logits, -1e9), axis=-1)
@@ -88,6 +91,7 @@ class CharLM(nn.Module):
   JAX models run theirs), their params stacked along a leading axis under 'blocks'
   (`stack_blocks` turns the unrolled params into these): the same function.
   """
+
   config: Config
 
   @nn.compact
@@ -95,10 +99,11 @@ class CharLM(nn.Module):
     c = self.config
     x = nn.Embed(256, c.width, name='embed')(tokens)
     pos = self.param('pos', nn.initializers.normal(0.02), (c.seq_len, c.width))
-    x = x + pos[:tokens.shape[1]]
+    x = x + pos[: tokens.shape[1]]
     if c.scan:
-      blocks = nn.scan(_ScanStep, variable_axes={'params': 0}, split_rngs={'params': True},
-                       length=c.layers)
+      blocks = nn.scan(
+        _ScanStep, variable_axes={'params': 0}, split_rngs={'params': True}, length=c.layers
+      )
       x, _ = blocks(c.width, c.heads, c.hidden, name='blocks')(x, None)
     else:
       for i in range(c.layers):
@@ -137,21 +142,23 @@ def load_split(heldout_every: int = 10) -> tuple[np.ndarray, np.ndarray]:
   return tuple(np.frombuffer(b'\n'.join(parts[h]), np.uint8) for h in (False, True))
 
 
-def sample_batches(data: np.ndarray, batch_size: int, seq_len: int, count: int,
-                   seed: int) -> list[np.ndarray]:
+def sample_batches(
+  data: np.ndarray, batch_size: int, seq_len: int, count: int, seed: int
+) -> list[np.ndarray]:
   """`count` int32 batches `(batch_size, seq_len + 1)` of random windows of `data`."""
   rng = np.random.default_rng(seed)
   starts = rng.integers(0, len(data) - seq_len - 1, (count, batch_size))
-  return [np.stack([data[s:s + seq_len + 1] for s in row]).astype(np.int32) for row in starts]
+  return [np.stack([data[s : s + seq_len + 1] for s in row]).astype(np.int32) for row in starts]
 
 
-def heldout_batches(data: np.ndarray, batch_size: int, seq_len: int,
-                    count: int) -> list[np.ndarray]:
+def heldout_batches(
+  data: np.ndarray, batch_size: int, seq_len: int, count: int
+) -> list[np.ndarray]:
   """Evenly spaced, non-overlapping windows of the held-out bytes (deterministic)."""
   total = batch_size * count
   stride = (len(data) - seq_len - 1) // total
   starts = np.arange(total) * stride
-  windows = np.stack([data[s:s + seq_len + 1] for s in starts]).astype(np.int32)
+  windows = np.stack([data[s : s + seq_len + 1] for s in starts]).astype(np.int32)
   return list(windows.reshape(count, batch_size, seq_len + 1))
 
 
@@ -169,6 +176,7 @@ def bits_per_char(config: Config, params: PyTree, batches: list[np.ndarray]) -> 
   def nats(p, batch):
     logits = fn(p, batch[:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
   return float(np.mean([nats(params, b) for b in batches]) / np.log(2))
 
 
@@ -177,14 +185,19 @@ def init_params(config: Config) -> PyTree:
   return CharLM(config).init(jax.random.key(config.seed), tokens)['params']
 
 
-def train(config: Config, train_data: np.ndarray, *,
-          extra: optax.GradientTransformation | None = None,
-          log: Callable[[str], None] = print) -> tuple[PyTree, Any]:
+def train(
+  config: Config,
+  train_data: np.ndarray,
+  *,
+  extra: optax.GradientTransformation | None = None,
+  log: Callable[[str], None] = print,
+) -> tuple[PyTree, Any]:
   """Trains from scratch with AdamW (warmup, cosine decay); `extra` is chained after
   the optimiser (e.g. `jaxprune.pruning(hp)`). Returns (params, optimiser state)."""
   fn = apply_fn(config)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup,
-                                                config.steps, config.learning_rate / 10)
+  schedule = optax.warmup_cosine_decay_schedule(
+    0.0, config.learning_rate, config.warmup, config.steps, config.learning_rate / 10
+  )
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
   if extra is not None:
     tx = optax.chain(tx, extra)
@@ -196,13 +209,15 @@ def train(config: Config, train_data: np.ndarray, *,
     def loss(p):
       logits = fn(p, batch[:, :-1])
       return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
     value, grads = jax.value_and_grad(loss)(params)
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state, value
 
   start = time.time()
-  for i, batch in enumerate(sample_batches(train_data, config.batch_size, config.seq_len,
-                                           config.steps, config.seed)):
+  for i, batch in enumerate(
+    sample_batches(train_data, config.batch_size, config.seq_len, config.steps, config.seed)
+  ):
     params, state, value = step(params, state, batch)
     if i % 50 == 0 or i == config.steps - 1:
       log(f'step {i}: loss {float(value) / np.log(2):.3f} bits/char, {time.time() - start:.0f}s')
@@ -210,8 +225,10 @@ def train(config: Config, train_data: np.ndarray, *,
 
 
 def save(path: str, config: Config, params: PyTree) -> None:
-  blob = {'config': json.dumps(dataclasses.asdict(config)),
-          'params': flax.serialization.to_state_dict(jax.device_get(params))}
+  blob = {
+    'config': json.dumps(dataclasses.asdict(config)),
+    'params': flax.serialization.to_state_dict(jax.device_get(params)),
+  }
   with open(path, 'wb') as f:
     f.write(flax.serialization.msgpack_serialize(blob))
 

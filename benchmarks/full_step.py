@@ -42,26 +42,30 @@ except ImportError:  # run as a script from the benchmarks folder
 
 HPARAMS = 'target_sparsity=0.9,sparsity_function_end_step=1,weight_name_regex=kernel|embedding'
 ROWS = {
-    # name: (form, extra hparams)
-    'chained (default)': ('chain', ''),
-    'pruned': ('pruned', ''),
-    'pruned exact': ('pruned', 'threshold_method=exact'),
-    'chained params': ('chain', 'mask_source=params'),
+  # name: (form, extra hparams)
+  'chained (default)': ('chain', ''),
+  'pruned': ('pruned', ''),
+  'pruned exact': ('pruned', 'threshold_method=exact'),
+  'chained params': ('chain', 'mask_source=params'),
 }
 
 
 def gpt2(layers: int, width: int, vocab: int):
   """(params, loss_fn(params, tokens)) of a randomly initialised Flax GPT-2."""
   from transformers import FlaxGPT2LMHeadModel, GPT2Config
-  config = GPT2Config(n_layer=layers, n_embd=width, n_head=max(width // 64, 1),
-                      vocab_size=vocab, n_positions=1024)
+
+  config = GPT2Config(
+    n_layer=layers, n_embd=width, n_head=max(width // 64, 1), vocab_size=vocab, n_positions=1024
+  )
   model = FlaxGPT2LMHeadModel(config, seed=0)
 
   def loss_fn(params, tokens):
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    logits = model.module.apply({'params': params}, tokens, jnp.ones_like(tokens), positions,
-                                deterministic=True).logits
+    logits = model.module.apply(
+      {'params': params}, tokens, jnp.ones_like(tokens), positions, deterministic=True
+    ).logits
     return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:]).mean()
+
   # HF's Conv1D kernels are named 'kernel', embeddings 'embedding'; layer norms 'scale'.
   return jax.tree.map(jnp.asarray, model.params), loss_fn
 
@@ -71,7 +75,7 @@ def optimizer(row: str, update: bool) -> optax.GradientTransformation:
   if row == 'Adam':
     return optax.adam(1e-4)
   if row == 'sort-based':
-    return optax.chain(optax.adam(1e-4), sort_pruning(1 if update else 10 ** 9, 0.9))
+    return optax.chain(optax.adam(1e-4), sort_pruning(1 if update else 10**9, 0.9))
   form, extra = ROWS[row]
   hparams = jaxprune.parse_hparams(','.join(filter(None, [HPARAMS, timing, extra])))
   if form == 'pruned':
@@ -96,8 +100,7 @@ def measure(row: str, params, loss_fn, batch) -> dict[str, float]:
       if not update:
         figures[f'{label} compile'] = time.process_time() - start
         figures[f'{label} temp'] = compiled.memory_analysis().temp_size_in_bytes
-      runs[f'{label} {"update" if update else "none"}'] = per_call(step, params, state,
-                                                                    (batch,), 1)
+      runs[f'{label} {"update" if update else "none"}'] = per_call(step, params, state, (batch,), 1)
   return {**figures, **interleaved(runs, rounds=5)}
 
 
@@ -125,33 +128,62 @@ def main() -> None:
   params, loss_fn = gpt2(args.layers, args.width, args.vocab)
   batch = jax.random.randint(jax.random.key(0), (args.batch, args.length), 0, args.vocab)
   nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
-  print(f'jax {jax.__version__} on {jax.devices()[0].platform}: FlaxGPT2LMHeadModel, '
-        f'{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.0f}M params, batch '
-        f'{args.batch}x{args.length}', flush=True)
+  print(
+    f'jax {jax.__version__} on {jax.devices()[0].platform}: FlaxGPT2LMHeadModel, '
+    f'{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.0f}M params, batch '
+    f'{args.batch}x{args.length}',
+    flush=True,
+  )
   rows, goals = [], []
   for row in args.rows.split(','):
     t = measure(row, params, loss_fn, batch)
     adam, none, update = t['Adam none'], t[f'{row} none'], t[f'{row} update']
     if row in ROWS and 'params' not in ROWS[row][1]:  # TF's order, the default semantics
       compile_ratio = t[f'{row} compile'] / t['Adam compile']
-      goals.append(f'goals, {row}: non-update {none / adam:.3f}x '
-                   f'({"met" if none / adam <= 1.03 else "not met"}, goal <= 1.03x); compile '
-                   f'{compile_ratio:.2f}x ({"met" if compile_ratio <= 1.2 else "not met"}, '
-                   'goal <= 1.2x)')
-    rows.append([
-        row, f'{t[f"{row} compile"]:.1f} ({t[f"{row} compile"] / t["Adam compile"]:.2f}x)',
-        f'{t[f"{row} temp"] / nbytes:.2f}', f'{none / adam:.3f}x', f'{update / adam:.2f}x',
-        f'{(update + 9 * none) / 10 / adam:.3f}x', f'{(update + 99 * none) / 100 / adam:.3f}x'])
-    print(f'{row}: done (Adam {adam * 1e3:.0f} ms per step, compile {t["Adam compile"]:.1f} s)',
-          flush=True)
-  print(table(['step', 'compile s (vs Adam)', 'temp / params', 'non-update', 'update',
-               'freq 10 (computed)', 'freq 100 (computed)'], rows))
+      goals.append(
+        f'goals, {row}: non-update {none / adam:.3f}x '
+        f'({"met" if none / adam <= 1.03 else "not met"}, goal <= 1.03x); compile '
+        f'{compile_ratio:.2f}x ({"met" if compile_ratio <= 1.2 else "not met"}, '
+        'goal <= 1.2x)'
+      )
+    rows.append(
+      [
+        row,
+        f'{t[f"{row} compile"]:.1f} ({t[f"{row} compile"] / t["Adam compile"]:.2f}x)',
+        f'{t[f"{row} temp"] / nbytes:.2f}',
+        f'{none / adam:.3f}x',
+        f'{update / adam:.2f}x',
+        f'{(update + 9 * none) / 10 / adam:.3f}x',
+        f'{(update + 99 * none) / 100 / adam:.3f}x',
+      ]
+    )
+    print(
+      f'{row}: done (Adam {adam * 1e3:.0f} ms per step, compile {t["Adam compile"]:.1f} s)',
+      flush=True,
+    )
+  print(
+    table(
+      [
+        'step',
+        'compile s (vs Adam)',
+        'temp / params',
+        'non-update',
+        'update',
+        'freq 10 (computed)',
+        'freq 100 (computed)',
+      ],
+      rows,
+    )
+  )
   print('\n'.join(goals))
   one_leaf = one_leaf_compile_seconds()
-  added = ', '.join(f'{row} +{s - one_leaf["Adam"]:.2f}' for row, s in one_leaf.items()
-                    if row != 'Adam')
-  print(f'One-leaf model, compile seconds added to Adam\'s {one_leaf["Adam"]:.2f} s (goal '
-        f'<= 1 s): {added}')
+  added = ', '.join(
+    f'{row} +{s - one_leaf["Adam"]:.2f}' for row, s in one_leaf.items() if row != 'Adam'
+  )
+  print(
+    f"One-leaf model, compile seconds added to Adam's {one_leaf['Adam']:.2f} s (goal "
+    f'<= 1 s): {added}'
+  )
 
 
 if __name__ == '__main__':

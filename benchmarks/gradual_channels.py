@@ -51,8 +51,13 @@ def _config(seed: int, steps: int):
   if steps != config.num_steps:  # --quick: the same schedule, compressed
     scale = steps / config.num_steps
     config.num_steps = steps
-    for field in ('begin_pruning_step', 'end_pruning_step', 'sparsity_function_begin_step',
-                  'sparsity_function_end_step', 'pruning_frequency'):
+    for field in (
+      'begin_pruning_step',
+      'end_pruning_step',
+      'sparsity_function_begin_step',
+      'sparsity_function_end_step',
+      'pruning_frequency',
+    ):
       config.pruning[field] = max(1, round(config.pruning[field] * scale))
   config.eval_every = config.checkpoint_every = config.log_every = steps
   return config
@@ -81,8 +86,9 @@ def one_shot(seed: int, steps: int, at: int, dataset) -> tuple[float, float]:
   params = _train(model.apply, params, dataset, seed, 0, at)
   example = dataset.x_test[:2]
   graph = trace(model.apply, {'params': params}, example)
-  plan = select(graph, {'params': params}, ratio=0.5, importance='l2',
-                constraint=Constraint(round_to=8))
+  plan = select(
+    graph, {'params': params}, ratio=0.5, importance='l2', constraint=Constraint(round_to=8)
+  )
   variables, pruned_fn = apply_plan(graph, {'params': params}, plan)
   params = _train(pruned_fn, variables['params'], dataset, seed, at, steps - at)
   accuracy = make_evaluate(pruned_fn)(params, dataset.x_test, dataset.y_test)['accuracy']
@@ -106,11 +112,10 @@ def main() -> None:
   steps, seeds = (300, [0]) if args.quick else (3000, [0, 1, 2])
   dataset = data_lib.load_digits()
   candidates = {
-      'gradual (ChannelRule, 500 -> 2000, fine-tune to 3000)': lambda s: gradual(s, steps),
-      'one-shot at 500 + fine-tune 2500': lambda s: one_shot(s, steps, steps // 6, dataset),
-      'one-shot at 2000 + fine-tune 1000': lambda s: one_shot(s, steps, 2 * steps // 3,
-                                                               dataset),
-      'small CNN (8-16/32) from scratch': lambda s: scratch(s, steps, dataset),
+    'gradual (ChannelRule, 500 -> 2000, fine-tune to 3000)': lambda s: gradual(s, steps),
+    'one-shot at 500 + fine-tune 2500': lambda s: one_shot(s, steps, steps // 6, dataset),
+    'one-shot at 2000 + fine-tune 1000': lambda s: one_shot(s, steps, 2 * steps // 3, dataset),
+    'small CNN (8-16/32) from scratch': lambda s: scratch(s, steps, dataset),
   }
   rows = []
   for name, run in candidates.items():
@@ -121,12 +126,16 @@ def main() -> None:
       flops.add(round(f))
       print(f'{name}, seed {seed}: {accuracy:.2%}', flush=True)
     spread = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
-    rows.append([name, ' / '.join(f'{a:.2f}' for a in accuracies),
-                 f'{statistics.mean(accuracies):.2f} ± {spread:.2f}',
-                 ', '.join(f'{f:,}' for f in sorted(flops))])
+    rows.append(
+      [
+        name,
+        ' / '.join(f'{a:.2f}' for a in accuracies),
+        f'{statistics.mean(accuracies):.2f} ± {spread:.2f}',
+        ', '.join(f'{f:,}' for f in sorted(flops)),
+      ]
+    )
   print(f'\n{steps} steps, seeds {seeds}, test split of {len(dataset.y_test)} images')
-  print(table(['candidate', 'test accuracy % per seed', 'mean ± std', 'FLOPs per image'],
-              rows))
+  print(table(['candidate', 'test accuracy % per seed', 'mean ± std', 'FLOPs per image'], rows))
 
 
 if __name__ == '__main__':

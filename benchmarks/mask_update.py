@@ -60,18 +60,36 @@ def main() -> None:
     w = jnp.asarray(np.random.default_rng(side).standard_normal((side, side), np.float32))
     same = bool(jnp.array_equal(exact_mask(w)[1], sort_mask(w)[1]))
     seconds = interleaved(
-        {name: functools.partial(fn, w) for name, fn in
-         (('max', max_pass), ('histogram', histogram_mask), ('exact', exact_mask),
-          ('sort', sort_mask))},
-        rounds=15, rounds_for={'sort': 3})
+      {
+        name: functools.partial(fn, w)
+        for name, fn in (
+          ('max', max_pass),
+          ('histogram', histogram_mask),
+          ('exact', exact_mask),
+          ('sort', sort_mask),
+        )
+      },
+      rounds=15,
+      rounds_for={'sort': 3},
+    )
     floor, sort = seconds['max'], seconds['sort']
     for name in ('max', 'histogram', 'exact', 'sort'):
-      rows.append([f'{side}x{side}', name, f'{seconds[name] * 1e3:.1f}',
-                   f'{seconds[name] / floor:.1f}x', f'{sort / seconds[name]:.0f}x',
-                   ('yes' if same else 'NO') if name == 'exact' else ''])
+      rows.append(
+        [
+          f'{side}x{side}',
+          name,
+          f'{seconds[name] * 1e3:.1f}',
+          f'{seconds[name] / floor:.1f}x',
+          f'{sort / seconds[name]:.0f}x',
+          ('yes' if same else 'NO') if name == 'exact' else '',
+        ]
+      )
   print(f'jax {jax.__version__} on {jax.devices()[0].platform}, sparsity {SPARSITY}')
-  print(table(['tensor', 'mask rule', 'ms', 'vs max pass', 'faster than sort',
-               'mask == sort mask'], rows))
+  print(
+    table(
+      ['tensor', 'mask rule', 'ms', 'vs max pass', 'faster than sort', 'mask == sort mask'], rows
+    )
+  )
 
 
 if __name__ == '__main__':

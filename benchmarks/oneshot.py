@@ -38,8 +38,8 @@ from benchmarks import _oneshot_conv, _timing, charlm
 from jaxprune import oneshot
 
 BLOCK_KERNELS = r'block_\d+/.*/kernel$'
-CALIBRATION = dict(batch_size=16, count=8, seed=1)   # 16 x 8 x 128 = 16k bytes
-HELDOUT = dict(batch_size=32, count=16)              # 64k held-out bytes
+CALIBRATION = dict(batch_size=16, count=8, seed=1)  # 16 x 8 x 128 = 16k bytes
+HELDOUT = dict(batch_size=32, count=16)  # 64k held-out bytes
 
 
 def gradual_hparams(steps: int) -> jaxprune._hparams.HParams:
@@ -47,9 +47,10 @@ def gradual_hparams(steps: int) -> jaxprune._hparams.HParams:
   (with the default histogram thresholds one run ended with block_0/down/kernel at 0%)."""
   begin, end = steps // 5, steps * 7 // 10
   return jaxprune.parse_hparams(
-      f'target_sparsity=0.5,begin_pruning_step={begin},sparsity_function_begin_step={begin},'
-      f'sparsity_function_end_step={end},pruning_frequency=10,threshold_method=exact,'
-      f'weight_name_regex={BLOCK_KERNELS}')
+    f'target_sparsity=0.5,begin_pruning_step={begin},sparsity_function_begin_step={begin},'
+    f'sparsity_function_end_step={end},pruning_frequency=10,threshold_method=exact,'
+    f'weight_name_regex={BLOCK_KERNELS}'
+  )
 
 
 def train(workdir: str, steps: int, runs: tuple[str, ...] = ('dense', 'gradual')) -> None:
@@ -68,19 +69,24 @@ def train(workdir: str, steps: int, runs: tuple[str, ...] = ('dense', 'gradual')
     params, _ = charlm.train(config, data, extra=extra, log=lambda s, n=name: print(n, s))
     seconds = time.time() - start
     charlm.save(os.path.join(workdir, f'{name}.msgpack'), config, params)
-    results[name] = {'bpc': charlm.bits_per_char(config, params, evaluation),
-                     'seconds': seconds,
-                     'sparsity': jaxprune.get_weight_sparsity(params)}
+    results[name] = {
+      'bpc': charlm.bits_per_char(config, params, evaluation),
+      'seconds': seconds,
+      'sparsity': jaxprune.get_weight_sparsity(params),
+    }
     print(name, results[name], flush=True)
     with open(os.path.join(workdir, 'train.json'), 'w') as f:
       json.dump(results, f, indent=1, default=float)
 
 
 SETTINGS = {'50%': dict(sparsity=0.5), '60%': dict(sparsity=0.6), '2:4': dict(nm='2:4')}
-VARIANTS = {'magnitude (per layer)': dict(method='magnitude'),
-            'magnitude (per row)': dict(method='magnitude', per_row=True),
-            'Wanda': dict(method='wanda'), 'SparseGPT': dict(method='sparsegpt')}
-SCANNED = ('Wanda', 'SparseGPT')   # also run on the model with its blocks under nn.scan
+VARIANTS = {
+  'magnitude (per layer)': dict(method='magnitude'),
+  'magnitude (per row)': dict(method='magnitude', per_row=True),
+  'Wanda': dict(method='wanda'),
+  'SparseGPT': dict(method='sparsegpt'),
+}
+SCANNED = ('Wanda', 'SparseGPT')  # also run on the model with its blocks under nn.scan
 # The digits CNN: 75% instead of the LM's 60%, since 50% costs it next to nothing.
 CONV_SETTINGS = {'50%': dict(sparsity=0.5), '75%': dict(sparsity=0.75), '2:4': dict(nm='2:4')}
 
@@ -90,11 +96,17 @@ def prune(workdir: str) -> None:
   config, dense = charlm.load(os.path.join(workdir, 'dense.msgpack'))
   data, heldout = charlm.load_split(config.heldout_every)
   evaluation = charlm.heldout_batches(heldout, seq_len=config.seq_len, **HELDOUT)
-  calibration = [b[:, :-1] for b in charlm.sample_batches(
-      data, CALIBRATION['batch_size'], config.seq_len, CALIBRATION['count'], CALIBRATION['seed'])]
+  calibration = [
+    b[:, :-1]
+    for b in charlm.sample_batches(
+      data, CALIBRATION['batch_size'], config.seq_len, CALIBRATION['count'], CALIBRATION['seed']
+    )
+  ]
   scanned = dataclasses.replace(config, scan=True)
-  models = {'': (config, dense), ', blocks under nn.scan': (
-      scanned, charlm.stack_blocks(dense, config.layers))}
+  models = {
+    '': (config, dense),
+    ', blocks under nn.scan': (scanned, charlm.stack_blocks(dense, config.layers)),
+  }
   results = {'dense': charlm.bits_per_char(config, dense, evaluation)}
   for setting, target in SETTINGS.items():
     for suffix, (model_config, model_params) in models.items():
@@ -103,8 +115,9 @@ def prune(workdir: str) -> None:
         if suffix and name not in SCANNED:
           continue
         start = time.perf_counter()
-        params, _ = oneshot.prune(fn, model_params, calibration, overrides={'^head/': None},
-                                  **method, **target)
+        params, _ = oneshot.prune(
+          fn, model_params, calibration, overrides={'^head/': None}, **method, **target
+        )
         jax.block_until_ready(params)
         seconds = time.perf_counter() - start
         key = f'{name}{suffix} {setting}'
@@ -123,17 +136,33 @@ def table(workdir: str) -> None:
     pruned = json.load(f)
   rows = [['dense', *[f'{pruned["dense"]:.3f}'] * 3, '']]
   names = [*VARIANTS, *(f'{name}, blocks under nn.scan' for name in SCANNED)]
-  rows += [[name, *[f'{pruned[f"{name} {s}"][0]:.3f}' for s in SETTINGS],
-            ' / '.join(f'{pruned[f"{name} {s}"][1]:.0f}' for s in SETTINGS)]
-           for name in names if f'{name} 50%' in pruned]
+  rows += [
+    [
+      name,
+      *[f'{pruned[f"{name} {s}"][0]:.3f}' for s in SETTINGS],
+      ' / '.join(f'{pruned[f"{name} {s}"][1]:.0f}' for s in SETTINGS),
+    ]
+    for name in names
+    if f'{name} 50%' in pruned
+  ]
   gradual = trained['gradual']
-  rows.append([f'gradual magnitude in training ({config.steps} steps)', f'{gradual["bpc"]:.3f}',
-               '', '', f'{gradual["seconds"]:.0f} (training)'])
-  print(f'{config}; dense training {trained["dense"]["seconds"]:.0f} s; calibration '
-        f'{CALIBRATION["count"]} x {CALIBRATION["batch_size"]} x {config.seq_len} bytes; '
-        f'held-out {HELDOUT["count"] * HELDOUT["batch_size"] * config.seq_len} bytes\n')
-  print(_timing.table(['held-out bits/char', *SETTINGS, 'one-shot seconds (50% / 60% / 2:4)'],
-                      rows))
+  rows.append(
+    [
+      f'gradual magnitude in training ({config.steps} steps)',
+      f'{gradual["bpc"]:.3f}',
+      '',
+      '',
+      f'{gradual["seconds"]:.0f} (training)',
+    ]
+  )
+  print(
+    f'{config}; dense training {trained["dense"]["seconds"]:.0f} s; calibration '
+    f'{CALIBRATION["count"]} x {CALIBRATION["batch_size"]} x {config.seq_len} bytes; '
+    f'held-out {HELDOUT["count"] * HELDOUT["batch_size"] * config.seq_len} bytes\n'
+  )
+  print(
+    _timing.table(['held-out bits/char', *SETTINGS, 'one-shot seconds (50% / 60% / 2:4)'], rows)
+  )
 
 
 def main() -> None:
@@ -143,8 +172,12 @@ def main() -> None:
   parser.add_argument('--steps', type=int, default=charlm.Config.steps)
   parser.add_argument('--runs', default='dense,gradual', help='train: which runs')
   parser.add_argument('--seeds', default='0,1,2', help='conv: the training seeds (mean)')
-  parser.add_argument('--finetune-steps', type=int, default=_oneshot_conv.FINETUNE_STEPS,
-                      help='conv: Adam steps of the fine-tune after pruning')
+  parser.add_argument(
+    '--finetune-steps',
+    type=int,
+    default=_oneshot_conv.FINETUNE_STEPS,
+    help='conv: Adam steps of the fine-tune after pruning',
+  )
   args = parser.parse_args()
   if args.command == 'train':
     train(args.workdir, args.steps, tuple(args.runs.split(',')))

@@ -47,15 +47,15 @@ except ImportError:  # run as a script from the benchmarks folder
 
 VOCAB, POSITIONS, WIDTH, LAYERS, HIDDEN = 50257, 1024, 768, 12, 3072
 ROWS = {
-    'histogram': '',
-    'exact': 'threshold_method=exact',
-    'global': 'global_pruning=true',
-    'maps': 'weight_sparsity_map=[c_fc:0.8,mlp/c_proj:0.95]',
-    'blocks': 'block_dims_map=[mlp:4x4]',
-    'histogram params': 'mask_source=params',
-    'exact params': 'mask_source=params,threshold_method=exact',
-    'pruned': '',
-    'pruned exact': 'threshold_method=exact',
+  'histogram': '',
+  'exact': 'threshold_method=exact',
+  'global': 'global_pruning=true',
+  'maps': 'weight_sparsity_map=[c_fc:0.8,mlp/c_proj:0.95]',
+  'blocks': 'block_dims_map=[mlp:4x4]',
+  'histogram params': 'mask_source=params',
+  'exact params': 'mask_source=params,threshold_method=exact',
+  'pruned': '',
+  'pruned exact': 'threshold_method=exact',
 }
 # Rows of the wrapping form, `jaxprune.pruned(adam, hparams)`; the others chain
 # `jaxprune.pruning(hparams)` after Adam.
@@ -71,36 +71,51 @@ def _pruning_tx(row: str, text: str) -> optax.GradientTransformation:
 
 def gpt2_params(stacked: bool) -> dict:
   """GPT-2-small shapes, random normal weights (0.02), float32."""
-  layer = {'ln_1': {'scale': (WIDTH,), 'bias': (WIDTH,)},
-           'attn': {'c_attn': {'kernel': (WIDTH, 3 * WIDTH), 'bias': (3 * WIDTH,)},
-                    'c_proj': {'kernel': (WIDTH, WIDTH), 'bias': (WIDTH,)}},
-           'ln_2': {'scale': (WIDTH,), 'bias': (WIDTH,)},
-           'mlp': {'c_fc': {'kernel': (WIDTH, HIDDEN), 'bias': (HIDDEN,)},
-                   'c_proj': {'kernel': (HIDDEN, WIDTH), 'bias': (WIDTH,)}}}
+  layer = {
+    'ln_1': {'scale': (WIDTH,), 'bias': (WIDTH,)},
+    'attn': {
+      'c_attn': {'kernel': (WIDTH, 3 * WIDTH), 'bias': (3 * WIDTH,)},
+      'c_proj': {'kernel': (WIDTH, WIDTH), 'bias': (WIDTH,)},
+    },
+    'ln_2': {'scale': (WIDTH,), 'bias': (WIDTH,)},
+    'mlp': {
+      'c_fc': {'kernel': (WIDTH, HIDDEN), 'bias': (HIDDEN,)},
+      'c_proj': {'kernel': (HIDDEN, WIDTH), 'bias': (WIDTH,)},
+    },
+  }
   is_shape = lambda x: isinstance(x, tuple)
   if stacked:
     layers = jax.tree.map(lambda s: (LAYERS,) + s, layer, is_leaf=is_shape)
   else:
     layers = {str(i): layer for i in range(LAYERS)}
-  shapes = {'wte': {'embedding': (VOCAB, WIDTH)}, 'wpe': {'embedding': (POSITIONS, WIDTH)},
-            'h': layers, 'ln_f': {'scale': (WIDTH,), 'bias': (WIDTH,)}}
+  shapes = {
+    'wte': {'embedding': (VOCAB, WIDTH)},
+    'wpe': {'embedding': (POSITIONS, WIDTH)},
+    'h': layers,
+    'ln_f': {'scale': (WIDTH,), 'bias': (WIDTH,)},
+  }
   rng = np.random.default_rng(0)
-  return jax.tree.map(lambda s: jnp.asarray(0.02 * rng.standard_normal(s, np.float32)), shapes,
-                      is_leaf=is_shape)
+  return jax.tree.map(
+    lambda s: jnp.asarray(0.02 * rng.standard_normal(s, np.float32)), shapes, is_leaf=is_shape
+  )
 
 
-def optimizers(stacked: bool, rows: list[str], frequency: int
-               ) -> dict[str, optax.GradientTransformation]:
+def optimizers(
+  stacked: bool, rows: list[str], frequency: int
+) -> dict[str, optax.GradientTransformation]:
   """The rows' optimizers, each updating masks every `frequency` steps (never when 0)."""
-  timing = (f'pruning_frequency={frequency}' if frequency
-            else 'begin_pruning_step=1000000000')
+  timing = f'pruning_frequency={frequency}' if frequency else 'begin_pruning_step=1000000000'
   layers = ',layer_axes_map=[h/:1]' if stacked else ''
   out = {'Adam': optax.adam(1e-3)}
   for row in rows:
-    text = ','.join(filter(None, [f'target_sparsity=0.9,sparsity_function_end_step=1,{timing}',
-                                  ROWS[row]])) + layers
+    text = (
+      ','.join(
+        filter(None, [f'target_sparsity=0.9,sparsity_function_end_step=1,{timing}', ROWS[row]])
+      )
+      + layers
+    )
     out[row] = _pruning_tx(row, text)
-  out['sort-based'] = optax.chain(optax.adam(1e-3), sort_pruning(frequency or 10 ** 9, 0.9))
+  out['sort-based'] = optax.chain(optax.adam(1e-3), sort_pruning(frequency or 10**9, 0.9))
   return out
 
 
@@ -117,8 +132,9 @@ def compiled_step(tx, params, grads):
 def scanned(tx, params, grads, steps: int, first_step: int):
   """`steps` optimizer steps in one jitted lax.scan, starting at `first_step` (not timed)."""
   state = tx.init(params)
-  step = jax.jit(lambda p, s: (lambda u, s: (optax.apply_updates(p, u), s))(
-      *tx.update(grads, s, p)))
+  step = jax.jit(
+    lambda p, s: (lambda u, s: (optax.apply_updates(p, u), s))(*tx.update(grads, s, p))
+  )
   for _ in range(first_step):
     params, state = step(params, state)
 
@@ -128,7 +144,9 @@ def scanned(tx, params, grads, steps: int, first_step: int):
       p, s = carry
       u, s = tx.update(grads, s, p)
       return (optax.apply_updates(p, u), s), None
+
     return jax.lax.scan(body, (params, state), None, length=steps)[0][0]
+
   return lambda: run(params, state)
 
 
@@ -142,10 +160,15 @@ def mask_update_passes(row: str, stacked: bool, params, grads) -> float:
   layers = ',layer_axes_map=[h/:1]' if stacked else ''
   runs = {}
   for name, when in timing.items():
-    text = ','.join(filter(None, [f'target_sparsity=0.9,sparsity_function_end_step=1,{when}',
-                                  ROWS[row]])) + layers
-    tx = (_pruning_tx(row, text) if row in WRAPPED
-          else jaxprune.pruning(jaxprune.parse_hparams(text)))
+    text = (
+      ','.join(
+        filter(None, [f'target_sparsity=0.9,sparsity_function_end_step=1,{when}', ROWS[row]])
+      )
+      + layers
+    )
+    tx = (
+      _pruning_tx(row, text) if row in WRAPPED else jaxprune.pruning(jaxprune.parse_hparams(text))
+    )
     state = tx.update(grads, tx.init(params), params)[1]  # at step 1, the update step
     update = jax.jit(tx.update)
     runs[name] = lambda update=update, state=state: update(grads, state, params)[0]
@@ -180,15 +203,19 @@ def row_times(name: str, stacked: bool, rows: list[str], params, grads) -> dict:
 
 def print_goals(figures: dict[str, dict]) -> None:
   """The transform-at-scale goals, row by row: met or not, with the measured number."""
+
   def verdict(value, limit, unit='x'):
     return f'{value:.2f}{unit} ({"met" if value <= limit else "not met"}, goal <= {limit}{unit})'
+
   for name, f in figures.items():
     if name == 'sort-based':
       continue
     parts = [f'compile {verdict(f["compile"], 2.0)}']
     if 'params' not in name:  # TF's order: the default semantics
-      parts += [f'non-update {verdict(f["non-update"], 1.03)}',
-                f'temp {verdict(f["temp"], 0.1, "")}']
+      parts += [
+        f'non-update {verdict(f["non-update"], 1.03)}',
+        f'temp {verdict(f["temp"], 0.1, "")}',
+      ]
     limit = 10 if 'exact' in name else 4
     parts.append(f'mask update {verdict(f["passes"], limit, " passes")}')
     print(f'goals, {name}: ' + '; '.join(parts))
@@ -203,28 +230,55 @@ def main() -> None:
   params = gpt2_params(args.stacked)
   grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), params)
   nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
-  print(f'jax {jax.__version__} on {jax.devices()[0].platform}: GPT-2-small-shaped tree, '
-        f'{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.0f}M params in '
-        f'{len(jax.tree.leaves(params))} leaves ({"stacked" if args.stacked else "unstacked"})',
-        flush=True)
+  print(
+    f'jax {jax.__version__} on {jax.devices()[0].platform}: GPT-2-small-shaped tree, '
+    f'{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.0f}M params in '
+    f'{len(jax.tree.leaves(params))} leaves ({"stacked" if args.stacked else "unstacked"})',
+    flush=True,
+  )
   table_rows, figures = [], {}
   for name in rows + ['sort-based']:
     t = row_times(name, args.stacked, rows, params, grads)
     none, every, freq10 = t[f'{name} none'], t[f'{name} every'], t[f'{name} freq10'] / 10
     adam = t['Adam none']
-    passes = None if name == 'sort-based' else mask_update_passes(name, args.stacked, params,
-                                                                   grads)
-    figures[name] = {'compile': t[f'{name} compile'] / t['Adam compile'], 'passes': passes,
-                     'temp': t[f'{name} temp'] / nbytes, 'non-update': none / adam}
-    table_rows.append([
-        name, f'{t[f"{name} compile"]:.1f} ({t[f"{name} compile"] / t["Adam compile"]:.1f}x)',
-        f'{t[f"{name} temp"] / nbytes:.2f}', f'{none / adam:.2f}x', f'{freq10 / adam:.2f}x',
-        f'{(every + 99 * none) / 100 / adam:.2f}x', f'{every / adam:.1f}x',
-        '' if passes is None else f'{passes:.1f}'])
-    print(f'{name}: done (Adam {adam * 1e3:.0f} ms per step, compile {t["Adam compile"]:.1f} s)',
-          flush=True)
-  print(table(['step', 'compile s (vs Adam)', 'temp / params', 'non-update', 'freq 10',
-               'freq 100', 'update step', 'mask update (max passes)'], table_rows))
+    passes = None if name == 'sort-based' else mask_update_passes(name, args.stacked, params, grads)
+    figures[name] = {
+      'compile': t[f'{name} compile'] / t['Adam compile'],
+      'passes': passes,
+      'temp': t[f'{name} temp'] / nbytes,
+      'non-update': none / adam,
+    }
+    table_rows.append(
+      [
+        name,
+        f'{t[f"{name} compile"]:.1f} ({t[f"{name} compile"] / t["Adam compile"]:.1f}x)',
+        f'{t[f"{name} temp"] / nbytes:.2f}',
+        f'{none / adam:.2f}x',
+        f'{freq10 / adam:.2f}x',
+        f'{(every + 99 * none) / 100 / adam:.2f}x',
+        f'{every / adam:.1f}x',
+        '' if passes is None else f'{passes:.1f}',
+      ]
+    )
+    print(
+      f'{name}: done (Adam {adam * 1e3:.0f} ms per step, compile {t["Adam compile"]:.1f} s)',
+      flush=True,
+    )
+  print(
+    table(
+      [
+        'step',
+        'compile s (vs Adam)',
+        'temp / params',
+        'non-update',
+        'freq 10',
+        'freq 100',
+        'update step',
+        'mask update (max passes)',
+      ],
+      table_rows,
+    )
+  )
   print_goals(figures)
 
   scans = {'Adam': scanned(optax.adam(1e-3), params, grads, 10, 1)}
@@ -232,8 +286,12 @@ def main() -> None:
     tx = optimizers(args.stacked, rows[:1], frequency)[rows[0]]
     scans[f'{rows[0]} {kind}'] = scanned(tx, params, grads, 10, 1)
   scan_seconds = interleaved(scans, rounds=3)
-  print('In one jitted lax.scan of 10 steps, per step vs Adam: ' + ', '.join(
-      f'{k} {v / scan_seconds["Adam"]:.2f}x' for k, v in scan_seconds.items() if k != 'Adam'))
+  print(
+    'In one jitted lax.scan of 10 steps, per step vs Adam: '
+    + ', '.join(
+      f'{k} {v / scan_seconds["Adam"]:.2f}x' for k, v in scan_seconds.items() if k != 'Adam'
+    )
+  )
 
 
 if __name__ == '__main__':

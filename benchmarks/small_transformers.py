@@ -66,10 +66,24 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument('--rounds', type=int, default=20)
   args = parser.parse_args()
-  rows = [bench(width, batch, tokens, args.rounds)
-          for batch, tokens in ((1, 16), (8, 64)) for width in (64, 128, 256)]
-  print(table(['width, input', 'FLOPs kept, round_to 1', 'FLOPs kept, round_to 8', 'ms dense',
-               'speedup, round_to 1', 'speedup, round_to 8'], rows))
+  rows = [
+    bench(width, batch, tokens, args.rounds)
+    for batch, tokens in ((1, 16), (8, 64))
+    for width in (64, 128, 256)
+  ]
+  print(
+    table(
+      [
+        'width, input',
+        'FLOPs kept, round_to 1',
+        'FLOPs kept, round_to 8',
+        'ms dense',
+        'speedup, round_to 1',
+        'speedup, round_to 8',
+      ],
+      rows,
+    )
+  )
 
 
 if __name__ == '__main__':

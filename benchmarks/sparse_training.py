@@ -49,13 +49,18 @@ def transforms(sparsity: float, seed: int) -> dict[str, optax.GradientTransforma
   hp.pruning_frequency = task_lib.UPDATE_FREQ
   hp.begin_pruning_step = hp.sparsity_function_begin_step = task_lib.STEPS // 10
   hp.end_pruning_step = hp.sparsity_function_end_step = task_lib.END_STEP
-  dynamic = dict(end_step=task_lib.END_STEP, update_freq=task_lib.UPDATE_FREQ,
-                 drop_fraction=task_lib.DROP_FRACTION, distribution='erk', seed=seed)
+  dynamic = dict(
+    end_step=task_lib.END_STEP,
+    update_freq=task_lib.UPDATE_FREQ,
+    drop_fraction=task_lib.DROP_FRACTION,
+    distribution='erk',
+    seed=seed,
+  )
   return {
-      'GMP': optax.chain(adam, jaxprune.pruning(hp)),
-      'static': sparse.static(adam, sparsity, distribution='erk', seed=seed),
-      'SET': sparse.set_(adam, sparsity, **dynamic),
-      'RigL': sparse.rigl(adam, sparsity, **dynamic),
+    'GMP': optax.chain(adam, jaxprune.pruning(hp)),
+    'static': sparse.static(adam, sparsity, distribution='erk', seed=seed),
+    'SET': sparse.set_(adam, sparsity, **dynamic),
+    'RigL': sparse.rigl(adam, sparsity, **dynamic),
   }
 
 
@@ -69,8 +74,9 @@ def jaxpruner_row() -> dict:
     return {'error': f'no jaxpruner environment at {JAXPRUNER_PYTHON}'}
   script = os.path.join(os.path.dirname(os.path.abspath(__file__)), '_jaxpruner_rigl.py')
   env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-  done = subprocess.run([JAXPRUNER_PYTHON, script], capture_output=True, text=True, env=env,
-                        check=False)
+  done = subprocess.run(
+    [JAXPRUNER_PYTHON, script], capture_output=True, text=True, env=env, check=False
+  )
   if done.returncode:
     return {'error': done.stderr.strip().splitlines()[-1]}
   return json.loads(done.stdout.strip().splitlines()[-1])
@@ -95,31 +101,55 @@ def main() -> None:
     print(f'seed {seed} done', file=sys.stderr, flush=True)
   model, params, dataset, batches = task_lib.task(0)
   sparsity = task_lib.SPARSITIES[-1]
-  times = task_lib.step_times(model, {'dense': optax.adam(task_lib.LR),
-                                      **transforms(sparsity, 0)}, params, dataset, batches)
+  times = task_lib.step_times(
+    model, {'dense': optax.adam(task_lib.LR), **transforms(sparsity, 0)}, params, dataset, batches
+  )
   other = jaxpruner_row()
-  rows = [['dense', '0', mean_std(accuracy['dense', 0.0]), '0.000',
-           f'{1e3 * times["dense"]:.2f}', '1.00']]
+  rows = [
+    ['dense', '0', mean_std(accuracy['dense', 0.0]), '0.000', f'{1e3 * times["dense"]:.2f}', '1.00']
+  ]
   for name in ('GMP', 'static', 'SET', 'RigL'):
     for s in task_lib.SPARSITIES:
       timed = s == sparsity
-      rows.append([name, f'{s}', mean_std(accuracy[name, s]),
-                   f'{statistics.mean(reached[name, s]):.3f}',
-                   f'{1e3 * times[name]:.2f}' if timed else '',
-                   f'{times[name] / times["dense"]:.2f}' if timed else ''])
+      rows.append(
+        [
+          name,
+          f'{s}',
+          mean_std(accuracy[name, s]),
+          f'{statistics.mean(reached[name, s]):.3f}',
+          f'{1e3 * times[name]:.2f}' if timed else '',
+          f'{times[name] / times["dense"]:.2f}' if timed else '',
+        ]
+      )
   if 'error' in other:
     rows.append(['jaxpruner RigL', '', f'did not run: {other["error"]}', '', '', ''])
   else:
     for s in task_lib.SPARSITIES:
       timed = s == sparsity
       ms = other['step_ms']
-      rows.append([f'jaxpruner RigL ({other["versions"]})', f'{s}',
-                   mean_std(other['accuracy'][str(s)]), '',
-                   f'{ms["rigl"]:.2f}' if timed else '',
-                   f'{ms["rigl"] / ms["dense"]:.2f} (its dense: {ms["dense"]:.2f} ms)'
-                   if timed else ''])
-  print(table(['method', 'sparsity', 'test accuracy % (3 seeds)', 'kernel sparsity reached',
-               'step ms', 'step time / dense'], rows))
+      rows.append(
+        [
+          f'jaxpruner RigL ({other["versions"]})',
+          f'{s}',
+          mean_std(other['accuracy'][str(s)]),
+          '',
+          f'{ms["rigl"]:.2f}' if timed else '',
+          f'{ms["rigl"] / ms["dense"]:.2f} (its dense: {ms["dense"]:.2f} ms)' if timed else '',
+        ]
+      )
+  print(
+    table(
+      [
+        'method',
+        'sparsity',
+        'test accuracy % (3 seeds)',
+        'kernel sparsity reached',
+        'step ms',
+        'step time / dense',
+      ],
+      rows,
+    )
+  )
 
 
 if __name__ == '__main__':

@@ -34,6 +34,7 @@ from jaxprune.train import _models as models
 class BasicBlock(nn.Module):
   """A basic block; the shortcut is chosen by config, not by comparing shapes with
   `features` (which a pruned block no longer matches when run under `linen_resized`)."""
+
   features: int
   strides: int = 1
   project: bool = False
@@ -51,6 +52,7 @@ class BasicBlock(nn.Module):
 
 class ResNet18(nn.Module):
   """ResNet-18 for 32x32 inputs (He et al. 2016, CIFAR variant)."""
+
   num_classes: int = 10
 
   @nn.compact
@@ -91,14 +93,22 @@ def resnet_speedup(batch: int, reps: int) -> dict:
       return model.apply(v, x)
 
   dense_s, pruned_s, callable_s = _seconds(
-      [dense_apply, pruned_apply, pruned_fn],
-      [(variables, x), (new_variables, x), (new_variables, x)], reps)
+    [dense_apply, pruned_apply, pruned_fn],
+    [(variables, x), (new_variables, x), (new_variables, x)],
+    reps,
+  )
   flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
   count = lambda tree: sum(int(np.prod(a.shape)) for a in jax.tree.leaves(tree['params']))
-  return {'groups': len(graph.prunable_groups), 'flops_ratio': flops[0] / flops[1],
-          'params_ratio': count(variables) / count(new_variables), 'dense_ms': 1e3 * dense_s,
-          'pruned_ms': 1e3 * pruned_s, 'callable_ms': 1e3 * callable_s,
-          'speedup': dense_s / pruned_s, 'callable_speedup': dense_s / callable_s}
+  return {
+    'groups': len(graph.prunable_groups),
+    'flops_ratio': flops[0] / flops[1],
+    'params_ratio': count(variables) / count(new_variables),
+    'dense_ms': 1e3 * dense_s,
+    'pruned_ms': 1e3 * pruned_s,
+    'callable_ms': 1e3 * callable_s,
+    'speedup': dense_s / pruned_s,
+    'callable_speedup': dense_s / callable_s,
+  }
 
 
 def _train(apply, params, dataset, epochs, lr, seed, label_smoothing=0.0):
@@ -121,7 +131,7 @@ def _train(apply, params, dataset, epochs, lr, seed, label_smoothing=0.0):
   for epoch in range(epochs):
     order = np.random.default_rng((seed, epoch)).permutation(n)
     for start in range(0, n - 31, 32):
-      idx = order[start:start + 32]
+      idx = order[start : start + 32]
       params, state = step(params, state, dataset.x_train[idx], dataset.y_train[idx])
   return params
 
@@ -131,8 +141,13 @@ def _accuracy(apply, params, dataset):
   return 100.0 * float(np.mean(np.argmax(logits, -1) == dataset.y_test))
 
 
-def digits_accuracy(features: tuple[int, int], dense: int, epochs: int,
-                    finetune_epochs: int, smooth_epochs: int | None = None) -> dict:
+def digits_accuracy(
+  features: tuple[int, int],
+  dense: int,
+  epochs: int,
+  finetune_epochs: int,
+  smooth_epochs: int | None = None,
+) -> dict:
   dataset = data_lib.load_digits(seed=0)
   model = models.CNN(features=features, dense=dense)
   params = model.init(jax.random.key(0), dataset.x_train[:1])['params']
@@ -154,8 +169,15 @@ def digits_accuracy(features: tuple[int, int], dense: int, epochs: int,
   tuned_acc = _accuracy(pruned_apply, tuned, dataset)
   smooth_acc = None
   if smooth_epochs:  # The same fine-tuning, longer and with label smoothing 0.1.
-    smooth = _train(pruned_apply, new_variables['params'], dataset, smooth_epochs, 2e-3, seed=1,
-                    label_smoothing=0.1)
+    smooth = _train(
+      pruned_apply,
+      new_variables['params'],
+      dataset,
+      smooth_epochs,
+      2e-3,
+      seed=1,
+      label_smoothing=0.1,
+    )
     smooth_acc = _accuracy(pruned_apply, smooth, dataset)
   # The pruned architecture, rebuilt explicitly and trained from scratch for as long.
   sizes = flax_rebuild.linen_feature_sizes(new_variables)
@@ -166,10 +188,17 @@ def digits_accuracy(features: tuple[int, int], dense: int, epochs: int,
   scratch = _train(small_apply, scratch, dataset, epochs + finetune_epochs, 2e-3, seed=0)
   scratch_acc = _accuracy(small_apply, scratch, dataset)
   flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
-  return {'dense_acc': dense_acc, 'pruned_acc': pruned_acc, 'finetuned_acc': tuned_acc,
-          'smooth_acc': smooth_acc, 'smooth_epochs': smooth_epochs,
-          'scratch_acc': scratch_acc, 'scratch_epochs': epochs + finetune_epochs,
-          'flops_ratio': flops[0] / flops[1], 'plan': plan.summary().replace('\n', '; ')}
+  return {
+    'dense_acc': dense_acc,
+    'pruned_acc': pruned_acc,
+    'finetuned_acc': tuned_acc,
+    'smooth_acc': smooth_acc,
+    'smooth_epochs': smooth_epochs,
+    'scratch_acc': scratch_acc,
+    'scratch_epochs': epochs + finetune_epochs,
+    'flops_ratio': flops[0] / flops[1],
+    'plan': plan.summary().replace('\n', '; '),
+  }
 
 
 def main() -> None:
@@ -178,16 +207,20 @@ def main() -> None:
   args = parser.parse_args()
   reps = 3 if args.quick else 10
   batch = 8 if args.quick else 64
-  print(f'jax {jax.__version__} on {jax.devices()[0].platform}, '
-        f'{jax.devices()[0].device_kind}')
+  print(f'jax {jax.__version__} on {jax.devices()[0].platform}, {jax.devices()[0].device_kind}')
   r = resnet_speedup(batch, reps)
-  print(f"ResNet-18, 32x32, batch {batch}, 50% of channels removed uniformly "
-        f"({r['groups']} prunable groups)")
-  print(f"  FLOPs ratio {r['flops_ratio']:.2f}x, params ratio {r['params_ratio']:.2f}x")
-  print(f"  dense {r['dense_ms']:.1f} ms, pruned (Linen, resized) {r['pruned_ms']:.1f} ms, "
-        f"pruned callable {r['callable_ms']:.1f} ms")
-  print(f"  speedup {r['speedup']:.2f}x (goal >= 2.5x), pruned callable "
-        f"{r['callable_speedup']:.2f}x")
+  print(
+    f'ResNet-18, 32x32, batch {batch}, 50% of channels removed uniformly '
+    f'({r["groups"]} prunable groups)'
+  )
+  print(f'  FLOPs ratio {r["flops_ratio"]:.2f}x, params ratio {r["params_ratio"]:.2f}x')
+  print(
+    f'  dense {r["dense_ms"]:.1f} ms, pruned (Linen, resized) {r["pruned_ms"]:.1f} ms, '
+    f'pruned callable {r["callable_ms"]:.1f} ms'
+  )
+  print(
+    f'  speedup {r["speedup"]:.2f}x (goal >= 2.5x), pruned callable {r["callable_speedup"]:.2f}x'
+  )
   epochs, finetune = (2, 1) if args.quick else (20, 10)
   rows = []
   smooth_epochs = 2 if args.quick else 20
@@ -195,28 +228,39 @@ def main() -> None:
     default = features == (16, 32)
     d = digits_accuracy(features, dense, epochs, finetune, smooth_epochs if default else None)
     name = f'digits CNN {features[0]}-{features[1]} conv, {dense} dense'
-    print(f"{name}, 50% of channels removed ({d['plan']}), fine-tuned {finetune} epochs")
-    print(f"  FLOPs ratio {d['flops_ratio']:.2f}x; test accuracy dense {d['dense_acc']:.2f}%, "
-          f"pruned {d['pruned_acc']:.2f}%, fine-tuned {d['finetuned_acc']:.2f}% "
-          f"(goal: within 1 point, gap {d['dense_acc'] - d['finetuned_acc']:+.2f}); the pruned "
-          f"architecture trained from scratch for {d['scratch_epochs']} epochs: "
-          f"{d['scratch_acc']:.2f}%")
-    rows.append(f"| {name}, 50% channels + {finetune} epochs fine-tune: test accuracy | "
-                f"{d['finetuned_acc']:.2f}% vs {d['dense_acc']:.2f}% dense "
-                f"(FLOPs {d['flops_ratio']:.2f}x fewer; from scratch {d['scratch_acc']:.2f}%) | "
-                "within 1 point |")
+    print(f'{name}, 50% of channels removed ({d["plan"]}), fine-tuned {finetune} epochs')
+    print(
+      f'  FLOPs ratio {d["flops_ratio"]:.2f}x; test accuracy dense {d["dense_acc"]:.2f}%, '
+      f'pruned {d["pruned_acc"]:.2f}%, fine-tuned {d["finetuned_acc"]:.2f}% '
+      f'(goal: within 1 point, gap {d["dense_acc"] - d["finetuned_acc"]:+.2f}); the pruned '
+      f'architecture trained from scratch for {d["scratch_epochs"]} epochs: '
+      f'{d["scratch_acc"]:.2f}%'
+    )
+    rows.append(
+      f'| {name}, 50% channels + {finetune} epochs fine-tune: test accuracy | '
+      f'{d["finetuned_acc"]:.2f}% vs {d["dense_acc"]:.2f}% dense '
+      f'(FLOPs {d["flops_ratio"]:.2f}x fewer; from scratch {d["scratch_acc"]:.2f}%) | '
+      'within 1 point |'
+    )
     if d['smooth_acc'] is not None:
-      print(f"  fine-tuned {d['smooth_epochs']} epochs with label smoothing 0.1 instead: "
-            f"{d['smooth_acc']:.2f}% (gap {d['dense_acc'] - d['smooth_acc']:+.2f})")
-      rows.append(f"| {name}, 50% channels + {d['smooth_epochs']} epochs fine-tune with label "
-                  f"smoothing 0.1: test accuracy | {d['smooth_acc']:.2f}% vs "
-                  f"{d['dense_acc']:.2f}% dense | within 1 point |")
+      print(
+        f'  fine-tuned {d["smooth_epochs"]} epochs with label smoothing 0.1 instead: '
+        f'{d["smooth_acc"]:.2f}% (gap {d["dense_acc"] - d["smooth_acc"]:+.2f})'
+      )
+      rows.append(
+        f'| {name}, 50% channels + {d["smooth_epochs"]} epochs fine-tune with label '
+        f'smoothing 0.1: test accuracy | {d["smooth_acc"]:.2f}% vs '
+        f'{d["dense_acc"]:.2f}% dense | within 1 point |'
+      )
   print('| benchmark | measured | goal |')
   print('|---|---|---|')
-  print(f"| ResNet-18 32x32 b{batch}, 50% channels: FLOPs ratio | {r['flops_ratio']:.2f}x | - |")
-  print(f"| ResNet-18 32x32 b{batch}, 50% channels: CPU speedup | {r['speedup']:.2f}x "
-        f"(pruned callable {r['callable_speedup']:.2f}x) | >= 2.5x |")
+  print(f'| ResNet-18 32x32 b{batch}, 50% channels: FLOPs ratio | {r["flops_ratio"]:.2f}x | - |')
+  print(
+    f'| ResNet-18 32x32 b{batch}, 50% channels: CPU speedup | {r["speedup"]:.2f}x '
+    f'(pruned callable {r["callable_speedup"]:.2f}x) | >= 2.5x |'
+  )
   print('\n'.join(rows))
+
 
 if __name__ == '__main__':
   main()

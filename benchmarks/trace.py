@@ -19,8 +19,9 @@ import jax.numpy as jnp
 
 import jaxprune.structured as structured
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'tests'))
+sys.path.insert(
+  0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests')
+)
 
 from resnet50 import ResNet50  # noqa: E402
 
@@ -35,11 +36,16 @@ def main() -> None:
   variables = jax.eval_shape(model.init, jax.random.key(0), x)
   variables = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables)
   n_params = sum(v.size for v in jax.tree.leaves(variables['params']))
-  n_convs = sum(1 for k in jax.tree_util.tree_flatten_with_path(variables['params'])[0]
-                if 'Conv' in jax.tree_util.keystr(k[0]) and k[0][-1].key == 'kernel')
+  n_convs = sum(
+    1
+    for k in jax.tree_util.tree_flatten_with_path(variables['params'])[0]
+    if 'Conv' in jax.tree_util.keystr(k[0]) and k[0][-1].key == 'kernel'
+  )
   apply_train = functools.partial(model.apply, train=True, mutable=['batch_stats'])
-  print(f'ResNet-50: {n_convs} convs, {n_params / 1e6:.1f}M params, input {tuple(x.shape)}, '
-        f'CPU, best of {args.repeats}')
+  print(
+    f'ResNet-50: {n_convs} convs, {n_params / 1e6:.1f}M params, input {tuple(x.shape)}, '
+    f'CPU, best of {args.repeats}'
+  )
   for label, fn in (('eval', model.apply), ('train, mutable batch_stats', apply_train)):
     trace_times, total_times = [], []
     for _ in range(args.repeats):
@@ -50,8 +56,11 @@ def main() -> None:
       graph = structured.trace(fn, variables, x)
       total_times.append(time.perf_counter() - start)
     print(f'{label}: {graph.summary().splitlines()[0]}')
-    print(f'  trace + group {min(total_times):.2f} s (goal < 5 s), of which '
-          f'jax.make_jaxpr alone {min(trace_times):.2f} s')
+    print(
+      f'  trace + group {min(total_times):.2f} s (goal < 5 s), of which '
+      f'jax.make_jaxpr alone {min(trace_times):.2f} s'
+    )
+
 
 if __name__ == '__main__':
   main()

@@ -41,7 +41,6 @@ WIDTH, DEPTH, BATCH, RUN = 1024, 4, 256, 100
 
 
 class MLP(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     for _ in range(DEPTH):
@@ -64,16 +63,16 @@ def optimizers() -> dict[str, optax.GradientTransformation]:
   never = f'begin_pruning_step={100 * RUN},target_sparsity=0.9'
   every = 'target_sparsity=0.9,sparsity_function_end_step=1000,pruning_frequency={}'
   return {
-      'plain': optax.adam(1e-3),
-      'non-update': chained(never),
-      'freq 10': chained(every.format(10)),
-      'freq 100': chained(every.format(100)),
-      'non-update pruned': wrapped(never),
-      'freq 10 pruned': wrapped(every.format(10)),
-      'freq 100 pruned': wrapped(every.format(100)),
-      'non-update params': chained(never + ',mask_source=params'),
-      'freq 10 params': chained(every.format(10) + ',mask_source=params'),
-      'sort freq 10': optax.chain(optax.adam(1e-3), sort_pruning(10, 0.9)),
+    'plain': optax.adam(1e-3),
+    'non-update': chained(never),
+    'freq 10': chained(every.format(10)),
+    'freq 100': chained(every.format(100)),
+    'non-update pruned': wrapped(never),
+    'freq 10 pruned': wrapped(every.format(10)),
+    'freq 100 pruned': wrapped(every.format(100)),
+    'non-update params': chained(never + ',mask_source=params'),
+    'freq 10 params': chained(every.format(10) + ',mask_source=params'),
+    'sort freq 10': optax.chain(optax.adam(1e-3), sort_pruning(10, 0.9)),
   }
 
 
@@ -85,6 +84,7 @@ def at_step_one(tx, params, batch):
 
 def scanned(tx, params, state, batch):
   """A callable running RUN steps in one jitted lax.scan, carried on from call to call."""
+
   @jax.jit
   def run(params, state):
     def body(carry, _):
@@ -92,6 +92,7 @@ def scanned(tx, params, state, batch):
       grads = jax.grad(loss_fn)(params, *batch)
       updates, state = tx.update(grads, state, params)
       return (optax.apply_updates(params, updates), state), None
+
     return jax.lax.scan(body, (params, state), None, length=RUN)[0]
 
   holder = [(params, state)]
@@ -99,6 +100,7 @@ def scanned(tx, params, state, batch):
   def call():
     holder[0] = run(*holder[0])
     return holder[0][0]
+
   return call
 
 
@@ -108,19 +110,25 @@ def main() -> None:
   y = jnp.asarray(rng.integers(0, 10, BATCH))
   params = MLP().init(jax.random.key(0), x)['params']
   txs = optimizers()
-  print(f'jax {jax.__version__} on {jax.devices()[0].platform}: {DEPTH}x{WIDTH} MLP, '
-        f'batch {BATCH}, Adam, {RUN} consecutive steps per timing')
+  print(
+    f'jax {jax.__version__} on {jax.devices()[0].platform}: {DEPTH}x{WIDTH} MLP, '
+    f'batch {BATCH}, Adam, {RUN} consecutive steps per timing'
+  )
   header = ['step', 'ms / step', 'vs plain optax']
   for loop in ('one jitted call per step, donated', f'one jitted lax.scan of {RUN} steps'):
     runs = {}
     for name, tx in txs.items():
       start, state = at_step_one(tx, params, (x, y))
-      runs[name] = (per_call(train_step(tx, loss_fn), start, state, (x, y), RUN)
-                    if loop.endswith('donated') else scanned(tx, start, state, (x, y)))
+      runs[name] = (
+        per_call(train_step(tx, loss_fn), start, state, (x, y), RUN)
+        if loop.endswith('donated')
+        else scanned(tx, start, state, (x, y))
+      )
     seconds = interleaved(runs, rounds=5)
     base = seconds['plain']
-    rows = [[name, f'{seconds[name] / RUN * 1e3:.2f}', f'{seconds[name] / base:.3f}x']
-            for name in runs]
+    rows = [
+      [name, f'{seconds[name] / RUN * 1e3:.2f}', f'{seconds[name] / base:.3f}x'] for name in runs
+    ]
     print(f'\n{loop}:\n' + table(header, rows), flush=True)
 
 

@@ -46,16 +46,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'tests'))
+sys.path.insert(
+  0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests')
+)
 
 import thirdparty_zoo_hf as hf  # noqa: E402
 
 import jaxprune.structured as jps  # noqa: E402
 from jaxprune.structured._shared import (  # noqa: E402
-    activation_products,
-    count_flops,
-    flops_kept,
+  activation_products,
+  count_flops,
+  flops_kept,
 )
 
 try:
@@ -68,15 +69,24 @@ EXACT = jps.Constraint(round_to=1)
 
 # name -> (builder at benchmark size, batch, Torch-Pruning's per-kind ratio, its number).
 MODELS = {
-    'HF ViT-S/8, 64x64': (functools.partial(hf.hf_vit, hidden=384, layers=6, heads=6, image=64,
-                                            patch=8), 8,
-                          {'width': RATIO, 'head_dim': RATIO, 'channels': RATIO}, 0.487),
-    'HF BERT 4x512, 128 tokens': (functools.partial(hf.hf_bert, hidden=512, layers=4, heads=8,
-                                                    length=128), 8,
-                                  {'width': RATIO, 'heads': RATIO, 'channels': RATIO}, 0.484),
-    'HF Llama 4x512 (8 heads, 4 kv), 128 tokens': (functools.partial(
-        hf.hf_llama, hidden=512, layers=4, heads=8, kv_heads=4, length=128), 4,
-        {'width': RATIO, 'heads': RATIO, 'channels': RATIO}, None),
+  'HF ViT-S/8, 64x64': (
+    functools.partial(hf.hf_vit, hidden=384, layers=6, heads=6, image=64, patch=8),
+    8,
+    {'width': RATIO, 'head_dim': RATIO, 'channels': RATIO},
+    0.487,
+  ),
+  'HF BERT 4x512, 128 tokens': (
+    functools.partial(hf.hf_bert, hidden=512, layers=4, heads=8, length=128),
+    8,
+    {'width': RATIO, 'heads': RATIO, 'channels': RATIO},
+    0.484,
+  ),
+  'HF Llama 4x512 (8 heads, 4 kv), 128 tokens': (
+    functools.partial(hf.hf_llama, hidden=512, layers=4, heads=8, kv_heads=4, length=128),
+    4,
+    {'width': RATIO, 'heads': RATIO, 'channels': RATIO},
+    None,
+  ),
 }
 
 
@@ -104,8 +114,9 @@ def bench(name: str, rounds: int) -> list[list[str]]:
   for label, graph in graphs.items():
     plan = jps.select(graph, case.variables, ratio=ratios[label], constraint=EXACT)
     flops[label] = flops_kept(dense, jps.plan_flops(graph, plan))
-    flops[label, 'weights'] = flops_kept(dense_weights,
-                                         count_flops(graph, plan, skip=products[label]))
+    flops[label, 'weights'] = flops_kept(
+      dense_weights, count_flops(graph, plan, skip=products[label])
+    )
     exact[label] = not any(graph.groups[g].approximate for g in plan.removed)
     plan8 = jps.select(graph, case.variables, ratio=ratios[label])
     new_variables, pruned_fn = jps.apply_plan(graph, case.variables, plan8)
@@ -115,10 +126,20 @@ def bench(name: str, rounds: int) -> list[list[str]]:
   rows = []
   for label in graphs:
     tp_cell = f'{tp:.3f}' if tp is not None and label != 'heads + MLP' else '-'
-    rows.append([name, label, f'{flops[label]:.3f}', f'{flops[label, "weights"]:.3f}', tp_cell,
-                 'yes' if exact[label] else 'no', f'{flops[label, 8]:.3f}',
-                 f'{1e3 * seconds["dense"]:.1f}', f'{1e3 * seconds[label]:.1f}',
-                 f'{seconds["dense"] / seconds[label]:.2f}x'])
+    rows.append(
+      [
+        name,
+        label,
+        f'{flops[label]:.3f}',
+        f'{flops[label, "weights"]:.3f}',
+        tp_cell,
+        'yes' if exact[label] else 'no',
+        f'{flops[label, 8]:.3f}',
+        f'{1e3 * seconds["dense"]:.1f}',
+        f'{1e3 * seconds[label]:.1f}',
+        f'{seconds["dense"] / seconds[label]:.2f}x',
+      ]
+    )
   return rows
 
 
@@ -149,8 +170,9 @@ def _train(fn, variables, train, steps, lr, batch=64, seed=0):
   rng = np.random.default_rng(seed)
   for _ in range(steps):
     pick = rng.choice(len(train[1]), batch, replace=False)
-    variables, state = step(variables, state, jnp.asarray(train[0][pick]),
-                            jnp.asarray(train[1][pick]))
+    variables, state = step(
+      variables, state, jnp.asarray(train[0][pick]), jnp.asarray(train[1][pick])
+    )
   return variables
 
 
@@ -165,12 +187,19 @@ def digits(steps: int, tune_steps: int) -> list[list[str]]:
   fn = jax.jit(case.fn)
   variables = _train(fn, case.variables, train, steps, 1e-3)
   example = jnp.asarray(train[0][:64])
-  calibration = [jnp.asarray(train[0][i:i + 64]) for i in range(0, 512, 64)]
+  calibration = [jnp.asarray(train[0][i : i + 64]) for i in range(0, 512, 64)]
   rows = [['dense', '1.000', f'{_accuracy(fn, variables, test):.3f}', '-']]
-  runs = [('heads + MLP', None, 'l2', EXACT), ('+ width, exact, L2', 'exact', 'l2', EXACT),
-          ('+ width, exact, activations', 'exact', 'activation', EXACT),
-          ('+ width, renormalised, activations', 'renormalise', 'activation',
-           jps.Constraint(round_to=1, allow_approximate=True))]
+  runs = [
+    ('heads + MLP', None, 'l2', EXACT),
+    ('+ width, exact, L2', 'exact', 'l2', EXACT),
+    ('+ width, exact, activations', 'exact', 'activation', EXACT),
+    (
+      '+ width, renormalised, activations',
+      'renormalise',
+      'activation',
+      jps.Constraint(round_to=1, allow_approximate=True),
+    ),
+  ]
   for label, norms, importance, constraint in runs:
     graph = _trace(case, (example,), norms)
     if importance == 'activation':
@@ -190,10 +219,22 @@ def main() -> None:
   parser.add_argument('--skip-digits', action='store_true', help='only the FLOPs and timing table')
   args = parser.parse_args()
   rounds = 3 if args.quick else 15
-  print(f'jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs; '
-        f'ratio {RATIO} (L2, uniform); median of {rounds} interleaved calls')
-  header = ['model', 'pruned', 'FLOPs kept', 'weight FLOPs kept', 'Torch-Pruning', 'exact',
-            'FLOPs kept (round_to 8)', 'ms dense', 'ms pruned', 'speedup']
+  print(
+    f'jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs; '
+    f'ratio {RATIO} (L2, uniform); median of {rounds} interleaved calls'
+  )
+  header = [
+    'model',
+    'pruned',
+    'FLOPs kept',
+    'weight FLOPs kept',
+    'Torch-Pruning',
+    'exact',
+    'FLOPs kept (round_to 8)',
+    'ms dense',
+    'ms pruned',
+    'speedup',
+  ]
   rows = []
   for name in MODELS:
     rows += bench(name, rounds)
@@ -203,8 +244,11 @@ def main() -> None:
   if not args.skip_digits:
     steps, tune = (100, 30) if args.quick else (400, 150)
     print()
-    print(table(['ViT on digits', 'FLOPs kept', 'test accuracy', 'after fine-tune'],
-                digits(steps, tune)))
+    print(
+      table(
+        ['ViT on digits', 'FLOPs kept', 'test accuracy', 'after fine-tune'], digits(steps, tune)
+      )
+    )
 
 
 if __name__ == '__main__':

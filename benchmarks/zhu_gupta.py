@@ -48,11 +48,13 @@ def small_widths(budget: int) -> tuple[int, int]:
 
 def one_shot(params: dict, sparsity: float) -> dict:
   """Zeroes the smallest-magnitude fraction `sparsity` of each kernel, no retraining."""
+
   def prune(path, leaf):
     if jaxprune.leaf_name(path).endswith('kernel'):
       _, mask = jaxprune.update_mask(leaf, jnp.float32(0), sparsity, threshold_method='exact')
       return jnp.where(mask, leaf, 0)
     return leaf
+
   return jax.tree_util.tree_map_with_path(prune, params)
 
 
@@ -88,28 +90,37 @@ def main(argv: Sequence[str]) -> None:
     evaluate = step.make_evaluate(models.MLP().apply)
     pruned = one_shot(dense.state.params, 0.9)
     nonzero = sum(int(jnp.count_nonzero(x)) for x in jax.tree.leaves(pruned))
-    record('one-shot 90%, no retraining', evaluate(pruned, dataset.x_test,
-                                                   dataset.y_test)['accuracy'], nonzero)
+    record(
+      'one-shot 90%, no retraining',
+      evaluate(pruned, dataset.x_test, dataset.y_test)['accuracy'],
+      nonzero,
+    )
     for target in (0.9, 0.95):
       sparse = loop.train(_config(seed, target_sparsity=target))
-      record(f'gradual to {target:.0%}', sparse.report.final_accuracy,
-             sparse.report.total_nonzero)
+      record(f'gradual to {target:.0%}', sparse.report.final_accuracy, sparse.report.total_nonzero)
       if target == 0.9:
         small = small or small_widths(sparse.report.total_nonzero)
     small_run = loop.train(_config(seed, prune=False, features=small))
-    record(f'small dense {small[0]}-{small[1]}', small_run.report.final_accuracy,
-           small_run.report.total_nonzero)
+    record(
+      f'small dense {small[0]}-{small[1]}',
+      small_run.report.final_accuracy,
+      small_run.report.total_nonzero,
+    )
     print(f'seed {seed} done', flush=True)
 
-  print(f'\nTest accuracy on digits (449 test images), {_SEEDS.value} seeds, '
-        f'{defaults.get_config().num_steps} steps each:\n')
+  print(
+    f'\nTest accuracy on digits (449 test images), {_SEEDS.value} seeds, '
+    f'{defaults.get_config().num_steps} steps each:\n'
+  )
   width = max(map(len, results))
   print(f'{"model":<{width}}  nonzero params  mean acc  std     per seed')
   for name, accuracies in results.items():
     std = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
     seeds = ' '.join(f'{a:.4f}' for a in accuracies)
-    print(f'{name:<{width}}  {nonzeros[name]:>14,}  {statistics.mean(accuracies):.4f}'
-          f'    {std:.4f}  {seeds}')
+    print(
+      f'{name:<{width}}  {nonzeros[name]:>14,}  {statistics.mean(accuracies):.4f}'
+      f'    {std:.4f}  {seeds}'
+    )
 
 
 if __name__ == '__main__':

@@ -16,8 +16,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = train.get_config()
   config.name = 'digits_blocks'
   config.pruning = train.pruning_config(
-      config.pruning,
-      block_dims_map=('Dense_0/kernel:4x4', 'Dense_1/kernel:1x4'),
-      target_sparsity=0.8,
+    config.pruning,
+    block_dims_map=('Dense_0/kernel:4x4', 'Dense_1/kernel:1x4'),
+    target_sparsity=0.8,
   )
   return config

@@ -18,6 +18,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.name = 'cnn'
   config.model.features = (16, 32)
   config.model.dense = 64
-  config.pruning = train.pruning_config(
-      config.pruning, weight_sparsity_map=('Conv_0/kernel:0.5',))
+  config.pruning = train.pruning_config(config.pruning, weight_sparsity_map=('Conv_0/kernel:0.5',))
   return config

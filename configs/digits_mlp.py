@@ -1,6 +1,6 @@
 """LeNet-300-100 on digits, gradual magnitude pruning to 90% (the default run).
 
-    jaxprune-train --config configs/digits_mlp.py --workdir runs/digits
+jaxprune-train --config configs/digits_mlp.py --workdir runs/digits
 """
 
 import ml_collections

@@ -16,7 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
   config = train.get_config()
   config.name = 'digits_per_layer'
   config.pruning = train.pruning_config(
-      config.pruning,
-      weight_sparsity_map=('Dense_[01]/kernel:0.95', 'Dense_2/kernel:0.5'),
+    config.pruning,
+    weight_sparsity_map=('Dense_[01]/kernel:0.95', 'Dense_2/kernel:0.5'),
   )
   return config

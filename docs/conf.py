@@ -25,21 +25,21 @@ author = 'the jaxprune authors'
 copyright = '2026, the jaxprune authors'  # noqa: A001 - Sphinx's name
 
 extensions = [
-    'myst_nb',
-    'sphinx.ext.autodoc',
-    'sphinx.ext.autosummary',
-    'sphinx.ext.napoleon',
-    'sphinx.ext.intersphinx',
-    'sphinx.ext.viewcode',
+  'myst_nb',
+  'sphinx.ext.autodoc',
+  'sphinx.ext.autosummary',
+  'sphinx.ext.napoleon',
+  'sphinx.ext.intersphinx',
+  'sphinx.ext.viewcode',
 ]
 exclude_patterns = ['_build', '_ipython', 'README.md', '**.ipynb_checkpoints', 'jupyter_execute']
 
 # Markdown and notebooks.
 myst_enable_extensions = ['colon_fence', 'dollarmath', 'deflist']
-myst_heading_anchors = 3          # `page.md#section-title` links resolve
-nb_execution_mode = 'cache'       # every cell runs; unchanged pages reuse the cache
+myst_heading_anchors = 3  # `page.md#section-title` links resolve
+nb_execution_mode = 'cache'  # every cell runs; unchanged pages reuse the cache
 nb_execution_cache_path = os.path.join(os.path.dirname(__file__), '_build', '.jupyter_cache')
-nb_execution_timeout = 300        # seconds per cell
+nb_execution_timeout = 300  # seconds per cell
 nb_execution_raise_on_error = True  # a failing example fails the build
 nb_execution_show_tb = True
 nb_merge_streams = True
@@ -56,11 +56,11 @@ autodoc_typehints = 'signature'
 autoclass_content = 'class'
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
-napoleon_use_ivar = True          # NamedTuple fields once, as fields of their class
+napoleon_use_ivar = True  # NamedTuple fields once, as fields of their class
 # The docstrings are written with markdown habits (`name` is code, |w| a magnitude,
 # *args a star): `_rst_safe` below turns them into reST before napoleon reads them.
 intersphinx_mapping = {
-    'python': ('https://docs.python.org/3', None),
+  'python': ('https://docs.python.org/3', None),
 }
 intersphinx_disabled_reftypes = ['*']  # no network at build time: nothing is fetched
 intersphinx_mapping = {}
@@ -69,9 +69,9 @@ intersphinx_mapping = {}
 html_theme = 'sphinx_book_theme'
 html_title = 'jaxprune'
 html_theme_options = {
-    'show_toc_level': 2,
-    'navigation_with_keys': False,
-    'home_page_in_toc': True,
+  'show_toc_level': 2,
+  'navigation_with_keys': False,
+  'home_page_in_toc': True,
 }
 # One search: the header's button (the theme also puts a search field in the sidebar).
 html_sidebars = {'**': ['navbar-logo.html', 'icon-links.html', 'sbt-sidebar-nav.html']}
@@ -80,15 +80,15 @@ html_css_files = ['custom.css']
 
 # The API pages: one per public package, listing every name in its `__all__`.
 PACKAGES = {
-    'jaxprune': 'The core: the optax transform, hyperparameters, masks, reports, export, '
-                'N:M and sharding helpers.',
-    'jaxprune.structured': 'Structured pruning: trace coupled channels, select, shrink, verify.',
-    'jaxprune.channels': 'Gradual channel pruning inside the transform.',
-    'jaxprune.oneshot': 'One-shot pruning of a trained model: magnitude, Wanda, SparseGPT.',
-    'jaxprune.sparse': 'Sparse training from scratch: static, SET, RigL, STE.',
-    'jaxprune.functional': 'Masks as functions of a params pytree (torch.nn.utils.prune).',
-    'jaxprune.methods': 'Pruning criteria for jaxprune.functional.',
-    'jaxprune.train': 'The main job, `jaxprune-train`, as a library.',
+  'jaxprune': 'The core: the optax transform, hyperparameters, masks, reports, export, '
+  'N:M and sharding helpers.',
+  'jaxprune.structured': 'Structured pruning: trace coupled channels, select, shrink, verify.',
+  'jaxprune.channels': 'Gradual channel pruning inside the transform.',
+  'jaxprune.oneshot': 'One-shot pruning of a trained model: magnitude, Wanda, SparseGPT.',
+  'jaxprune.sparse': 'Sparse training from scratch: static, SET, RigL, STE.',
+  'jaxprune.functional': 'Masks as functions of a params pytree (torch.nn.utils.prune).',
+  'jaxprune.methods': 'Pruning criteria for jaxprune.functional.',
+  'jaxprune.train': 'The main job, `jaxprune-train`, as a library.',
 }
 _API_DIR = os.path.join(os.path.dirname(__file__), 'api')
 
@@ -99,8 +99,19 @@ def _write_api_pages() -> None:
   for package, blurb in PACKAGES.items():
     names = sorted(importlib.import_module(package).__all__, key=str.lower)
     title = f'``{package}``'
-    lines = [title, '=' * len(title), '', blurb, '', f'.. currentmodule:: {package}', '',
-             '.. autosummary::', '   :toctree: generated', '   :nosignatures:', '']
+    lines = [
+      title,
+      '=' * len(title),
+      '',
+      blurb,
+      '',
+      f'.. currentmodule:: {package}',
+      '',
+      '.. autosummary::',
+      '   :toctree: generated',
+      '   :nosignatures:',
+      '',
+    ]
     lines += [f'   {name}' for name in names]
     text = '\n'.join(lines) + '\n'
     path = os.path.join(_API_DIR, f'{package}.rst')
@@ -112,8 +123,8 @@ def _write_api_pages() -> None:
 _write_api_pages()
 
 
-_BARS = re.compile(r'(?<![\\|])\|(?![|])')      # |w| is a magnitude, not a substitution
-_STAR = re.compile(r'(?<![*\\])\*(?![*\s])')     # *args is not emphasis
+_BARS = re.compile(r'(?<![\\|])\|(?![|])')  # |w| is a magnitude, not a substitution
+_STAR = re.compile(r'(?<![*\\])\*(?![*\s])')  # *args is not emphasis
 
 
 def _rst_safe(text: str) -> str:
@@ -125,10 +136,10 @@ def _rst_safe(text: str) -> str:
   """
   head, sep, examples = text.partition('>>>')
   if '``' in head:
-    return text          # already reST
+    return text  # already reST
   parts = head.split('`')
   if len(parts) % 2 == 0:
-    return text          # an unpaired backtick: leave it to the warning
+    return text  # an unpaired backtick: leave it to the warning
   for i in range(0, len(parts), 2):
     parts[i] = _STAR.sub(r'\\*', _BARS.sub(r'\\|', parts[i]))
   for i in range(1, len(parts), 2):

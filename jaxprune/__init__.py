@@ -16,13 +16,13 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from jaxprune._export import (
-    OutputMismatchError,
-    SizeReport,
-    check_sparse_outputs,
-    size_report,
-    sparse_apply,
-    strip,
-    to_bcoo,
+  OutputMismatchError,
+  SizeReport,
+  check_sparse_outputs,
+  size_report,
+  sparse_apply,
+  strip,
+  to_bcoo,
 )
 from jaxprune._hparams import get_pruning_hparams, parse_hparams
 from jaxprune._masks import update_mask
@@ -31,13 +31,13 @@ from jaxprune._nm import is_nm_sparse, nm_mask, parse_nm
 from jaxprune._schedule import sparsity_at
 from jaxprune._sharding import abstract_with_shardings, pruning_state_shardings, state_shardings
 from jaxprune._summaries import (
-    apply_masks,
-    count_nonfinite,
-    find_pruning_state,
-    get_masks,
-    get_thresholds,
-    get_weight_sparsity,
-    summaries,
+  apply_masks,
+  count_nonfinite,
+  find_pruning_state,
+  get_masks,
+  get_thresholds,
+  get_weight_sparsity,
+  summaries,
 )
 from jaxprune._transform import MaskRule, PruningState, pruned, pruning
 
@@ -46,8 +46,7 @@ if TYPE_CHECKING:
 
 # Namespaces, as in optax (`optax.contrib`), are attributes of the package rather than
 # entries of `__all__`: `from jaxprune import *` then stays as light as `import jaxprune`.
-_NAMESPACES = ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured',
-               'train')
+_NAMESPACES = ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured', 'train')
 
 try:
   __version__ = importlib.metadata.version('jaxprune')  # pyproject.toml's, once installed
@@ -55,37 +54,37 @@ except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not i
   __version__ = '0+unknown'
 
 __all__ = [
-    'MaskRule',
-    'OutputMismatchError',
-    'PruningState',
-    'SizeReport',
-    'abstract_with_shardings',
-    'apply_masks',
-    'check_sparse_outputs',
-    'count_nonfinite',
-    'find_pruning_state',
-    'get_masks',
-    'get_pruning_hparams',
-    'get_thresholds',
-    'get_weight_sparsity',
-    'is_nm_sparse',
-    'leaf_name',
-    'named_leaves',
-    'nm_mask',
-    'parse_hparams',
-    'parse_nm',
-    'pruned',
-    'pruning',
-    'pruning_state_shardings',
-    'size_report',
-    'sparse_apply',
-    'sparsity_at',
-    'state_shardings',
-    'strip',
-    'summaries',
-    'to_bcoo',
-    'tree_names',
-    'update_mask',
+  'MaskRule',
+  'OutputMismatchError',
+  'PruningState',
+  'SizeReport',
+  'abstract_with_shardings',
+  'apply_masks',
+  'check_sparse_outputs',
+  'count_nonfinite',
+  'find_pruning_state',
+  'get_masks',
+  'get_pruning_hparams',
+  'get_thresholds',
+  'get_weight_sparsity',
+  'is_nm_sparse',
+  'leaf_name',
+  'named_leaves',
+  'nm_mask',
+  'parse_hparams',
+  'parse_nm',
+  'pruned',
+  'pruning',
+  'pruning_state_shardings',
+  'size_report',
+  'sparse_apply',
+  'sparsity_at',
+  'state_shardings',
+  'strip',
+  'summaries',
+  'to_bcoo',
+  'tree_names',
+  'update_mask',
 ]
 
 

@@ -16,8 +16,9 @@ from jax import Array, lax
 from jaxprune import _numerics as numerics
 
 
-def resolve_block_dims(shape: tuple[int, ...], block_dims: tuple[int, int]
-                       ) -> tuple[int, int] | None:
+def resolve_block_dims(
+  shape: tuple[int, ...], block_dims: tuple[int, int]
+) -> tuple[int, int] | None:
   """Resolves -1 against this variable's squeezed 2-D shape.
 
   Returns:
@@ -47,8 +48,9 @@ def _halving_sum(values: Array, axis: int) -> Array:
     values = jnp.pad(values, padding)
   while width > 1:
     width //= 2
-    values = (lax.slice_in_dim(values, 0, width, axis=axis)
-              + lax.slice_in_dim(values, width, 2 * width, axis=axis))
+    values = lax.slice_in_dim(values, 0, width, axis=axis) + lax.slice_in_dim(
+      values, width, 2 * width, axis=axis
+    )
   return lax.squeeze(values, (axis,))
 
 
@@ -82,4 +84,4 @@ def expand(pooled_mask: Array, block_dims: tuple[int, int], shape: tuple[int, in
   """Repeats each pooled entry over its block and crops to `shape` (2-D)."""
   bh, bw = block_dims
   full = jnp.repeat(jnp.repeat(pooled_mask, bh, axis=0), bw, axis=1)
-  return full[:shape[0], :shape[1]]
+  return full[: shape[0], : shape[1]]

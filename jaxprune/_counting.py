@@ -50,13 +50,14 @@ class Part:
     unit_axes: how many leading axes index units (stacked layers); 0 when
       the whole array belongs to one unit.
   """
+
   values: Callable[[Any], Array]
   shape: tuple[int, ...]
   unit_axes: int = 0
 
   @property
   def num_units(self) -> int:
-    return math.prod(self.shape[:self.unit_axes])
+    return math.prod(self.shape[: self.unit_axes])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Layout:
   numbered after those of the parts before it; with `shared` all parts form
   one unit (global pruning) and must have no unit axes.
   """
+
   parts: tuple[Part, ...]
   shared: bool = False
 
@@ -96,12 +98,15 @@ class Layout:
     for part in self.parts:
       shape = rows_shape(part.shape, part.unit_axes)
       rows = math.ceil(shape[-2] / SAMPLE_STRIDE) if sample else shape[-2]
-      per_part.append(np.full(part.num_units, math.prod(shape[part.unit_axes:-2]) * rows
-                              * shape[-1], np.int64))
+      per_part.append(
+        np.full(part.num_units, math.prod(shape[part.unit_axes : -2]) * rows * shape[-1], np.int64)
+      )
     sizes = sum(per_part) if self.shared else np.concatenate(per_part)
     if sizes.max() > np.iinfo(np.int32).max:
-      raise ValueError(f'a threshold spans {sizes.max()} weights; counts are int32, so one '
-                       'variable, layer or global set may hold at most 2**31 - 1 weights.')
+      raise ValueError(
+        f'a threshold spans {sizes.max()} weights; counts are int32, so one '
+        'variable, layer or global set may hold at most 2**31 - 1 weights.'
+      )
     return sizes
 
 
@@ -114,7 +119,7 @@ def rows_shape(shape: Sequence[int], unit_axes: int) -> tuple[int, ...]:
   gather it); one-axis data is folded into rows.
   """
   shape = tuple(shape)
-  if len(shape) - unit_axes >= 2 and shape[-1] <= 2 ** 24:
+  if len(shape) - unit_axes >= 2 and shape[-1] <= 2**24:
     return shape
   size = math.prod(shape[unit_axes:])
   width = next((w for w in (4096, 1024, 256, 64, 16, 4, 2) if size % w == 0), 1)
@@ -125,12 +130,13 @@ def unit_shaped(part: Part, per_unit: Array, ndim: int) -> Array:
   """A (units, *tail) array shaped to broadcast against an ndim array of the part:
   unit axes first, then ones, then the tail."""
   tail = per_unit.shape[1:]
-  lead = part.shape[:part.unit_axes]
+  lead = part.shape[: part.unit_axes]
   return per_unit.reshape(lead + (1,) * (ndim - part.unit_axes - len(tail)) + tail)
 
 
-def _part_counts(part: Part, scale: Array, thresholds: Array, sample: bool,
-                 below_tiny: bool = False) -> Array:
+def _part_counts(
+  part: Part, scale: Array, thresholds: Array, sample: bool, below_tiny: bool = False
+) -> Array:
   """(units of the part, J) int32 counts of `values * scale >= threshold`, minus the size.
 
   With `below_tiny`, thresholds lie below numerics.TINY (after scaling), where
@@ -144,13 +150,13 @@ def _part_counts(part: Part, scale: Array, thresholds: Array, sample: bool,
   scale = unit_shaped(part, scale, rows.ndim)
   scaled = rows * scale[..., :1] * scale[..., 1:]
   if below_tiny:
-    lift = jnp.float32(2.0 ** 100)
+    lift = jnp.float32(2.0**100)
     scaled = jnp.minimum(scaled, numerics.step_ulps(jnp.float32(numerics.TINY), -1)) * lift
     probes = probes * lift
   # floor(v - t) is -1 below t and 0 above, for v and t in [0, 1): see numerics.
   flags = jnp.floor(scaled[..., None, :] - probes)
   row_axes = tuple(range(part.unit_axes, rows.ndim - 1))
-  if math.prod(rows.shape[part.unit_axes:]) <= 2 ** 24:
+  if math.prod(rows.shape[part.unit_axes :]) <= 2**24:
     # A float32 sum of at most 2**24 ones is exact in any order: one reduction.
     below = jnp.sum(flags, axis=row_axes + (rows.ndim,)).astype(jnp.int32)
   else:
@@ -158,8 +164,14 @@ def _part_counts(part: Part, scale: Array, thresholds: Array, sample: bool,
   return below.reshape(part.num_units, -1)
 
 
-def counts(layout: Layout, scales: Sequence[Array], thresholds: Array, sample: bool = False,
-            below_tiny: bool = False, active: Array | None = None) -> Array:
+def counts(
+  layout: Layout,
+  scales: Sequence[Array],
+  thresholds: Array,
+  sample: bool = False,
+  below_tiny: bool = False,
+  active: Array | None = None,
+) -> Array:
   """Exact int32 `count(values * scale >= threshold)` per unit and candidate.
 
   Args:
@@ -184,10 +196,13 @@ def counts(layout: Layout, scales: Sequence[Array], thresholds: Array, sample: b
     count = functools.partial(_part_counts, part, scale, probes, sample, below_tiny)
     if flag is None:
       return count()
-    return lax.cond(jnp.any(flag), count,
-                    lambda: jnp.zeros((part.num_units, probes.shape[-1]), jnp.int32))
-  below = layout.join([part_counts(*args) for args in zip(
-      layout.parts, scales, pieces, flags, strict=True)])
+    return lax.cond(
+      jnp.any(flag), count, lambda: jnp.zeros((part.num_units, probes.shape[-1]), jnp.int32)
+    )
+
+  below = layout.join(
+    [part_counts(*args) for args in zip(layout.parts, scales, pieces, flags, strict=True)]
+  )
   return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
 
 
@@ -198,4 +213,3 @@ def part_maxima(layout: Layout) -> list[Array]:
     values = part.values(None)
     maxima.append(jnp.max(values, axis=tuple(range(part.unit_axes, values.ndim))).reshape(-1))
   return maxima
-

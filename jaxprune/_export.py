@@ -28,15 +28,15 @@ from jaxprune._names import leaf_name
 from jaxprune._summaries import apply_masks, contains_pruning_state, get_masks
 
 __all__ = [
-    'LeafSize',
-    'OutputMismatchError',
-    'SizeReport',
-    'check_sparse_outputs',
-    'densify',
-    'size_report',
-    'sparse_apply',
-    'strip',
-    'to_bcoo',
+  'LeafSize',
+  'OutputMismatchError',
+  'SizeReport',
+  'check_sparse_outputs',
+  'densify',
+  'size_report',
+  'sparse_apply',
+  'strip',
+  'to_bcoo',
 ]
 
 PyTree = Any
@@ -50,6 +50,7 @@ def _is_none(x: Any) -> bool:
 # `import jaxprune` does not need.
 def _is_bcoo(x: Any) -> bool:
   from jax.experimental import sparse
+
   return isinstance(x, sparse.BCOO)
 
 
@@ -64,9 +65,10 @@ def _mask_leaves(params: PyTree, masks: Any) -> list[Any]:
   leaves, treedef = jax.tree_util.tree_flatten(masks, is_leaf=_is_none)
   if treedef != params_def:
     raise ValueError(
-        'masks must be a tree parallel to params (None for unpruned leaves), a '
-        f'PruningState, or an optax state containing one; got structure {treedef}, '
-        f'params have {params_def}')
+      'masks must be a tree parallel to params (None for unpruned leaves), a '
+      f'PruningState, or an optax state containing one; got structure {treedef}, '
+      f'params have {params_def}'
+    )
   return leaves
 
 
@@ -110,13 +112,16 @@ def _to_convert(params: PyTree, masks: Any, names: str | None) -> tuple[PyTree, 
     convert = [mask is not None for mask in _mask_leaves(params, masks)]
   if names is not None:
     pattern = re.compile(names)
-    convert = [c and pattern.search(leaf_name(path)) is not None
-               for c, (path, _) in zip(convert, leaves, strict=True)]
+    convert = [
+      c and pattern.search(leaf_name(path)) is not None
+      for c, (path, _) in zip(convert, leaves, strict=True)
+    ]
   return stripped, convert
 
 
-def to_bcoo(params: PyTree, masks: Any = None, *, names: str | None = None,
-            index_dtype: Any = jnp.int32) -> PyTree:
+def to_bcoo(
+  params: PyTree, masks: Any = None, *, names: str | None = None, index_dtype: Any = jnp.int32
+) -> PyTree:
   """Converts the pruned leaves to `jax.experimental.sparse.BCOO`.
 
   Each converted leaf stores its nonzero entries only (`nse` of them) and
@@ -137,17 +142,19 @@ def to_bcoo(params: PyTree, masks: Any = None, *, names: str | None = None,
     A pytree like params with BCOO leaves in place of the converted ones.
   """
   from jax.experimental import sparse
+
   stripped, convert = _to_convert(params, masks, names)
   leaves, treedef = jax.tree_util.tree_flatten(stripped, is_leaf=_is_none)
-  out = [sparse.BCOO.fromdense(leaf, index_dtype=index_dtype) if c else leaf
-         for leaf, c in zip(leaves, convert, strict=True)]
+  out = [
+    sparse.BCOO.fromdense(leaf, index_dtype=index_dtype) if c else leaf
+    for leaf, c in zip(leaves, convert, strict=True)
+  ]
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def densify(sparse_params: PyTree) -> PyTree:
   """Turns every BCOO leaf back into a dense array."""
-  return jax.tree.map(lambda x: x.todense() if _is_bcoo(x) else x, sparse_params,
-                      is_leaf=_is_bcoo)
+  return jax.tree.map(lambda x: x.todense() if _is_bcoo(x) else x, sparse_params, is_leaf=_is_bcoo)
 
 
 def sparse_apply(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -169,6 +176,7 @@ def sparse_apply(fn: Callable[..., Any]) -> Callable[..., Any]:
     A function with the same signature accepting BCOO leaves.
   """
   from jax.experimental import sparse
+
   return sparse.sparsify(fn, use_tracer=True)
 
 
@@ -181,14 +189,22 @@ class OutputMismatchError(Exception):
   """
 
   def __init__(self, max_difference: float, rtol: float, atol: float):
-    super().__init__(f'sparse and dense outputs differ by up to {max_difference:.3g} '
-                     f'(rtol={rtol}, atol={atol}); a sparse rule changed the computation, '
-                     'or the tolerance is too tight for its summation order')
+    super().__init__(
+      f'sparse and dense outputs differ by up to {max_difference:.3g} '
+      f'(rtol={rtol}, atol={atol}); a sparse rule changed the computation, '
+      'or the tolerance is too tight for its summation order'
+    )
     self.max_difference, self.rtol, self.atol = max_difference, rtol, atol
 
 
-def check_sparse_outputs(fn: Callable[..., Any], params: PyTree, masks: Any, *args: Any,
-                         rtol: float = 1e-5, atol: float = 1e-5) -> float:
+def check_sparse_outputs(
+  fn: Callable[..., Any],
+  params: PyTree,
+  masks: Any,
+  *args: Any,
+  rtol: float = 1e-5,
+  atol: float = 1e-5,
+) -> float:
   """Checks that `fn` on sparse params gives the outputs of `fn` on the stripped dense ones.
 
   Args:
@@ -261,34 +277,55 @@ class SizeReport:
   def as_dict(self) -> dict[str, Any]:
     """Totals and per-leaf rows, JSON-serialisable."""
     return {
-        'dense_bytes': self.dense_bytes,
-        'sparse_bytes': self.sparse_bytes,
-        'compressed_bytes': self.compressed_bytes,
-        'leaves': [dataclasses.asdict(leaf) | {'sparsity': leaf.sparsity}
-                   for leaf in self.leaves],
+      'dense_bytes': self.dense_bytes,
+      'sparse_bytes': self.sparse_bytes,
+      'compressed_bytes': self.compressed_bytes,
+      'leaves': [dataclasses.asdict(leaf) | {'sparsity': leaf.sparsity} for leaf in self.leaves],
     }
 
   def table(self) -> str:
     """A Markdown table, one row per leaf plus the total."""
     rows = [('leaf', 'shape', 'sparsity', 'stored', 'dense B', 'sparse B', 'zlib B')]
     for leaf in self.leaves:
-      rows.append((leaf.name, 'x'.join(map(str, leaf.shape)) or 'scalar',
-                   f'{leaf.sparsity:.1%}', ('BCOO ' if leaf.sparse else 'dense ') + f'{leaf.nse:,}',
-                   f'{leaf.dense_bytes:,}', f'{leaf.sparse_bytes:,}',
-                   f'{leaf.compressed_bytes:,}'))
-    rows.append(('**total**', '', '', '', f'{self.dense_bytes:,}',
-                 f'{self.sparse_bytes:,} ({self._ratio(self.sparse_bytes)})',
-                 f'{self.compressed_bytes:,} ({self._ratio(self.compressed_bytes)})'))
+      rows.append(
+        (
+          leaf.name,
+          'x'.join(map(str, leaf.shape)) or 'scalar',
+          f'{leaf.sparsity:.1%}',
+          ('BCOO ' if leaf.sparse else 'dense ') + f'{leaf.nse:,}',
+          f'{leaf.dense_bytes:,}',
+          f'{leaf.sparse_bytes:,}',
+          f'{leaf.compressed_bytes:,}',
+        )
+      )
+    rows.append(
+      (
+        '**total**',
+        '',
+        '',
+        '',
+        f'{self.dense_bytes:,}',
+        f'{self.sparse_bytes:,} ({self._ratio(self.sparse_bytes)})',
+        f'{self.compressed_bytes:,} ({self._ratio(self.compressed_bytes)})',
+      )
+    )
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     right = {2, 3, 4, 5, 6}
 
     def fmt(row):
-      cells = [cell.rjust(w) if c in right else cell.ljust(w)
-               for c, (cell, w) in enumerate(zip(row, widths, strict=True))]
+      cells = [
+        cell.rjust(w) if c in right else cell.ljust(w)
+        for c, (cell, w) in enumerate(zip(row, widths, strict=True))
+      ]
       return '| ' + ' | '.join(cells) + ' |'
 
-    rule = '|' + '|'.join(('-' * (w + 1) + ':') if c in right else '-' * (w + 2)
-                          for c, w in enumerate(widths)) + '|'
+    rule = (
+      '|'
+      + '|'.join(
+        ('-' * (w + 1) + ':') if c in right else '-' * (w + 2) for c, w in enumerate(widths)
+      )
+      + '|'
+    )
     return '\n'.join([fmt(rows[0]), rule] + [fmt(row) for row in rows[1:]])
 
   def _ratio(self, size: int) -> str:
@@ -298,8 +335,14 @@ class SizeReport:
     return self.table()
 
 
-def size_report(params: PyTree, masks: Any = None, *, names: str | None = None,
-                index_dtype: Any = jnp.int32, level: int = 9) -> SizeReport:
+def size_report(
+  params: PyTree,
+  masks: Any = None,
+  *,
+  names: str | None = None,
+  index_dtype: Any = jnp.int32,
+  level: int = 9,
+) -> SizeReport:
   """Measures what pruning saves in storage.
 
   For each leaf: its dense bytes; its bytes as a BCOO (values `nse * itemsize`
@@ -330,9 +373,17 @@ def size_report(params: PyTree, masks: Any = None, *, names: str | None = None,
       sparse_bytes = int(leaf.data.nbytes) + int(leaf.indices.nbytes)
     else:
       nse, sparse_bytes = int(dense.size), int(dense.nbytes)
-    rows.append(LeafSize(
-        name=leaf_name(path), shape=tuple(dense.shape), dtype=str(dense.dtype),
-        sparse=_is_bcoo(leaf), nse=nse, zeros=int(np.sum(dense == 0)),
-        dense_bytes=int(dense.nbytes), sparse_bytes=sparse_bytes,
-        compressed_bytes=len(zlib.compress(dense.tobytes(), level))))
+    rows.append(
+      LeafSize(
+        name=leaf_name(path),
+        shape=tuple(dense.shape),
+        dtype=str(dense.dtype),
+        sparse=_is_bcoo(leaf),
+        nse=nse,
+        zeros=int(np.sum(dense == 0)),
+        dense_bytes=int(dense.nbytes),
+        sparse_bytes=sparse_bytes,
+        compressed_bytes=len(zlib.compress(dense.tobytes(), level)),
+      )
+    )
   return SizeReport(tuple(rows))

@@ -49,7 +49,6 @@ PyTree = Any
 Names = str | Callable[[str, Any], bool]
 
 
-
 def _is_none(x: Any) -> bool:
   return x is None
 
@@ -71,8 +70,9 @@ def _leaves(tree: PyTree, params_def: Any, what: str) -> list[Any]:
   leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_none)
   if treedef != params_def:
     raise ValueError(
-        f'{what} must be a tree parallel to params (None for leaves without one); '
-        f'got structure {treedef}, params have {params_def}')
+      f'{what} must be a tree parallel to params (None for leaves without one); '
+      f'got structure {treedef}, params have {params_def}'
+    )
   return leaves
 
 
@@ -87,8 +87,7 @@ class _Flat(NamedTuple):
   selected: list[int]  # indices of the leaves to prune
 
 
-def _flatten(params: PyTree, names: Names, masks: PyTree | None,
-             scores: PyTree | None) -> _Flat:
+def _flatten(params: PyTree, names: Names, masks: PyTree | None, scores: PyTree | None) -> _Flat:
   """Flattens params, masks and scores and selects the leaves `names` picks."""
   flat, params_def = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_none)
   leaf_names = [leaf_name(path) for path, _ in flat]
@@ -96,22 +95,28 @@ def _flatten(params: PyTree, names: Names, masks: PyTree | None,
   previous = [None] * len(values) if masks is None else _leaves(masks, params_def, 'masks')
   score_leaves = values if scores is None else _leaves(scores, params_def, 'scores')
   wanted = _selector(names)
-  selected = [i for i, (name, leaf) in enumerate(zip(leaf_names, values, strict=True))
-              if leaf is not None and wanted(name, leaf)]
+  selected = [
+    i
+    for i, (name, leaf) in enumerate(zip(leaf_names, values, strict=True))
+    if leaf is not None and wanted(name, leaf)
+  ]
   if not selected:
     raise ValueError(
-        f'names={names!r} selects no leaf; the leaves are {leaf_names}. Pass a regex '
-        f'matching some of them (re.search) or a predicate (name, leaf) -> bool')
+      f'names={names!r} selects no leaf; the leaves are {leaf_names}. Pass a regex '
+      f'matching some of them (re.search) or a predicate (name, leaf) -> bool'
+    )
   for i in selected:
     shape = jnp.shape(values[i])
     if score_leaves[i] is None or jnp.shape(score_leaves[i]) != shape:
       raise ValueError(
-          f'scores for leaf {leaf_names[i]!r}: expected an array of shape {shape}, '
-          f'got {score_leaves[i]!r:.80}')
+        f'scores for leaf {leaf_names[i]!r}: expected an array of shape {shape}, '
+        f'got {score_leaves[i]!r:.80}'
+      )
     if previous[i] is not None and jnp.shape(previous[i]) != shape:
       raise ValueError(
-          f'masks for leaf {leaf_names[i]!r}: expected shape {shape}, got '
-          f'{jnp.shape(previous[i])}; pass the mask tree returned for these params')
+        f'masks for leaf {leaf_names[i]!r}: expected shape {shape}, got '
+        f'{jnp.shape(previous[i])}; pass the mask tree returned for these params'
+      )
   return _Flat(params_def, leaf_names, values, previous, score_leaves, selected)
 
 
@@ -119,8 +124,13 @@ def _previous_mask(mask: jax.Array | None, shape: tuple[int, ...]) -> jax.Array:
   return jnp.ones(shape, bool) if mask is None else jnp.asarray(mask, bool)
 
 
-def _prune_each(params: PyTree, names: Names, masks: PyTree | None, scores: PyTree | None,
-                method_for: Callable[[int], PruningMethod]) -> PyTree:
+def _prune_each(
+  params: PyTree,
+  names: Names,
+  masks: PyTree | None,
+  scores: PyTree | None,
+  method_for: Callable[[int], PruningMethod],
+) -> PyTree:
   """Applies `method_for(leaf_index)` to every selected leaf, keeping the others' masks."""
   flat = _flatten(params, names, masks, scores)
   new_masks = list(flat.previous)
@@ -137,14 +147,21 @@ def _prune_each(params: PyTree, names: Names, masks: PyTree | None, scores: PyTr
       raise ValueError(f'leaf {flat.names[i]!r}: {e}') from e
     if jnp.shape(mask) != value.shape:
       raise ValueError(
-          f'compute_mask returned shape {jnp.shape(mask)} for leaf {flat.names[i]!r} of '
-          f'shape {value.shape}; it must return a mask of the leaf\'s shape')
+        f'compute_mask returned shape {jnp.shape(mask)} for leaf {flat.names[i]!r} of '
+        f"shape {value.shape}; it must return a mask of the leaf's shape"
+      )
     new_masks[i] = prev & jnp.asarray(mask, bool)
   return jax.tree_util.tree_unflatten(flat.treedef, new_masks)
 
 
-def prune(params: PyTree, method: PruningMethod, *, names: Names = DEFAULT_WEIGHT_NAME_REGEX,
-          masks: PyTree | None = None, scores: PyTree | None = None) -> PyTree:
+def prune(
+  params: PyTree,
+  method: PruningMethod,
+  *,
+  names: Names = DEFAULT_WEIGHT_NAME_REGEX,
+  masks: PyTree | None = None,
+  scores: PyTree | None = None,
+) -> PyTree:
   """Prunes each selected leaf with a method (torch's `BasePruningMethod.apply`).
 
   Args:
@@ -164,14 +181,19 @@ def prune(params: PyTree, method: PruningMethod, *, names: Names = DEFAULT_WEIGH
   """
   if not isinstance(method, PruningMethod):
     raise TypeError(
-        f'method={method!r}: expected an object with a compute_mask(weights, '
-        f'previous_mask) method')
+      f'method={method!r}: expected an object with a compute_mask(weights, previous_mask) method'
+    )
   return _prune_each(params, names, masks, scores, lambda i: method)
 
 
-def l1_unstructured(params: PyTree, amount: int | float, *,
-                    names: Names = DEFAULT_WEIGHT_NAME_REGEX, masks: PyTree | None = None,
-                    scores: PyTree | None = None) -> PyTree:
+def l1_unstructured(
+  params: PyTree,
+  amount: int | float,
+  *,
+  names: Names = DEFAULT_WEIGHT_NAME_REGEX,
+  masks: PyTree | None = None,
+  scores: PyTree | None = None,
+) -> PyTree:
   """Prunes the `amount` smallest-magnitude entries of each selected leaf.
 
   Args:
@@ -187,9 +209,14 @@ def l1_unstructured(params: PyTree, amount: int | float, *,
   return prune(params, L1Unstructured(amount), names=names, masks=masks, scores=scores)
 
 
-def random_unstructured(params: PyTree, amount: int | float, *, key: jax.Array,
-                        names: Names = DEFAULT_WEIGHT_NAME_REGEX,
-                        masks: PyTree | None = None) -> PyTree:
+def random_unstructured(
+  params: PyTree,
+  amount: int | float,
+  *,
+  key: jax.Array,
+  names: Names = DEFAULT_WEIGHT_NAME_REGEX,
+  masks: PyTree | None = None,
+) -> PyTree:
   """Prunes `amount` uniformly random entries of each selected leaf.
 
   Args:
@@ -203,13 +230,21 @@ def random_unstructured(params: PyTree, amount: int | float, *, key: jax.Array,
     The mask tree (None for leaves neither selected nor masked before).
   """
   validate_amount(amount)
-  return _prune_each(params, names, masks, None,
-                     lambda i: RandomUnstructured(amount, jax.random.fold_in(key, i)))
+  return _prune_each(
+    params, names, masks, None, lambda i: RandomUnstructured(amount, jax.random.fold_in(key, i))
+  )
 
 
-def ln_structured(params: PyTree, amount: int | float, n: float, axis: int, *,
-                  names: Names = DEFAULT_WEIGHT_NAME_REGEX, masks: PyTree | None = None,
-                  scores: PyTree | None = None) -> PyTree:
+def ln_structured(
+  params: PyTree,
+  amount: int | float,
+  n: float,
+  axis: int,
+  *,
+  names: Names = DEFAULT_WEIGHT_NAME_REGEX,
+  masks: PyTree | None = None,
+  scores: PyTree | None = None,
+) -> PyTree:
   """Prunes whole slices along `axis` with the smallest Ln norm (torch's `ln_structured`).
 
   For a Dense kernel `(in, out)`, `axis=-1` removes output units and `axis=0`
@@ -231,8 +266,15 @@ def ln_structured(params: PyTree, amount: int | float, n: float, axis: int, *,
   return prune(params, LnStructured(amount, n, axis), names=names, masks=masks, scores=scores)
 
 
-def nm_structured(params: PyTree, n: int, m: int, axis: int = -2, *,
-                  names: Names = DEFAULT_WEIGHT_NAME_REGEX, masks: PyTree | None = None) -> PyTree:
+def nm_structured(
+  params: PyTree,
+  n: int,
+  m: int,
+  axis: int = -2,
+  *,
+  names: Names = DEFAULT_WEIGHT_NAME_REGEX,
+  masks: PyTree | None = None,
+) -> PyTree:
   """Keeps the `n` largest-magnitude of every `m` consecutive entries along `axis`.
 
   The N:M pattern of tfmot's `sparsity_m_by_n` (2:4 for sparse tensor cores);
@@ -253,9 +295,14 @@ def nm_structured(params: PyTree, n: int, m: int, axis: int = -2, *,
   return prune(params, NMStructured(n, m, axis), names=names, masks=masks)
 
 
-def global_unstructured(params: PyTree, amount: int | float, *,
-                        names: Names = DEFAULT_WEIGHT_NAME_REGEX, masks: PyTree | None = None,
-                        scores: PyTree | None = None) -> PyTree:
+def global_unstructured(
+  params: PyTree,
+  amount: int | float,
+  *,
+  names: Names = DEFAULT_WEIGHT_NAME_REGEX,
+  masks: PyTree | None = None,
+  scores: PyTree | None = None,
+) -> PyTree:
   """Prunes the `amount` smallest-magnitude entries across all selected leaves together.
 
   torch's `global_unstructured` with `L1Unstructured`: one ranking over the
@@ -277,16 +324,20 @@ def global_unstructured(params: PyTree, amount: int | float, *,
   flat = _flatten(params, names, masks, scores)
   shapes = [jnp.shape(flat.values[i]) for i in flat.selected]
   flat_scores = jnp.concatenate(
-      [jnp.abs(jnp.asarray(flat.scores[i])).reshape(-1) for i in flat.selected])
+    [jnp.abs(jnp.asarray(flat.scores[i])).reshape(-1) for i in flat.selected]
+  )
   flat_previous = jnp.concatenate(
-      [_previous_mask(flat.previous[i], shape).reshape(-1)
-       for i, shape in zip(flat.selected, shapes, strict=True)])
+    [
+      _previous_mask(flat.previous[i], shape).reshape(-1)
+      for i, shape in zip(flat.selected, shapes, strict=True)
+    ]
+  )
   keep = prune_lowest(flat_scores, amount, flat_previous)
   new_masks = list(flat.previous)
   offset = 0
   for i, shape in zip(flat.selected, shapes, strict=True):
     size = math.prod(shape)
-    new_masks[i] = keep[offset:offset + size].reshape(shape)
+    new_masks[i] = keep[offset : offset + size].reshape(shape)
     offset += size
   return jax.tree_util.tree_unflatten(flat.treedef, new_masks)
 

@@ -56,6 +56,7 @@ class HParams:
     nm: `nm_sparsity` as (n, m), or None.
     block_dims: (block_height, block_width).
   """
+
   name: str = 'model_pruning'
   begin_pruning_step: int = 0
   end_pruning_step: int = -1
@@ -84,8 +85,7 @@ class HParams:
   mask_search: str = 'auto'
   # Parsed from the fields above.
   sparsity_entries: tuple[tuple[str, float], ...] = dataclasses.field(init=False, repr=False)
-  block_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False,
-                                                                             repr=False)
+  block_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False, repr=False)
   nm_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False, repr=False)
   layer_entries: tuple[tuple[str, int], ...] = dataclasses.field(init=False, repr=False)
   nm: tuple[int, int] | None = dataclasses.field(init=False, repr=False)
@@ -94,16 +94,20 @@ class HParams:
     for field in _DEFAULTS:
       object.__setattr__(self, field, check_value(field, getattr(self, field)))
     _check_window(self)
-    parsed = {'sparsity_entries': tuple(sparsity_map(self)),
-              'block_entries': tuple(block_dims_map(self)),
-              'nm_entries': tuple(nm_map(self)),
-              'layer_entries': tuple(layer_axes_map(self)),
-              'nm': _parse_global_nm(self.nm_sparsity)}
+    parsed = {
+      'sparsity_entries': tuple(sparsity_map(self)),
+      'block_entries': tuple(block_dims_map(self)),
+      'nm_entries': tuple(nm_map(self)),
+      'layer_entries': tuple(layer_axes_map(self)),
+      'nm': _parse_global_nm(self.nm_sparsity),
+    }
     for field, value in parsed.items():
       object.__setattr__(self, field, value)
     if self.global_pruning and self.sparsity_entries:
-      raise ValueError(f'weight_sparsity_map={list(self.weight_sparsity_map)!r}: per-variable '
-                       'targets cannot be combined with global_pruning=True; drop one of them.')
+      raise ValueError(
+        f'weight_sparsity_map={list(self.weight_sparsity_map)!r}: per-variable '
+        'targets cannot be combined with global_pruning=True; drop one of them.'
+      )
     hparams_warnings.warn_about(self)
 
   @property
@@ -116,10 +120,11 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(HParams) if f.init}
 
 # tfmot's `sparsity_m_by_n=(m, n)` zeroes m of every n; ours keeps N of every M.
 _RENAMED = {
-    'sparsity_m_by_n': (
-        "sparsity_m_by_n is tfmot's name, where (m, n) means m ZEROS in every n weights; "
-        "jaxprune's field is nm_sparsity='N:M', which KEEPS N of every M: tfmot's (m, n) is "
-        "nm_sparsity='<n-m>:<n>' (2:4 for (2, 4), 3:4 for (1, 4))"),
+  'sparsity_m_by_n': (
+    "sparsity_m_by_n is tfmot's name, where (m, n) means m ZEROS in every n weights; "
+    "jaxprune's field is nm_sparsity='N:M', which KEEPS N of every M: tfmot's (m, n) is "
+    "nm_sparsity='<n-m>:<n>' (2:4 for (2, 4), 3:4 for (1, 4))"
+  ),
 }
 
 
@@ -142,7 +147,8 @@ def get_pruning_hparams() -> ml_collections.ConfigDict:
     AttributeError: ...
   """
   config = ml_collections.ConfigDict(
-      {k: list(v) if isinstance(v, tuple) else v for k, v in _DEFAULTS.items()})
+    {k: list(v) if isinstance(v, tuple) else v for k, v in _DEFAULTS.items()}
+  )
   config.lock()
   return config
 
@@ -155,8 +161,9 @@ def _unknown(name: str) -> ValueError:
   return ValueError(f'unknown hyperparameter {name!r}: {hint}known names: {sorted(_DEFAULTS)}.')
 
 
-def parse_hparams(text: str, base: ml_collections.ConfigDict | None = None
-                  ) -> ml_collections.ConfigDict:
+def parse_hparams(
+  text: str, base: ml_collections.ConfigDict | None = None
+) -> ml_collections.ConfigDict:
   """Parses TF HParams syntax on top of `base` (the defaults when None).
 
   Example: 'target_sparsity=0.9,weight_sparsity_map=[conv1:0.8,dense/kernel:0.95]'.
@@ -189,8 +196,10 @@ def parse_hparams(text: str, base: ml_collections.ConfigDict | None = None
     if name not in hparams:
       raise ValueError(f'parse_hparams: {_unknown(name)}')
     if name in assigned:
-      raise ValueError(f'parse_hparams: {name} is assigned twice ({name}={assigned[name]} and '
-                       f'{name}={raw}); give it once.')
+      raise ValueError(
+        f'parse_hparams: {name} is assigned twice ({name}={assigned[name]} and '
+        f'{name}={raw}); give it once.'
+      )
     assigned[name] = raw
     hparams[name] = maps.convert(name, raw, hparams[name])
   freeze(hparams)
@@ -212,13 +221,18 @@ def _typed(field: str, value: Any) -> Any:
     raise ValueError(f'{field}={value!r}: must be True or False (default {default}).')
   if isinstance(default, int):
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-      _check(-INT32_MAX - 1 <= value <= INT32_MAX, field, value,
-             'must fit in int32 (steps and sizes are int32 arrays inside jit)')
+      _check(
+        -INT32_MAX - 1 <= value <= INT32_MAX,
+        field,
+        value,
+        'must fit in int32 (steps and sizes are int32 arrays inside jit)',
+      )
       return int(value)
     raise ValueError(f'{field}={value!r}: must be an integer (default {default}).')
   if isinstance(default, float):
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)):
+      value, (bool, np.bool_)
+    ):
       _check(math.isfinite(value), field, value, 'must be a finite number')
       return float(value)
     raise ValueError(f'{field}={value!r}: must be a number (default {default}).')
@@ -228,8 +242,9 @@ def _typed(field: str, value: Any) -> Any:
     raise ValueError(f'{field}={value!r}: must be a string (default {default!r}).')
   if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
     return tuple(value)
-  raise ValueError(f'{field}={value!r}: must be a list of "regex:value" strings '
-                   f'(default {list(default)!r}).')
+  raise ValueError(
+    f'{field}={value!r}: must be a list of "regex:value" strings (default {list(default)!r}).'
+  )
 
 
 def _check(condition: bool, field: str, value: Any, rule: str) -> None:
@@ -241,37 +256,48 @@ def _check(condition: bool, field: str, value: Any, rule: str) -> None:
 # / float32
 # arithmetic); the rules between fields are in `_check_window`.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    'name': ((lambda v: v.strip() != ''),
-             "must not be empty: it prefixes every summary ('<name>/sparsity'); the default "
-             "is 'model_pruning'"),
-    'weight_name_regex': ((lambda v: v != ''),
-                          'must not be empty: an empty regex matches every leaf name; give '
-                          "the leaves to prune, e.g. '(kernel|embedding)$' (the default), or "
-                          "'.' for every leaf with 2 or more axes"),
-    'begin_pruning_step': ((lambda v: v >= 0), 'must be >= 0'),
-    'sparsity_function_begin_step': ((lambda v: v >= 0), 'must be >= 0'),
-    'sparsity_function_exponent': (
-        (lambda v: v > 0), "must be > 0 (1 is linear, 3 is Zhu & Gupta's; 0 would never leave "
-        'initial_sparsity and a negative exponent diverges)'),
-    'threshold_decay': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
-    'initial_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
-    'target_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
-    'nbins': ((lambda v: 2 <= v <= MAX_NBINS),
-              'must be in [2, 2**24] (bin indices stay exact in float32)'),
-    'pruning_frequency': ((lambda v: v >= 1), 'must be >= 1'),
-    'block_height': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
-    'block_width': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
-    'block_pooling_function': ((lambda v: v.upper() in POOLING), f'must be one of {POOLING}'),
-    'threshold_method': ((lambda v: v in THRESHOLD_METHODS),
-                         f'must be one of {THRESHOLD_METHODS}'),
-    'mask_source': ((lambda v: v in MASK_SOURCES),
-                    f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
-                    "rule), 'params' the params the step starts from (no cost on other steps)"),
-    'mask_search': ((lambda v: v in MASK_SEARCHES),
-                    f"must be one of {MASK_SEARCHES}: how thresholds are searched, with the same "
-                    "result: 'fixed' in a few passes with no per-leaf control flow (GPUs, "
-                    "TPUs), 'adaptive' with few candidates per pass (CPUs), 'auto' by "
-                    'jax.default_backend()'),
+  'name': (
+    (lambda v: v.strip() != ''),
+    "must not be empty: it prefixes every summary ('<name>/sparsity'); the default "
+    "is 'model_pruning'",
+  ),
+  'weight_name_regex': (
+    (lambda v: v != ''),
+    'must not be empty: an empty regex matches every leaf name; give '
+    "the leaves to prune, e.g. '(kernel|embedding)$' (the default), or "
+    "'.' for every leaf with 2 or more axes",
+  ),
+  'begin_pruning_step': ((lambda v: v >= 0), 'must be >= 0'),
+  'sparsity_function_begin_step': ((lambda v: v >= 0), 'must be >= 0'),
+  'sparsity_function_exponent': (
+    (lambda v: v > 0),
+    "must be > 0 (1 is linear, 3 is Zhu & Gupta's; 0 would never leave "
+    'initial_sparsity and a negative exponent diverges)',
+  ),
+  'threshold_decay': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+  'initial_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+  'target_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+  'nbins': (
+    (lambda v: 2 <= v <= MAX_NBINS),
+    'must be in [2, 2**24] (bin indices stay exact in float32)',
+  ),
+  'pruning_frequency': ((lambda v: v >= 1), 'must be >= 1'),
+  'block_height': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
+  'block_width': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
+  'block_pooling_function': ((lambda v: v.upper() in POOLING), f'must be one of {POOLING}'),
+  'threshold_method': ((lambda v: v in THRESHOLD_METHODS), f'must be one of {THRESHOLD_METHODS}'),
+  'mask_source': (
+    (lambda v: v in MASK_SOURCES),
+    f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
+    "rule), 'params' the params the step starts from (no cost on other steps)",
+  ),
+  'mask_search': (
+    (lambda v: v in MASK_SEARCHES),
+    f'must be one of {MASK_SEARCHES}: how thresholds are searched, with the same '
+    "result: 'fixed' in a few passes with no per-leaf control flow (GPUs, "
+    "TPUs), 'adaptive' with few candidates per pass (CPUs), 'auto' by "
+    'jax.default_backend()',
+  ),
 }
 
 
@@ -297,10 +323,14 @@ def check_value(field: str, value: Any, where: str = '') -> Any:
     if field == 'sparsity_function_exponent':
       # The schedule runs in float32, where XLA flushes subnormals to zero: then
       # (1 - p) ** 0 == 1 and the sparsity never leaves initial_sparsity.
-      _check(value >= SMALLEST_NORMAL, field, value,
-             f'must be >= {np.float32(SMALLEST_NORMAL)} (the smallest normal float32): the '
-             'schedule computes in float32, where a smaller exponent is 0 and nothing is ever '
-             'pruned; for a jump to target_sparsity at sparsity_function_end_step, 1e-3 does')
+      _check(
+        value >= SMALLEST_NORMAL,
+        field,
+        value,
+        f'must be >= {np.float32(SMALLEST_NORMAL)} (the smallest normal float32): the '
+        'schedule computes in float32, where a smaller exponent is 0 and nothing is ever '
+        'pruned; for a jump to target_sparsity at sparsity_function_end_step, 1e-3 does',
+      )
     if field == 'weight_name_regex':
       maps.check_regex(field, value)
   except ValueError as err:
@@ -312,18 +342,27 @@ def check_value(field: str, value: Any, where: str = '') -> Any:
 
 def _check_window(h: HParams) -> None:
   """The rules between fields: the pruning window and the schedule's steps."""
-  _check(h.end_pruning_step == -1 or h.end_pruning_step > h.begin_pruning_step,
-         'end_pruning_step', h.end_pruning_step,
-         f'must be -1 (never stop) or > begin_pruning_step ({h.begin_pruning_step})')
-  _check(h.sparsity_function_end_step > h.sparsity_function_begin_step,
-         'sparsity_function_end_step', h.sparsity_function_end_step,
-         f'must be > sparsity_function_begin_step ({h.sparsity_function_begin_step})')
+  _check(
+    h.end_pruning_step == -1 or h.end_pruning_step > h.begin_pruning_step,
+    'end_pruning_step',
+    h.end_pruning_step,
+    f'must be -1 (never stop) or > begin_pruning_step ({h.begin_pruning_step})',
+  )
+  _check(
+    h.sparsity_function_end_step > h.sparsity_function_begin_step,
+    'sparsity_function_end_step',
+    h.sparsity_function_end_step,
+    f'must be > sparsity_function_begin_step ({h.sparsity_function_begin_step})',
+  )
   first_update = schedule.first_update_step(h)
-  _check(h.end_pruning_step == -1 or h.end_pruning_step >= first_update,
-         'end_pruning_step', h.end_pruning_step,
-         f'comes before the first mask update, at step max(begin_pruning_step, '
-         f'pruning_frequency) = {first_update}, so masks would never change; raise '
-         'end_pruning_step or lower pruning_frequency')
+  _check(
+    h.end_pruning_step == -1 or h.end_pruning_step >= first_update,
+    'end_pruning_step',
+    h.end_pruning_step,
+    f'comes before the first mask update, at step max(begin_pruning_step, '
+    f'pruning_frequency) = {first_update}, so masks would never change; raise '
+    'end_pruning_step or lower pruning_frequency',
+  )
 
 
 def _parse_global_nm(text: str) -> tuple[int, int] | None:
@@ -362,8 +401,10 @@ _FROZEN: dict[int, tuple[weakref.ref, dict[str, Any], HParams]] = {}
 def _snapshot(hparams: Any) -> dict[str, Any]:
   """The config's values, with lists copied (a list edited in place is a change)."""
   _check_keys(hparams)
-  return {field: tuple(value) if isinstance(value, list) else value
-          for field, value in ((f, maps.field(hparams, f)) for f in _DEFAULTS if f in hparams)}
+  return {
+    field: tuple(value) if isinstance(value, list) else value
+    for field, value in ((f, maps.field(hparams, f)) for f in _DEFAULTS if f in hparams)
+  }
 
 
 def freeze(hparams: str | ml_collections.ConfigDict | Mapping[str, Any] | HParams) -> HParams:
@@ -388,9 +429,11 @@ def freeze(hparams: str | ml_collections.ConfigDict | Mapping[str, Any] | HParam
   if isinstance(hparams, str):
     hparams = parse_hparams(hparams)
   if not isinstance(hparams, (Mapping, ml_collections.ConfigDict)):
-    raise TypeError(f'hparams={hparams!r}: expected jaxprune.get_pruning_hparams() or '
-                    "jaxprune.parse_hparams('target_sparsity=0.9,...') (a ConfigDict), a dict "
-                    f'of fields, a string in that syntax, or an HParams; got {type(hparams)}.')
+    raise TypeError(
+      f'hparams={hparams!r}: expected jaxprune.get_pruning_hparams() or '
+      "jaxprune.parse_hparams('target_sparsity=0.9,...') (a ConfigDict), a dict "
+      f'of fields, a string in that syntax, or an HParams; got {type(hparams)}.'
+    )
   values = _snapshot(hparams)
   known = _FROZEN.get(id(hparams))
   if known is not None and known[0]() is hparams and known[1] == values:

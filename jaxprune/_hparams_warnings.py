@@ -21,8 +21,9 @@ def _warn(message: str) -> None:
   """Warns, attributing the warning to the first caller outside jaxprune."""
   package = os.path.dirname(os.path.abspath(__file__))
   frame, level = sys._getframe(1), 2
-  while frame is not None and (frame.f_code.co_filename.startswith(package)
-                               or frame.f_code.co_filename == '<string>'):  # dataclass __init__
+  while frame is not None and (
+    frame.f_code.co_filename.startswith(package) or frame.f_code.co_filename == '<string>'
+  ):  # dataclass __init__
     frame, level = frame.f_back, level + 1
   warnings.warn(f'jaxprune: {message}', UserWarning, stacklevel=level)
 
@@ -58,10 +59,12 @@ def _warn_about_bins(h: HParams) -> None:
   needed = h.nbins
   while lowest_bin_share(needed, 5.0) >= unreached[0]:
     needed += 1
-  _warn(f'nbins={h.nbins}: a histogram threshold is a multiple of max|w|/{h.nbins}, and it '
-        f'prunes nothing while the lowest bin [0, max|w|/{h.nbins}) holds the target share of '
-        f"a layer's weights. For normally distributed weights (10**4 to 10**6 of them, max 4 "
-        f'to 5 standard deviations) that bin holds {low:.1%} to {high:.1%}, so target '
-        f'sparsity {", ".join(f"{s:g}" for s in unreached)} can prune nothing, and larger '
-        f"ones fall short by up to a bin's share. Use nbins >= {needed} (TF's default is 256) "
-        "or threshold_method='exact'.")
+  _warn(
+    f'nbins={h.nbins}: a histogram threshold is a multiple of max|w|/{h.nbins}, and it '
+    f'prunes nothing while the lowest bin [0, max|w|/{h.nbins}) holds the target share of '
+    f"a layer's weights. For normally distributed weights (10**4 to 10**6 of them, max 4 "
+    f'to 5 standard deviations) that bin holds {low:.1%} to {high:.1%}, so target '
+    f'sparsity {", ".join(f"{s:g}" for s in unreached)} can prune nothing, and larger '
+    f"ones fall short by up to a bin's share. Use nbins >= {needed} (TF's default is 256) "
+    "or threshold_method='exact'."
+  )

@@ -37,8 +37,12 @@ class MagnitudeRule:
     sparsity_fn: optional `step -> sparsity` replacing the polynomial schedule.
   """
 
-  def __init__(self, hparams: hparams_lib.HParams, specs: PyTree,
-               sparsity_fn: Callable[[Array], Array] | None = None):
+  def __init__(
+    self,
+    hparams: hparams_lib.HParams,
+    specs: PyTree,
+    sparsity_fn: Callable[[Array], Array] | None = None,
+  ):
     self.hparams = hparams
     self.specs = [s for s in specs_lib.spec_leaves(specs) if s is not None]
     self._all_specs = specs_lib.spec_leaves(specs)
@@ -60,19 +64,28 @@ class MagnitudeRule:
       if spec.nm is not None:
         jax.eval_shape(lambda w, s=spec: nm_lib.nm_mask(w, *s.nm, axis=-2, name=s.name), leaf)
       masks.append(jnp.ones(leaf.shape, bool))
-      thresholds.append(jnp.zeros(leaf.shape[:spec.layer_axes], jnp.float32))
+      thresholds.append(jnp.zeros(leaf.shape[: spec.layer_axes], jnp.float32))
     return jax.tree.unflatten(treedef, masks), jax.tree.unflatten(treedef, thresholds)
 
   def sparsity(self, step: Array, global_sparsity: Array) -> list[Array]:
     """Each pruned leaf's sparsity at `step`: its `weight_sparsity_map` target's schedule."""
     if self.sparsity_fn is not None:
       return [global_sparsity for _ in self.specs]
-    return [global_sparsity if s.target == self.hparams.target_sparsity
-            else schedule.sparsity_at(self.hparams, step, target=s.target) for s in self.specs]
+    return [
+      global_sparsity
+      if s.target == self.hparams.target_sparsity
+      else schedule.sparsity_at(self.hparams, step, target=s.target)
+      for s in self.specs
+    ]
 
-  def new_masks(self, hparams: hparams_lib.HParams, weights: list[Callable[[Any], Array]],
-                old_masks: list[Array], thresholds: PyTree, sparsity: Sequence[Array]
-                ) -> tuple[list[Array], PyTree, Array]:
+  def new_masks(
+    self,
+    hparams: hparams_lib.HParams,
+    weights: list[Callable[[Any], Array]],
+    old_masks: list[Array],
+    thresholds: PyTree,
+    sparsity: Sequence[Array],
+  ) -> tuple[list[Array], PyTree, Array]:
     """Thresholds, masks and the non-finite count after a mask update (inside jit).
 
     `weights` are the pruned leaves' values as callables of a token (see
@@ -95,25 +108,40 @@ class MagnitudeRule:
     if not magnitude:
       return new_masks, jax.tree.unflatten(treedef, new_thresholds), skips
     specs = self.specs
-    variables = [masks_lib.Variable(weights[j], old_masks[j].shape, specs[j].block_dims,
-                                    specs[j].layer_axes) for j in magnitude]
+    variables = [
+      masks_lib.Variable(weights[j], old_masks[j].shape, specs[j].block_dims, specs[j].layer_axes)
+      for j in magnitude
+    ]
     if hparams.global_pruning:
       targets = [jnp.reshape(sparsity[magnitude[0]], (1,))]
       # Every leaf stores the global threshold (once per layer of a stacked leaf).
       previous = [jnp.reshape(old_thresholds[magnitude[0]], (-1,))[:1]]
     else:
-      targets = [jnp.full((v.num_layers,), sparsity[j], jnp.float32)
-                 for j, v in zip(magnitude, variables, strict=True)]
+      targets = [
+        jnp.full((v.num_layers,), sparsity[j], jnp.float32)
+        for j, v in zip(magnitude, variables, strict=True)
+      ]
       previous = [jnp.reshape(old_thresholds[j], (-1,)) for j in magnitude]
     unit_thresholds, masks, nonfinite = masks_lib.update_masks(
-        variables, targets, previous, [old_masks[j] for j in magnitude],
-        nbins=hparams.nbins, threshold_decay=hparams.threshold_decay,
-        threshold_method=hparams.threshold_method, pooling=hparams.block_pooling_function,
-        global_threshold=hparams.global_pruning, mask_search=hparams.mask_search)
+      variables,
+      targets,
+      previous,
+      [old_masks[j] for j in magnitude],
+      nbins=hparams.nbins,
+      threshold_decay=hparams.threshold_decay,
+      threshold_method=hparams.threshold_method,
+      pooling=hparams.block_pooling_function,
+      global_threshold=hparams.global_pruning,
+      mask_search=hparams.mask_search,
+    )
     for i, (j, mask) in enumerate(zip(magnitude, masks, strict=True)):
       new_masks[j] = mask
       shape = old_thresholds[j].shape
       new_thresholds[j] = jnp.broadcast_to(
-          unit_thresholds[0 if hparams.global_pruning else i], (math.prod(shape),)).reshape(shape)
-    return (new_masks, jax.tree.unflatten(treedef, new_thresholds),
-            skips + jnp.sum(nonfinite, dtype=jnp.int32))
+        unit_thresholds[0 if hparams.global_pruning else i], (math.prod(shape),)
+      ).reshape(shape)
+    return (
+      new_masks,
+      jax.tree.unflatten(treedef, new_thresholds),
+      skips + jnp.sum(nonfinite, dtype=jnp.int32),
+    )

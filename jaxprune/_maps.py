@@ -44,7 +44,8 @@ def convert(name: str, raw: str, default: Any) -> Any:
   if isinstance(default, (list, tuple)):
     if not (raw.startswith('[') and raw.endswith(']')):
       raise ValueError(
-          f'parse_hparams: {name}={raw!r} must be a bracketed list, e.g. {name}=[regex:value].')
+        f'parse_hparams: {name}={raw!r} must be a bracketed list, e.g. {name}=[regex:value].'
+      )
     return [item.strip() for item in raw[1:-1].split(',') if item.strip()] or ['']
   if isinstance(default, bool):
     lowered = raw.lower()
@@ -93,11 +94,11 @@ def sparsity_map(hparams: Any) -> list[tuple[str, float]]:
     try:
       sparsity = float(value)
     except ValueError:
-      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: '
-                       f'sparsity {value!r} is not a number.') from None
+      raise ValueError(
+        f'weight_sparsity_map entry {regex}:{value}: sparsity {value!r} is not a number.'
+      ) from None
     if not 0.0 <= sparsity < 1.0:
-      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: '
-                       'sparsity must be in [0, 1).')
+      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: sparsity must be in [0, 1).')
     parsed.append((regex, sparsity))
   return parsed
 
@@ -108,8 +109,10 @@ def _block_dim(field: str, entry: str, text: str) -> int:
   except ValueError:
     raise ValueError(f'{field} entry {entry!r}: block dim {text!r} is not an integer.') from None
   if not (1 <= dim <= INT32_MAX or dim == -1):
-    raise ValueError(f'{field} entry {entry!r}: block dims must be in [1, 2**31 - 1] or -1 '
-                     f'(the whole dimension), got {dim}.')
+    raise ValueError(
+      f'{field} entry {entry!r}: block dims must be in [1, 2**31 - 1] or -1 '
+      f'(the whole dimension), got {dim}.'
+    )
   return dim
 
 
@@ -134,8 +137,9 @@ def nm_map(hparams: Any) -> list[tuple[str, tuple[int, int]]]:
     pieces = entry.rsplit(':', 2)
     if len(pieces) != 3:
       raise ValueError(
-          f'nm_sparsity_map entry {entry!r}: expected "regex:N:M", e.g. "Dense_0:2:4" '
-          '(keep 2 of every 4).')
+        f'nm_sparsity_map entry {entry!r}: expected "regex:N:M", e.g. "Dense_0:2:4" '
+        '(keep 2 of every 4).'
+      )
     check_regex(f'nm_sparsity_map entry {entry!r}', pieces[0])
     try:
       parsed.append((pieces[0], nm.parse_nm(f'{pieces[1]}:{pieces[2]}')))
@@ -158,8 +162,10 @@ def layer_axes_map(hparams: Any) -> list[tuple[str, int]]:
     except ValueError:
       axes = 0
     if axes < 1 or str(axes) != value:
-      raise ValueError(f'layer_axes_map entry {regex}:{value}: the number of leading layer '
-                       f'axes must be an integer >= 1, e.g. "{regex}:1".')
+      raise ValueError(
+        f'layer_axes_map entry {regex}:{value}: the number of leading layer '
+        f'axes must be an integer >= 1, e.g. "{regex}:1".'
+      )
     parsed.append((regex, axes))
   return parsed
 

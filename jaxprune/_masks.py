@@ -25,8 +25,9 @@ from jaxprune import _hparams as hparams_lib
 from jaxprune import _thresholds as thresholds
 
 
-def _pool_layers(magnitudes: Array, layer_axes: int, block_dims: tuple[int, int],
-                 pooling: str) -> Array:
+def _pool_layers(
+  magnitudes: Array, layer_axes: int, block_dims: tuple[int, int], pooling: str
+) -> Array:
   """Block-pools each layer's squeezed 2-D magnitudes; (layers..., rows, cols)."""
   lead = magnitudes.shape[:layer_axes]
   squeezed = [d for d in magnitudes.shape[layer_axes:] if d != 1]
@@ -35,8 +36,12 @@ def _pool_layers(magnitudes: Array, layer_axes: int, block_dims: tuple[int, int]
   return pooled.reshape(*lead, *pooled.shape[1:])
 
 
-def scores(weights: Array, block_dims: tuple[int, int] = (1, 1),
-           block_pooling_function: str = 'AVG', layer_axes: int = 0) -> Array:
+def scores(
+  weights: Array,
+  block_dims: tuple[int, int] = (1, 1),
+  block_pooling_function: str = 'AVG',
+  layer_axes: int = 0,
+) -> Array:
   """The magnitudes thresholds are computed on: |w| in float32, or its block-pooled form.
 
   With `layer_axes` > 0 the leading axes index stacked layers, each pooled on its own.
@@ -48,8 +53,9 @@ def scores(weights: Array, block_dims: tuple[int, int] = (1, 1),
   return _pool_layers(magnitudes, layer_axes, resolved, block_pooling_function)
 
 
-def expand_mask(score_mask: Array, shape: tuple[int, ...], block_dims: tuple[int, int],
-                layer_axes: int = 0) -> Array:
+def expand_mask(
+  score_mask: Array, shape: tuple[int, ...], block_dims: tuple[int, int], layer_axes: int = 0
+) -> Array:
   """Maps a mask over `scores(...)` back to a mask of the weights' `shape`."""
   resolved = blocks.resolve_block_dims(shape[layer_axes:], block_dims)
   if resolved is None:
@@ -79,6 +85,7 @@ class Variable:
     block_dims: (height, width), resolved; (1, 1) for elementwise masks.
     layer_axes: leading axes that index stacked layers, each with its own threshold.
   """
+
   values: Callable[[Any], Array]
   shape: tuple[int, ...]
   block_dims: tuple[int, int] = (1, 1)
@@ -86,17 +93,25 @@ class Variable:
 
   @property
   def num_layers(self) -> int:
-    return math.prod(self.shape[:self.layer_axes])
+    return math.prod(self.shape[: self.layer_axes])
 
   def is_blocked(self) -> bool:
-    return blocks.resolve_block_dims(self.shape[self.layer_axes:], self.block_dims) is not None
+    return blocks.resolve_block_dims(self.shape[self.layer_axes :], self.block_dims) is not None
 
 
-def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
-                 old_thresholds: Sequence[Array], old_masks: Sequence[Array], *, nbins: int,
-                 threshold_decay: float, threshold_method: str, pooling: str,
-                 global_threshold: bool = False, mask_search: str = 'auto'
-                 ) -> tuple[list[Array], list[Array], Array]:
+def update_masks(
+  variables: Sequence[Variable],
+  sparsity: Sequence[Array],
+  old_thresholds: Sequence[Array],
+  old_masks: Sequence[Array],
+  *,
+  nbins: int,
+  threshold_decay: float,
+  threshold_method: str,
+  pooling: str,
+  global_threshold: bool = False,
+  mask_search: str = 'auto',
+) -> tuple[list[Array], list[Array], Array]:
   """New thresholds and masks of many variables, searched together.
 
   Units are the thresholds: one per layer of each variable, or one for all of
@@ -122,16 +137,27 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
   """
   search = thresholds.resolve_search(mask_search)
   own = [_own_part(v, pooling, global_threshold) for v in variables]
-  keys = [(part.shape, v.layer_axes, v.is_blocked())
-          for part, v in zip(own, variables, strict=True)]
+  keys = [
+    (part.shape, v.layer_axes, v.is_blocked()) for part, v in zip(own, variables, strict=True)
+  ]
   groups = _same_keys(keys) if search == 'fixed' else [[i] for i in range(len(own))]
-  layout = counting.Layout(tuple(_stacked(variables, own, members, global_threshold)
-                                 for members in groups),
-                           shared=global_threshold)
+  layout = counting.Layout(
+    tuple(_stacked(variables, own, members, global_threshold) for members in groups),
+    shared=global_threshold,
+  )
   # Each variable's maxima per layer, in the variables' order.
-  part_max = _per_variable(groups, counting.part_maxima(counting.Layout(tuple(
-      dataclasses.replace(part, unit_axes=variables[members[0]].layer_axes + (len(members) > 1))
-      for part, members in zip(layout.parts, groups, strict=True)))), variables)
+  part_max = _per_variable(
+    groups,
+    counting.part_maxima(
+      counting.Layout(
+        tuple(
+          dataclasses.replace(part, unit_axes=variables[members[0]].layer_axes + (len(members) > 1))
+          for part, members in zip(layout.parts, groups, strict=True)
+        )
+      )
+    ),
+    variables,
+  )
   if global_threshold:
     # jnp.max propagates NaN, so a NaN anywhere reaches the global maximum.
     unit_max = [jnp.max(jnp.concatenate(part_max), keepdims=True)]
@@ -154,17 +180,18 @@ def update_masks(variables: Sequence[Variable], sparsity: Sequence[Array],
   current = _per_variable(groups, per_part, variables, global_threshold)
   masks, new_thresholds = [], []
   for i, (part, variable, old_mask, piece) in enumerate(
-      zip(own, variables, old_masks, current, strict=True)):
+    zip(own, variables, old_masks, current, strict=True)
+  ):
     g = 0 if global_threshold else i
     previous = jnp.reshape(old_thresholds[g], (-1,))
     if threshold_decay:
       # The select (thresholds are >= 0) keeps the threshold's product rounded: XLA:CPU
       # would otherwise fuse it into the decay's multiply-add.
       piece = jnp.where(piece >= 0, piece, jnp.float32(0.0))
-      piece = (piece * jnp.float32(1.0 - threshold_decay)
-               + previous * jnp.float32(threshold_decay))
-    score_mask = compare(part.values(piece), _layer_shaped(variable, piece, len(part.shape)),
-                         threshold_method)
+      piece = piece * jnp.float32(1.0 - threshold_decay) + previous * jnp.float32(threshold_decay)
+    score_mask = compare(
+      part.values(piece), _layer_shaped(variable, piece, len(part.shape)), threshold_method
+    )
     mask = expand_mask(score_mask, variable.shape, variable.block_dims, variable.layer_axes)
     masks.append(jnp.where(_layer_shaped(variable, ok[g], len(variable.shape)), mask, old_mask))
     if not global_threshold or i == 0:
@@ -177,10 +204,16 @@ def _own_part(variable: Variable, pooling: str, global_threshold: bool) -> count
   """The magnitudes a variable's threshold is searched on (|w|, or its pooled blocks)."""
   if variable.is_blocked():
     pooled = scores(variable.values(None), variable.block_dims, pooling, variable.layer_axes)
-    return counting.Part(lambda token: counting.fresh(pooled, token), pooled.shape,
-                         0 if global_threshold else variable.layer_axes)
-  return counting.Part(lambda token: jnp.abs(variable.values(token).astype(jnp.float32)),
-                       variable.shape, 0 if global_threshold else variable.layer_axes)
+    return counting.Part(
+      lambda token: counting.fresh(pooled, token),
+      pooled.shape,
+      0 if global_threshold else variable.layer_axes,
+    )
+  return counting.Part(
+    lambda token: jnp.abs(variable.values(token).astype(jnp.float32)),
+    variable.shape,
+    0 if global_threshold else variable.layer_axes,
+  )
 
 
 def _same_keys(keys: Sequence[Any]) -> list[list[int]]:
@@ -191,8 +224,12 @@ def _same_keys(keys: Sequence[Any]) -> list[list[int]]:
   return list(groups.values())
 
 
-def _stacked(variables: Sequence[Variable], parts: Sequence[counting.Part], members: list[int],
-             global_threshold: bool) -> counting.Part:
+def _stacked(
+  variables: Sequence[Variable],
+  parts: Sequence[counting.Part],
+  members: list[int],
+  global_threshold: bool,
+) -> counting.Part:
   """One part for the members (a variable, or variables of one shape stacked).
 
   The fixed plan's passes then count every variable of a shape in one kernel.
@@ -206,12 +243,17 @@ def _stacked(variables: Sequence[Variable], parts: Sequence[counting.Part], memb
     stack = jnp.stack([parts[i].values(None) for i in members])
     return counting.Part(lambda token: counting.fresh(stack, token), stack.shape, unit_axes)
   stack = jnp.stack([variables[i].values(None) for i in members])
-  return counting.Part(lambda token: jnp.abs(counting.fresh(stack, token).astype(jnp.float32)),
-                       stack.shape, unit_axes)
+  return counting.Part(
+    lambda token: jnp.abs(counting.fresh(stack, token).astype(jnp.float32)), stack.shape, unit_axes
+  )
 
 
-def _per_variable(groups: list[list[int]], per_part: Sequence[Array],
-                  variables: Sequence[Variable], global_threshold: bool = False) -> list[Array]:
+def _per_variable(
+  groups: list[list[int]],
+  per_part: Sequence[Array],
+  variables: Sequence[Variable],
+  global_threshold: bool = False,
+) -> list[Array]:
   """Per-part (units of the part,) arrays split into each variable's (layers,) array, in the
   variables' order; with `global_threshold`, the one (1,) array for every variable."""
   out: list[Array | None] = [None] * len(variables)
@@ -230,15 +272,23 @@ def _layer_shaped(variable: Variable, per_layer: Array, ndim: int) -> Array:
   """A (layers,) or (1,) array shaped to broadcast against an ndim array of the variable."""
   if per_layer.shape[0] != variable.num_layers:  # one threshold for all (global)
     return per_layer.reshape((1,) * ndim)
-  lead = variable.shape[:variable.layer_axes]
+  lead = variable.shape[: variable.layer_axes]
   return per_layer.reshape(lead + (1,) * (ndim - len(lead)))
 
 
-def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int = 256,
-                threshold_decay: float = 0.0, block_dims: tuple[int, int] = (1, 1),
-                block_pooling_function: str = 'AVG', threshold_method: str = 'histogram',
-                previous_mask: Array | None = None, mask_search: str = 'auto'
-                ) -> tuple[Array, Array]:
+def update_mask(
+  weights: Array,
+  threshold: Array,
+  sparsity: Array,
+  *,
+  nbins: int = 256,
+  threshold_decay: float = 0.0,
+  block_dims: tuple[int, int] = (1, 1),
+  block_pooling_function: str = 'AVG',
+  threshold_method: str = 'histogram',
+  previous_mask: Array | None = None,
+  mask_search: str = 'auto',
+) -> tuple[Array, Array]:
   """Computes one variable's new threshold and mask (Zhu & Gupta 2017; TF model_pruning).
 
   Pure and jittable. All-zero or non-finite weights keep `threshold` and
@@ -268,33 +318,53 @@ def update_mask(weights: Array, threshold: Array, sparsity: Array, *, nbins: int
     >>> float(threshold), int(mask.sum())  # TF's numbers: the histogram keeps 11
     (89.84375, 11)
   """
-  _check_arguments(sparsity, nbins, threshold_decay, block_dims, block_pooling_function,
-                   threshold_method, mask_search)
+  _check_arguments(
+    sparsity,
+    nbins,
+    threshold_decay,
+    block_dims,
+    block_pooling_function,
+    threshold_method,
+    mask_search,
+  )
   weights = jnp.asarray(weights)
   dims = blocks.resolve_block_dims(weights.shape, block_dims) or (1, 1)
   if previous_mask is None:
     previous_mask = jnp.ones(weights.shape, bool)
   variable = Variable(lambda token: counting.fresh(weights, token), weights.shape, dims)
   (new_threshold,), (mask,), _ = update_masks(
-      [variable], [jnp.reshape(jnp.asarray(sparsity, jnp.float32), (1,))],
-      [jnp.reshape(jnp.asarray(threshold, jnp.float32), (1,))], [previous_mask],
-      nbins=nbins, threshold_decay=threshold_decay, threshold_method=threshold_method,
-      pooling=block_pooling_function, mask_search=mask_search)
+    [variable],
+    [jnp.reshape(jnp.asarray(sparsity, jnp.float32), (1,))],
+    [jnp.reshape(jnp.asarray(threshold, jnp.float32), (1,))],
+    [previous_mask],
+    nbins=nbins,
+    threshold_decay=threshold_decay,
+    threshold_method=threshold_method,
+    pooling=block_pooling_function,
+    mask_search=mask_search,
+  )
   return new_threshold[0], mask
 
 
-def _check_arguments(sparsity, nbins, threshold_decay, block_dims, pooling, method,
-                     mask_search) -> None:
+def _check_arguments(
+  sparsity, nbins, threshold_decay, block_dims, pooling, method, mask_search
+) -> None:
   """ValueErrors naming the argument of `update_mask` that is out of its range (the
   hparams' own rules, `hparams.check_value`)."""
-  for field, value in (('threshold_method', method), ('block_pooling_function', pooling),
-                       ('nbins', nbins), ('threshold_decay', threshold_decay),
-                       ('mask_search', mask_search)):
+  for field, value in (
+    ('threshold_method', method),
+    ('block_pooling_function', pooling),
+    ('nbins', nbins),
+    ('threshold_decay', threshold_decay),
+    ('mask_search', mask_search),
+  ):
     hparams_lib.check_value(field, value, where='update_mask')
   dims = tuple(block_dims)
   if len(dims) != 2:
-    raise ValueError(f'update_mask: block_dims={block_dims!r}: must be (height, width), each '
-                     '>= 1 or -1 (whole dim).')
+    raise ValueError(
+      f'update_mask: block_dims={block_dims!r}: must be (height, width), each '
+      '>= 1 or -1 (whole dim).'
+    )
   for field, value in zip(('block_height', 'block_width'), dims, strict=True):
     hparams_lib.check_value(field, value, where=f'update_mask: block_dims={block_dims!r}')
   if not isinstance(sparsity, jax.core.Tracer):  # a traced sparsity cannot be checked here

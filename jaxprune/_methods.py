@@ -67,7 +67,8 @@ def validate_amount(amount: Any) -> None:
   """
   if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
     raise TypeError(
-        f'amount={amount!r}: expected an int count (e.g. 3) or a float fraction (e.g. 0.3)')
+      f'amount={amount!r}: expected an int count (e.g. 3) or a float fraction (e.g. 0.3)'
+    )
   if isinstance(amount, numbers.Integral):
     if amount < 0:
       raise ValueError(f'amount={amount}: a count must be >= 0')
@@ -95,19 +96,24 @@ def _count_to_prune(amount: int | float, n_alive: jax.Array | int) -> jax.Array 
     if isinstance(amount, numbers.Integral):
       if amount > n_static:
         raise ValueError(
-            f'amount={amount} is larger than the {n_static} entries that can still be '
-            f'pruned; pass a smaller count or a fraction')
+          f'amount={amount} is larger than the {n_static} entries that can still be '
+          f'pruned; pass a smaller count or a fraction'
+        )
       return int(amount)
     return round(amount * n_static)
   if isinstance(amount, numbers.Integral):
     return jnp.minimum(amount, n_alive)
-  return jax.pure_callback(functools.partial(_round_count, float(amount)),
-                           jax.ShapeDtypeStruct((), jnp.int32), n_alive,
-                           vmap_method='sequential')
+  return jax.pure_callback(
+    functools.partial(_round_count, float(amount)),
+    jax.ShapeDtypeStruct((), jnp.int32),
+    n_alive,
+    vmap_method='sequential',
+  )
 
 
-def prune_lowest(scores: jax.Array, amount: int | float,
-                 previous_mask: jax.Array | None = None) -> jax.Array:
+def prune_lowest(
+  scores: jax.Array, amount: int | float, previous_mask: jax.Array | None = None
+) -> jax.Array:
   """Prunes the `amount` lowest-scoring entries among those still unpruned.
 
   The building block of the built-in methods, public so that a custom
@@ -132,8 +138,9 @@ def prune_lowest(scores: jax.Array, amount: int | float,
   else:
     if previous_mask.shape != scores.shape:
       raise ValueError(
-          f'previous_mask has shape {previous_mask.shape}, scores have shape '
-          f'{scores.shape}; they must match')
+        f'previous_mask has shape {previous_mask.shape}, scores have shape '
+        f'{scores.shape}; they must match'
+      )
     alive = previous_mask.reshape(-1).astype(bool)
     n_alive = jnp.sum(alive, dtype=jnp.int32)
   n_keep = n_alive - _count_to_prune(amount, n_alive)
@@ -194,16 +201,17 @@ class LnStructured:
     validate_amount(self.amount)
     if isinstance(self.n, bool) or not isinstance(self.n, numbers.Real) or not self.n > 0:
       raise ValueError(
-          f'n={self.n!r}: the norm order must be a number > 0 (1, 2, ...) or float("inf")')
+        f'n={self.n!r}: the norm order must be a number > 0 (1, 2, ...) or float("inf")'
+      )
 
   def compute_mask(self, weights: jax.Array, previous_mask: jax.Array) -> jax.Array:
     if weights.ndim < 2:
       raise ValueError(
-          f'ln_structured: weights of shape {weights.shape} have fewer than 2 dimensions; '
-          f'structured pruning removes slices of a multi-dimensional leaf')
+        f'ln_structured: weights of shape {weights.shape} have fewer than 2 dimensions; '
+        f'structured pruning removes slices of a multi-dimensional leaf'
+      )
     if not -weights.ndim <= self.axis < weights.ndim:
-      raise ValueError(
-          f'ln_structured: axis={self.axis} is out of range for shape {weights.shape}')
+      raise ValueError(f'ln_structured: axis={self.axis} is out of range for shape {weights.shape}')
     axis = self.axis % weights.ndim
     others = tuple(d for d in range(weights.ndim) if d != axis)
     norms = jnp.linalg.vector_norm(weights, ord=self.n, axis=others)

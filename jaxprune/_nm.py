@@ -40,19 +40,18 @@ def parse_nm(spec: str | tuple[int, int] | None) -> tuple[int, int] | None:
         raise ValueError
       n, m = (int(p.strip()) for p in parts)
     except ValueError:
-      raise ValueError(
-          f"N:M pattern {spec!r}: expected two integers 'N:M' such as '2:4'") from None
+      raise ValueError(f"N:M pattern {spec!r}: expected two integers 'N:M' such as '2:4'") from None
   else:
     try:
       n, m = spec
     except (TypeError, ValueError):
       raise ValueError(f'N:M pattern {spec!r}: expected a pair (n, m) such as (2, 4)') from None
-    if isinstance(n, bool) or isinstance(m, bool) or not (
-        isinstance(n, int) and isinstance(m, int)):
+    if (
+      isinstance(n, bool) or isinstance(m, bool) or not (isinstance(n, int) and isinstance(m, int))
+    ):
       raise ValueError(f'N:M pattern {spec!r}: n and m must be integers, e.g. (2, 4)')
   if not 1 <= n < m:
-    raise ValueError(
-        f'N:M pattern {spec!r}: need 1 <= N < M (keep N of every M weights), e.g. 2:4')
+    raise ValueError(f'N:M pattern {spec!r}: need 1 <= N < M (keep N of every M weights), e.g. 2:4')
   return n, m
 
 
@@ -64,19 +63,22 @@ def _check(shape: tuple[int, ...], n: int, m: int, axis: int, name: str | None) 
     raise ValueError(f'N:M {n}:{m}: {what} is a scalar; N:M needs an axis to group along')
   if not -len(shape) <= axis < len(shape):
     raise ValueError(
-        f'N:M {n}:{m}: axis={axis} is out of range for {what}; pass an axis in '
-        f'[-{len(shape)}, {len(shape)})')
+      f'N:M {n}:{m}: axis={axis} is out of range for {what}; pass an axis in '
+      f'[-{len(shape)}, {len(shape)})'
+    )
   axis %= len(shape)
   if shape[axis] % m:
     raise ValueError(
-        f'N:M {n}:{m}: {what}: axis {axis} has {shape[axis]} entries, '
-        f'which is not divisible by M={m}; choose M dividing {shape[axis]}, '
-        f'another axis, or leave this leaf out of the N:M pattern')
+      f'N:M {n}:{m}: {what}: axis {axis} has {shape[axis]} entries, '
+      f'which is not divisible by M={m}; choose M dividing {shape[axis]}, '
+      f'another axis, or leave this leaf out of the N:M pattern'
+    )
   return axis
 
 
-def nm_mask(weights: jax.Array, n: int, m: int, axis: int = -2, *,
-            name: str | None = None) -> jax.Array:
+def nm_mask(
+  weights: jax.Array, n: int, m: int, axis: int = -2, *, name: str | None = None
+) -> jax.Array:
   """Keeps the `n` largest-magnitude entries of every `m` consecutive ones.
 
   Groups are `m` consecutive entries along `axis` (for every position on the
@@ -112,8 +114,9 @@ def nm_mask(weights: jax.Array, n: int, m: int, axis: int = -2, *,
   return nm_mask_from_scores(magnitudes, n, m, axis, name=name)
 
 
-def nm_mask_from_scores(scores: jax.Array, n: int, m: int, axis: int = -2, *,
-                        name: str | None = None) -> jax.Array:
+def nm_mask_from_scores(
+  scores: jax.Array, n: int, m: int, axis: int = -2, *, name: str | None = None
+) -> jax.Array:
   """Keeps the `n` highest `scores` of every `m` consecutive ones along `axis`.
 
   `nm_mask` with the ranking given by `scores` instead of magnitudes (ties go

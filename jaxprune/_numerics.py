@@ -17,11 +17,11 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 _SPLITTER = 4097.0  # 2**12 + 1: Veltkamp's split of a 24-bit significand.
-SMALLEST_NORMAL = 2.0 ** -126
+SMALLEST_NORMAL = 2.0**-126
 # Steps, sizes and block dims live in int32 arrays inside jit.
-INT32_MAX = 2 ** 31 - 1
+INT32_MAX = 2**31 - 1
 # Bin indices, counts and k / nbins stay exact in float32 up to 2**24.
-MAX_NBINS = 2 ** 24
+MAX_NBINS = 2**24
 
 
 def _split(x: Array) -> tuple[Array, Array]:
@@ -111,4 +111,4 @@ def ldexp(x: Array, exponent: Array) -> Array:
 
 # Counting passes compare magnitudes scaled into [0, 1) with float differences;
 # from TINY up those differences are normal floats, which CPU XLA never flushes.
-TINY = 2.0 ** -100
+TINY = 2.0**-100

@@ -22,8 +22,15 @@ if TYPE_CHECKING:  # hparams imports this module for the gating rule
   from jaxprune._hparams import HParams
 
 
-def polynomial_sparsity(step: ArrayLike, *, initial: float, target: ArrayLike, begin_step: int,
-                        end_step: int, exponent: float) -> Array:
+def polynomial_sparsity(
+  step: ArrayLike,
+  *,
+  initial: float,
+  target: ArrayLike,
+  begin_step: int,
+  end_step: int,
+  exponent: float,
+) -> Array:
   """Zhu & Gupta's schedule: s(t) = target + (initial - target) * (1 - p) ** exponent.
 
   `p` is the fraction of [begin_step, end_step] elapsed at `step`, clipped to
@@ -44,8 +51,9 @@ def polynomial_sparsity(step: ArrayLike, *, initial: float, target: ArrayLike, b
   return target + (initial - target) * remaining ** jnp.float32(exponent)
 
 
-def sparsity_at(hparams: ml_collections.ConfigDict | HParams, step: ArrayLike,
-                target: ArrayLike | None = None) -> Array:
+def sparsity_at(
+  hparams: ml_collections.ConfigDict | HParams, step: ArrayLike, target: ArrayLike | None = None
+) -> Array:
   """The sparsity of the schedule at `step`; `target` overrides `target_sparsity`.
 
   See docs/explanation/semantics.md#schedule.
@@ -57,16 +65,18 @@ def sparsity_at(hparams: ml_collections.ConfigDict | HParams, step: ArrayLike,
     [0.0, 0.4375, 0.5, 0.5]
   """
   return polynomial_sparsity(
-      step,
-      initial=hparams.initial_sparsity,
-      target=hparams.target_sparsity if target is None else target,
-      begin_step=hparams.sparsity_function_begin_step,
-      end_step=hparams.sparsity_function_end_step,
-      exponent=hparams.sparsity_function_exponent)
+    step,
+    initial=hparams.initial_sparsity,
+    target=hparams.target_sparsity if target is None else target,
+    begin_step=hparams.sparsity_function_begin_step,
+    end_step=hparams.sparsity_function_end_step,
+    exponent=hparams.sparsity_function_exponent,
+  )
 
 
-def should_update(hparams: ml_collections.ConfigDict | HParams, step: ArrayLike,
-                  last_update_step: ArrayLike) -> Array:
+def should_update(
+  hparams: ml_collections.ConfigDict | HParams, step: ArrayLike, last_update_step: ArrayLike
+) -> Array:
   """Whether masks are recomputed at `step` (docs/explanation/semantics.md#gating); a bool scalar.
 
   Masks change at step t when t >= begin_pruning_step, t <= end_pruning_step
@@ -92,8 +102,7 @@ def first_update_step(hparams: ml_collections.ConfigDict | HParams) -> int:
   return max(hparams.begin_pruning_step, hparams.pruning_frequency)
 
 
-def final_update_step(hparams: ml_collections.ConfigDict | HParams,
-                      num_steps: int) -> int | None:
+def final_update_step(hparams: ml_collections.ConfigDict | HParams, num_steps: int) -> int | None:
   """The step of the last mask update of a run of `num_steps` update calls, or None.
 
   The calls are at steps 0 .. num_steps - 1; updates start at
@@ -119,18 +128,20 @@ def window_problems(hparams: ml_collections.ConfigDict | HParams) -> list[str]:
   end, schedule_end = hparams.end_pruning_step, hparams.sparsity_function_end_step
   if end != -1 and end < schedule_end:
     problems.append(
-        f'end_pruning_step={end} stops mask updates before '
-        f'sparsity_function_end_step={schedule_end}: the last update is at or before step '
-        f'{end}, so the sparsity stays below target_sparsity={hparams.target_sparsity}. Set '
-        'end_pruning_step >= sparsity_function_end_step (or -1) to reach the target.')
+      f'end_pruning_step={end} stops mask updates before '
+      f'sparsity_function_end_step={schedule_end}: the last update is at or before step '
+      f'{end}, so the sparsity stays below target_sparsity={hparams.target_sparsity}. Set '
+      'end_pruning_step >= sparsity_function_end_step (or -1) to reach the target.'
+    )
   first = first_update_step(hparams)
   if first > schedule_end:
     problems.append(
-        f'the first mask update is at step max(begin_pruning_step, pruning_frequency) = '
-        f'{first}, after sparsity_function_end_step={schedule_end}, where the schedule has '
-        f'already reached target_sparsity={hparams.target_sparsity}: the run prunes to the '
-        f'target in one step at {first} (one-shot). To prune gradually, put the schedule '
-        f'inside the pruning window (sparsity_function_begin_step={first}, '
-        f'sparsity_function_end_step > {first}); for one-shot pruning on purpose, set '
-        f'sparsity_function_end_step={first}.')
+      f'the first mask update is at step max(begin_pruning_step, pruning_frequency) = '
+      f'{first}, after sparsity_function_end_step={schedule_end}, where the schedule has '
+      f'already reached target_sparsity={hparams.target_sparsity}: the run prunes to the '
+      f'target in one step at {first} (one-shot). To prune gradually, put the schedule '
+      f'inside the pruning window (sparsity_function_begin_step={first}, '
+      f'sparsity_function_end_step > {first}); for one-shot pruning on purpose, set '
+      f'sparsity_function_end_step={first}.'
+    )
   return problems

@@ -42,18 +42,23 @@ def _named_shardings(params_shardings: PyTree, mesh: Mesh | None) -> tuple[PyTre
   for leaf in leaves:
     if leaf is not None and not isinstance(leaf, (NamedSharding, PartitionSpec)):
       raise TypeError(
-          f'params_shardings has a leaf {leaf!r} of type {type(leaf).__name__}; '
-          'expected NamedSharding or PartitionSpec leaves (build them with '
-          'jax.sharding.NamedSharding(mesh, PartitionSpec(...))).')
+        f'params_shardings has a leaf {leaf!r} of type {type(leaf).__name__}; '
+        'expected NamedSharding or PartitionSpec leaves (build them with '
+        'jax.sharding.NamedSharding(mesh, PartitionSpec(...))).'
+      )
   if mesh is None:
     meshes = [leaf.mesh for leaf in leaves if isinstance(leaf, NamedSharding)]
     if not meshes:
-      raise ValueError('params_shardings holds only PartitionSpecs and mesh=None; pass '
-                       'mesh=... or NamedSharding leaves.')
+      raise ValueError(
+        'params_shardings holds only PartitionSpecs and mesh=None; pass '
+        'mesh=... or NamedSharding leaves.'
+      )
     mesh = meshes[0]
   named = jax.tree.map(
-      lambda s: NamedSharding(mesh, s) if isinstance(s, PartitionSpec) else s,
-      params_shardings, is_leaf=_is_sharding_leaf)
+    lambda s: NamedSharding(mesh, s) if isinstance(s, PartitionSpec) else s,
+    params_shardings,
+    is_leaf=_is_sharding_leaf,
+  )
   return named, mesh
 
 
@@ -69,8 +74,7 @@ def _fits(sharding: NamedSharding, leaf: Any) -> bool:
   return True
 
 
-def state_shardings(state: PyTree, params_shardings: PyTree, *,
-                    mesh: Mesh | None = None) -> PyTree:
+def state_shardings(state: PyTree, params_shardings: PyTree, *, mesh: Mesh | None = None) -> PyTree:
   """The shardings of an optimizer state, given the shardings of the params.
 
   Every `PruningState` in `state`, at any depth of an optax chain or wrapper,
@@ -101,10 +105,17 @@ def state_shardings(state: PyTree, params_shardings: PyTree, *,
 
   def pruning_shardings(pruning_state: PruningState) -> PruningState:
     # params_shardings may be a prefix of the params (one sharding for all of them).
-    masks = jax.tree.map(lambda s, subtree: jax.tree.map(lambda _: s, subtree),
-                         params_shardings, pruning_state.masks, is_leaf=_is_sharding_leaf)
-    others = {field: jax.tree.map(lambda _: replicated, getattr(pruning_state, field))
-              for field in PruningState._fields if field != 'masks'}
+    masks = jax.tree.map(
+      lambda s, subtree: jax.tree.map(lambda _: s, subtree),
+      params_shardings,
+      pruning_state.masks,
+      is_leaf=_is_sharding_leaf,
+    )
+    others = {
+      field: jax.tree.map(lambda _: replicated, getattr(pruning_state, field))
+      for field in PruningState._fields
+      if field != 'masks'
+    }
     return PruningState(masks=masks, **others)
 
   def leaf_sharding(path: KeyPath, leaf: Any) -> Any:
@@ -115,17 +126,19 @@ def state_shardings(state: PyTree, params_shardings: PyTree, *,
     for length in suffix_lengths:
       if length > len(path):
         continue
-      sharding = by_path.get(tuple(path[len(path) - length:]))
+      sharding = by_path.get(tuple(path[len(path) - length :]))
       if sharding is not None and _fits(sharding, leaf):
         return sharding
     return replicated
 
   return jax.tree_util.tree_map_with_path(
-      leaf_sharding, state, is_leaf=lambda x: _is_state(x) or x is None)
+    leaf_sharding, state, is_leaf=lambda x: _is_state(x) or x is None
+  )
 
 
-def pruning_state_shardings(state: PyTree, params_shardings: PyTree, *,
-                            mesh: Mesh | None = None) -> PruningState:
+def pruning_state_shardings(
+  state: PyTree, params_shardings: PyTree, *, mesh: Mesh | None = None
+) -> PruningState:
   """The shardings of the one `PruningState` inside `state` (see `state_shardings`).
 
   Args:
@@ -153,4 +166,5 @@ def abstract_with_shardings(tree: PyTree, shardings: PyTree) -> PyTree:
     only its own shards.
   """
   return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )

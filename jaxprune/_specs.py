@@ -36,6 +36,7 @@ class LeafSpec:
     nm: (n, m) for N:M sparsity along the input axis, or None.
     layer_axes: how many leading axes index stacked layers (0: one variable).
   """
+
   name: str
   target: float
   block_dims: tuple[int, int]
@@ -49,12 +50,15 @@ def default_filter(hparams: Any) -> PruneFilter:
   return lambda name, leaf: bool(pattern.search(name)) and getattr(leaf, 'ndim', 0) >= 2
 
 
-def _single_match(field: str, name: str, entries: tuple[tuple[str, Any], ...],
-                  used: set[tuple[str, str]]) -> Any:
+def _single_match(
+  field: str, name: str, entries: tuple[tuple[str, Any], ...], used: set[tuple[str, str]]
+) -> Any:
   matches = [(regex, value) for regex, value in entries if re.search(regex, name)]
   if len(matches) > 1:
-    raise ValueError(f'{field}: leaf {name!r} matches several entries '
-                     f'{[f"{r}:{v}" for r, v in matches]}; make the regexes exclusive.')
+    raise ValueError(
+      f'{field}: leaf {name!r} matches several entries '
+      f'{[f"{r}:{v}" for r, v in matches]}; make the regexes exclusive.'
+    )
   if not matches:
     return None
   used.add((field, matches[0][0]))
@@ -65,12 +69,14 @@ def _check_prunable(name: str, leaf: Any) -> None:
   dtype = np.dtype(leaf.dtype)
   if not jnp.issubdtype(dtype, jnp.floating):  # jnp's knows bfloat16
     raise ValueError(
-        f'leaf {name!r} has dtype {dtype}: only real floating-point leaves can be pruned by '
-        'magnitude. Leave it out with weight_name_regex or a prune_filter.')
+      f'leaf {name!r} has dtype {dtype}: only real floating-point leaves can be pruned by '
+      'magnitude. Leave it out with weight_name_regex or a prune_filter.'
+    )
 
 
-def leaf_specs(params: PyTree, hparams: Any, prune_filter: PruneFilter | None = None,
-               warn: bool = True) -> PyTree:
+def leaf_specs(
+  params: PyTree, hparams: Any, prune_filter: PruneFilter | None = None, warn: bool = True
+) -> PyTree:
   """A tree parallel to `params`: a LeafSpec for each pruned leaf, None for the rest.
 
   Leaves with no elements are never pruned (there is nothing to threshold).
@@ -108,11 +114,12 @@ def leaf_specs(params: PyTree, hparams: Any, prune_filter: PruneFilter | None = 
     if resolved is None and tuple(dims) != (1, 1) and nm is None:
       elementwise.append(f'{name} {layer_shape}')
     return LeafSpec(
-        name=name,
-        target=h.target_sparsity if target is None else target,
-        block_dims=(1, 1) if resolved is None else resolved,
-        nm=nm,
-        layer_axes=layer_axes)
+      name=name,
+      target=h.target_sparsity if target is None else target,
+      block_dims=(1, 1) if resolved is None else resolved,
+      nm=nm,
+      layer_axes=layer_axes,
+    )
 
   specs = jax.tree_util.tree_map_with_path(spec, params)
   if warn:
@@ -122,14 +129,17 @@ def leaf_specs(params: PyTree, hparams: Any, prune_filter: PruneFilter | None = 
     _warn_unused(h, used, pruned)
     if elementwise:
       warnings.warn(
-          f'jaxprune: block dims apply to 2-D weights (after squeezing size-1 axes); these '
-          f'pruned leaves are not 2-D and get elementwise masks: {elementwise}. Give them '
-          '1x1 in block_dims_map, or leave them out of the block rule.', stacklevel=3)
+        f'jaxprune: block dims apply to 2-D weights (after squeezing size-1 axes); these '
+        f'pruned leaves are not 2-D and get elementwise masks: {elementwise}. Give them '
+        '1x1 in block_dims_map, or leave them out of the block rule.',
+        stacklevel=3,
+      )
   return specs
 
 
-def _check_layer_axes(name: str, shape: tuple[int, ...], layer_axes: int,
-                      by_default_filter: bool) -> None:
+def _check_layer_axes(
+  name: str, shape: tuple[int, ...], layer_axes: int, by_default_filter: bool
+) -> None:
   """A leaf's layer axes must leave each layer a leaf that could be pruned on its own.
 
   `layer_axes_map` is for stacked leaves (`nn.scan`'s (layers, in, out)
@@ -140,10 +150,11 @@ def _check_layer_axes(name: str, shape: tuple[int, ...], layer_axes: int,
   left = len(shape) - layer_axes
   if left < 1 or (by_default_filter and left < 2):
     raise ValueError(
-        f'layer_axes_map: leaf {name!r} of shape {shape} has {left} axes left after its '
-        f'{layer_axes} layer axes, but each layer must be a weight of at least 2 axes: the '
-        'map is for leaves stacked by nn.scan or nn.vmap, such as a (layers, in, out) '
-        "kernel. Narrow the entry's regex to the stacked leaves.")
+      f'layer_axes_map: leaf {name!r} of shape {shape} has {left} axes left after its '
+      f'{layer_axes} layer axes, but each layer must be a weight of at least 2 axes: the '
+      'map is for leaves stacked by nn.scan or nn.vmap, such as a (layers, in, out) '
+      "kernel. Narrow the entry's regex to the stacked leaves."
+    )
 
 
 def _warn_nothing_pruned(h: hparams_lib.HParams, params: PyTree, by_default_filter: bool) -> None:
@@ -151,23 +162,40 @@ def _warn_nothing_pruned(h: hparams_lib.HParams, params: PyTree, by_default_filt
   weights = [name for name, leaf in named_leaves(params) if getattr(leaf, 'ndim', 0) >= 2]
   if not weights:
     return
-  shown = weights[:_SHOWN_NAMES] + ([f'... {len(weights) - _SHOWN_NAMES} more']
-                                     if len(weights) > _SHOWN_NAMES else [])
-  selector = (f'weight_name_regex={h.weight_name_regex!r} (matched with re.search)'
-              if by_default_filter else 'prune_filter')
-  warnings.warn(f'jaxprune: {selector} selects none of the leaves, so nothing is pruned; the '
-                f'leaves with 2 or more axes are {shown}. Make it match the names of the '
-                'weights to prune.', stacklevel=3)
+  shown = weights[:_SHOWN_NAMES] + (
+    [f'... {len(weights) - _SHOWN_NAMES} more'] if len(weights) > _SHOWN_NAMES else []
+  )
+  selector = (
+    f'weight_name_regex={h.weight_name_regex!r} (matched with re.search)'
+    if by_default_filter
+    else 'prune_filter'
+  )
+  warnings.warn(
+    f'jaxprune: {selector} selects none of the leaves, so nothing is pruned; the '
+    f'leaves with 2 or more axes are {shown}. Make it match the names of the '
+    'weights to prune.',
+    stacklevel=3,
+  )
 
 
 def _warn_unused(h: hparams_lib.HParams, used: set[tuple[str, str]], pruned: list[str]) -> None:
-  maps = {'weight_sparsity_map': h.sparsity_entries, 'block_dims_map': h.block_entries,
-          'nm_sparsity_map': h.nm_entries, 'layer_axes_map': h.layer_entries}
-  unused = [f'{field} entry {regex!r}' for field, entries in maps.items()
-            for regex, _ in entries if (field, regex) not in used]
+  maps = {
+    'weight_sparsity_map': h.sparsity_entries,
+    'block_dims_map': h.block_entries,
+    'nm_sparsity_map': h.nm_entries,
+    'layer_axes_map': h.layer_entries,
+  }
+  unused = [
+    f'{field} entry {regex!r}'
+    for field, entries in maps.items()
+    for regex, _ in entries
+    if (field, regex) not in used
+  ]
   if unused:
-    warnings.warn(f'jaxprune: {", ".join(unused)} match no pruned leaf; pruned leaves are '
-                  f'{pruned}.', stacklevel=3)
+    warnings.warn(
+      f'jaxprune: {", ".join(unused)} match no pruned leaf; pruned leaves are {pruned}.',
+      stacklevel=3,
+    )
 
 
 def _is_spec(x: Any) -> bool:

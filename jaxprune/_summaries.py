@@ -50,12 +50,15 @@ def find_pruning_state(state: Any) -> PruningState:
   found = [x for x in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(x)]
   if not found:
     raise ValueError(
-        'expected exactly one jaxprune PruningState in the optimizer state, found 0: pass the '
-        'state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its tx.init(params)), or '
-        'the PruningState itself.')
+      'expected exactly one jaxprune PruningState in the optimizer state, found 0: pass the '
+      'state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its tx.init(params)), or '
+      'the PruningState itself.'
+    )
   if len(found) > 1:
-    raise ValueError(f'expected exactly one jaxprune PruningState in the optimizer state, found '
-                     f'{len(found)}; pass the PruningState itself.')
+    raise ValueError(
+      f'expected exactly one jaxprune PruningState in the optimizer state, found '
+      f'{len(found)}; pass the PruningState itself.'
+    )
   return found[0]
 
 
@@ -70,12 +73,15 @@ def _checked(state: Any) -> PruningState:
     return state
   if moved:
     warnings.warn(
-        f'jaxprune: {moved} mask update(s) found pruned weights that were no longer zero, so '
-        'the params are not as sparse as the masks say. Is jaxprune.pruning placed before the '
-        'optimizer, as in optax.chain(jaxprune.pruning(hp), optax.adam(lr))? The optimizer '
-        'then trains the pruned weights again. Put pruning last: optax.chain(optax.adam(lr), '
-        'jaxprune.pruning(hp)), or use jaxprune.pruned(optax.adam(lr), hp). (Params changed '
-        'outside the optimizer step have the same effect.)', UserWarning, stacklevel=3)
+      f'jaxprune: {moved} mask update(s) found pruned weights that were no longer zero, so '
+      'the params are not as sparse as the masks say. Is jaxprune.pruning placed before the '
+      'optimizer, as in optax.chain(jaxprune.pruning(hp), optax.adam(lr))? The optimizer '
+      'then trains the pruned weights again. Put pruning last: optax.chain(optax.adam(lr), '
+      'jaxprune.pruning(hp)), or use jaxprune.pruned(optax.adam(lr), hp). (Params changed '
+      'outside the optimizer step have the same effect.)',
+      UserWarning,
+      stacklevel=3,
+    )
   return state
 
 
@@ -168,14 +174,20 @@ def get_weight_sparsity(state_or_params: Any) -> dict[str, Array]:
   if contains_pruning_state(state_or_params) or _is_optimizer_state(state_or_params):
     masks = _named(_checked(state_or_params).masks)
     return {name: _fraction(~mask) for name, mask in masks.items()}
-  return {name: _fraction(leaf == 0) for name, leaf in _named(state_or_params).items()
-          if getattr(leaf, 'ndim', 0) >= 2}
+  return {
+    name: _fraction(leaf == 0)
+    for name, leaf in _named(state_or_params).items()
+    if getattr(leaf, 'ndim', 0) >= 2
+  }
 
 
 def count_nonfinite(params: PyTree) -> dict[str, Array]:
   """{leaf name: int32 count of NaN/Inf entries} for each leaf with ndim >= 2."""
-  return {name: jnp.sum(~jnp.isfinite(leaf), dtype=jnp.int32)
-          for name, leaf in _named(params).items() if getattr(leaf, 'ndim', 0) >= 2}
+  return {
+    name: jnp.sum(~jnp.isfinite(leaf), dtype=jnp.int32)
+    for name, leaf in _named(params).items()
+    if getattr(leaf, 'ndim', 0) >= 2
+  }
 
 
 def apply_masks(params: PyTree, state: Any) -> PyTree:
@@ -203,8 +215,9 @@ def apply_masks(params: PyTree, state: Any) -> PyTree:
   mask_leaves, mask_treedef = jax.tree_util.tree_flatten(masks, is_leaf=is_none)
   if mask_treedef != treedef:
     raise ValueError(
-        'masks must be a tree parallel to params (None for unpruned leaves), a PruningState, '
-        f'or an optax state containing one; got structure {mask_treedef}, params have {treedef}')
+      'masks must be a tree parallel to params (None for unpruned leaves), a PruningState, '
+      f'or an optax state containing one; got structure {mask_treedef}, params have {treedef}'
+    )
   zeroed = []
   for (path, leaf), mask in zip(flat, mask_leaves, strict=True):
     if mask is None:
@@ -212,14 +225,16 @@ def apply_masks(params: PyTree, state: Any) -> PyTree:
       continue
     if jnp.shape(mask) != jnp.shape(leaf):
       raise ValueError(
-          f'the mask of leaf {leaf_name(path)!r} has shape {jnp.shape(mask)} but the leaf has '
-          f'shape {jnp.shape(leaf)}; masks are not broadcast: give the leaf\'s shape')
+        f'the mask of leaf {leaf_name(path)!r} has shape {jnp.shape(mask)} but the leaf has '
+        f"shape {jnp.shape(leaf)}; masks are not broadcast: give the leaf's shape"
+      )
     zeroed.append(jnp.where(mask, leaf, jnp.zeros((), jnp.asarray(leaf).dtype)))
   return jax.tree_util.tree_unflatten(treedef, zeroed)
 
 
-def summaries(state: Any, hparams: ml_collections.ConfigDict | HParams | None = None
-              ) -> dict[str, Array]:
+def summaries(
+  state: Any, hparams: ml_collections.ConfigDict | HParams | None = None
+) -> dict[str, Array]:
   """The scalars TF wrote as summaries, as a flat dict.
 
   Keys: '<name>/sparsity' (the target at the last step), '<name>/last_mask_update_step',
@@ -244,10 +259,10 @@ def summaries(state: Any, hparams: ml_collections.ConfigDict | HParams | None = 
   state = _checked(state)
   prefix = 'model_pruning' if hparams is None else hparams.name
   out = {
-      f'{prefix}/sparsity': state.sparsity,
-      f'{prefix}/last_mask_update_step': state.last_update_step,
-      f'{prefix}/nonfinite_skips': state.nonfinite_skips,
-      f'{prefix}/moved_updates': state.moved_updates,
+    f'{prefix}/sparsity': state.sparsity,
+    f'{prefix}/last_mask_update_step': state.last_update_step,
+    f'{prefix}/nonfinite_skips': state.nonfinite_skips,
+    f'{prefix}/moved_updates': state.moved_updates,
   }
   thresholds = _named(state.thresholds)
   for name, mask in _named(state.masks).items():
@@ -292,20 +307,26 @@ def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> Non
     if hparams is None:  # the schedule is not known: the global target at the last step
       wanted = float(state.sparsity)
     else:
-      target = next((v for r, v in h.sparsity_entries if re.search(r, name)),
-                    h.target_sparsity)
+      target = next((v for r, v in h.sparsity_entries if re.search(r, name)), h.target_sparsity)
       wanted = float(schedule.sparsity_at(h, last, target=target))
     if wanted - float(achieved) > _SHORTFALL:
       short.append(f'{name} {float(achieved):.1%} (target {wanted:.1%})')
   if short:
-    causes = ('their weights were all zero, or held NaN or Inf, at the update (such a leaf '
-              'keeps its mask; see nonfinite_skips)')
+    causes = (
+      'their weights were all zero, or held NaN or Inf, at the update (such a leaf '
+      'keeps its mask; see nonfinite_skips)'
+    )
     if h.threshold_method == 'histogram':
-      causes = (f'Either a few large weights put nearly all the others in the lowest of the '
-                f"histogram's {h.nbins} bins (threshold_method='exact' keeps exactly the "
-                f"target's share; more bins help too), or {causes}")
+      causes = (
+        f'Either a few large weights put nearly all the others in the lowest of the '
+        f"histogram's {h.nbins} bins (threshold_method='exact' keeps exactly the "
+        f"target's share; more bins help too), or {causes}"
+      )
     else:
       causes = causes[0].upper() + causes[1:]
     warnings.warn(
-        f'jaxprune: after the mask update at step {last}, these leaves are far below their '
-        f'target sparsity: {", ".join(short)}. {causes}.', UserWarning, stacklevel=3)
+      f'jaxprune: after the mask update at step {last}, these leaves are far below their '
+      f'target sparsity: {", ".join(short)}. {causes}.',
+      UserWarning,
+      stacklevel=3,
+    )

@@ -58,6 +58,7 @@ def resolve_search(mask_search: str) -> str:
     return mask_search
   return 'adaptive' if jax.default_backend() == 'cpu' else 'fixed'
 
+
 def _scales(value_max: Array) -> tuple[Array, Array]:
   """(exponent e, (units, 2) powers of two) with values * 2**-e in [0, 1), exactly.
 
@@ -65,8 +66,9 @@ def _scales(value_max: Array) -> tuple[Array, Array]:
   """
   exponent = numerics.count_exponent(value_max)
   half = exponent // 2
-  factors = jnp.stack([numerics.power_of_two(-half), numerics.power_of_two(half - exponent)],
-                      axis=-1)
+  factors = jnp.stack(
+    [numerics.power_of_two(-half), numerics.power_of_two(half - exponent)], axis=-1
+  )
   return exponent, factors
 
 
@@ -77,6 +79,7 @@ class _Scaling:
   Each part's factors come from its own maxima (not sliced out of the units'),
   so that no part's arithmetic is copied into another's.
   """
+
   value_max: Array  # (units,)
   exponent: Array  # (units,)
   scaled_max: Array  # (units,), in [0.5, 1)
@@ -88,8 +91,9 @@ class _Scaling:
     per_part = [_scales(m) for m in maxima]
     exponent = jnp.concatenate([e for e, _ in per_part])
     factors = jnp.concatenate([f for _, f in per_part])
-    part_scales = [per_part[0][1]] * len(layout.parts) if layout.shared else [
-        f for _, f in per_part]
+    part_scales = (
+      [per_part[0][1]] * len(layout.parts) if layout.shared else [f for _, f in per_part]
+    )
     value_max = jnp.concatenate(list(maxima))
     return cls(value_max, exponent, value_max * factors[:, 0] * factors[:, 1], part_scales)
 
@@ -100,8 +104,9 @@ def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
   So `bin(a) >= k` exactly when `a >= bin_edge(k)`. The edge is within a few
   ulps of k * m / nbins; the neighbours are checked with the exact rule.
   """
-  k, value_max = jnp.broadcast_arrays(jnp.asarray(k, jnp.float32),
-                                      jnp.asarray(value_max, jnp.float32))
+  k, value_max = jnp.broadcast_arrays(
+    jnp.asarray(k, jnp.float32), jnp.asarray(value_max, jnp.float32)
+  )
   guess = numerics.div_rn(k, jnp.float32(nbins)) * value_max
   # The candidates along a last axis, lowest first, checked in one pass: the edge is the
   # lowest one in a bin >= k (the lowest candidate when none is).
@@ -129,15 +134,20 @@ def _inside(candidates: Array, lo: Array, hi: Array) -> Array:
 def _narrowed(lo: Array, hi: Array, candidates: Array, ok: Array) -> tuple[Array, Array]:
   """The bracket (lo, hi] after a pass: the last candidate short of the goal, the first
   one reaching it."""
-  return (jnp.maximum(lo, jnp.max(jnp.where(ok, lo[:, None], candidates), axis=1)),
-          jnp.minimum(hi, jnp.min(jnp.where(ok, candidates, hi[:, None]), axis=1)))
+  return (
+    jnp.maximum(lo, jnp.max(jnp.where(ok, lo[:, None], candidates), axis=1)),
+    jnp.minimum(hi, jnp.min(jnp.where(ok, candidates, hi[:, None]), axis=1)),
+  )
 
 
-def _first_reaching(thresholds_of: Callable[[Array], Array],
-                    reaches: Callable[[Array, Array, Array], Array], lo: Array, hi: Array,
-                    guess: Array | None = None,
-                    finish: tuple[Callable[[Array], Array], counting.Layout] | None = None
-                    ) -> Array | list[Array]:
+def _first_reaching(
+  thresholds_of: Callable[[Array], Array],
+  reaches: Callable[[Array, Array, Array], Array],
+  lo: Array,
+  hi: Array,
+  guess: Array | None = None,
+  finish: tuple[Callable[[Array], Array], counting.Layout] | None = None,
+) -> Array | list[Array]:
   """Per unit, the first k in (lo, hi] with reaches(k), given not reaches(lo), reaches(hi).
 
   Candidates k are (units, J) int32; `thresholds_of(k)` maps them to the
@@ -179,14 +189,20 @@ def _first_reaching(thresholds_of: Callable[[Array], Array],
     lo, hi, reach, candidates, thresholds, _ = state
     lo, hi = _narrowed(lo, hi, candidates, reaches(thresholds, candidates, hi - lo > 1))
     candidates = candidates_of(lo, hi, reach, False)
-    reach = jnp.minimum(reach * (PROBES + 1), 2 ** 20)
+    reach = jnp.minimum(reach * (PROBES + 1), 2**20)
     return lo, hi, reach, candidates, thresholds_of(candidates), finished(hi)
 
   candidates = candidates_of(lo, hi, jnp.ones_like(lo), True)
   # The results start as placeholders: the loop runs at least once.
   placeholders = jax.eval_shape(finished, hi)
-  state = (lo, hi, jnp.ones_like(lo), candidates, thresholds_of(candidates),
-           [jnp.zeros(x.shape, x.dtype) for x in placeholders])
+  state = (
+    lo,
+    hi,
+    jnp.ones_like(lo),
+    candidates,
+    thresholds_of(candidates),
+    [jnp.zeros(x.shape, x.dtype) for x in placeholders],
+  )
   state = lax.while_loop(lambda s: jnp.any(s[1] - s[0] > 1) | (s[2][0] == 1), step, state)
   return state[1] if finish is None else state[-1]
 
@@ -200,9 +216,14 @@ def _passes_for(size: int) -> int:
   return passes
 
 
-def _fixed_first_reaching(thresholds_of: Callable[[Array], Array],
-                          reaches: Callable[[Array, Array, Array | None], Array], lo: Array,
-                          hi: Array, passes: int, loop: bool = True) -> Array:
+def _fixed_first_reaching(
+  thresholds_of: Callable[[Array], Array],
+  reaches: Callable[[Array, Array, Array | None], Array],
+  lo: Array,
+  hi: Array,
+  passes: int,
+  loop: bool = True,
+) -> Array:
   """`_first_reaching` on the fixed plan: per unit, the first k in (lo, hi] with reaches(k).
 
   `passes` passes, written out one after the other, each split every unit's
@@ -227,8 +248,13 @@ def _fixed_first_reaching(thresholds_of: Callable[[Array], Array],
   return bounds[1]
 
 
-def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity: Array,
-                         nbins: int, search: str = 'adaptive') -> list[Array]:
+def histogram_thresholds(
+  layout: counting.Layout,
+  maxima: Sequence[Array],
+  sparsity: Array,
+  nbins: int,
+  search: str = 'adaptive',
+) -> list[Array]:
   """TF's histogram threshold of every unit, given its maximum > 0.
 
   Returns (number of bins whose CDF is below the unit's sparsity) / nbins * max:
@@ -256,12 +282,14 @@ def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], spars
   # (units, nbins + 1) table is made once: traced into every search body,
   # `bin_edge` dominated compile time.
   if nbins <= _EDGE_TABLE_MAX:
-    table = bin_edge(jnp.arange(nbins + 1, dtype=jnp.int32)[None, :],
-                     scaling.scaled_max[:, None], nbins)
+    table = bin_edge(
+      jnp.arange(nbins + 1, dtype=jnp.int32)[None, :], scaling.scaled_max[:, None], nbins
+    )
 
     def edges(k):
       return jnp.take_along_axis(table, jnp.clip(k + 1, 0, nbins), axis=1)
   else:
+
     def edges(k):
       return bin_edge(k + 1, scaling.scaled_max[:, None], nbins)
 
@@ -269,11 +297,13 @@ def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], spars
     total = jnp.asarray(layout.sizes(sample), jnp.int32)[:, None]
 
     def reaches(thresholds, k, active):
-      count_le = total - counting.counts(layout, scaling.part_scales, thresholds, sample,
-                                         active=active)
+      count_le = total - counting.counts(
+        layout, scaling.part_scales, thresholds, sample, active=active
+      )
       count_le = jnp.where(k >= nbins - 1, total, count_le)
       cdf = numerics.div_rn(count_le.astype(jnp.float32), total.astype(jnp.float32))
       return (k >= 0) & (cdf >= sparsity[:, None])
+
     return reaches
 
   def threshold(first):
@@ -282,8 +312,7 @@ def histogram_thresholds(layout: counting.Layout, maxima: Sequence[Array], spars
   lo = jnp.full((layout.num_units,), -1, jnp.int32)
   hi = jnp.full((layout.num_units,), nbins - 1, jnp.int32)
   if search == 'fixed':  # (lo, hi] holds nbins candidates: no loop is needed
-    first = _fixed_first_reaching(edges, reaches_on(False), lo, hi, _passes_for(nbins),
-                                  loop=False)
+    first = _fixed_first_reaching(edges, reaches_on(False), lo, hi, _passes_for(nbins), loop=False)
     return layout.pieces(threshold(first))
   guess = _first_reaching(edges, reaches_on(True), lo, hi)
   return _first_reaching(edges, reaches_on(False), lo, hi, guess, finish=(threshold, layout))
@@ -320,8 +349,7 @@ def keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
   below_mask = (jnp.uint32(1) << top_shift) - 1
   top = jnp.where(q == 24, p_lo >> 23, (p_hi >> top_shift) & 1)
   top = jnp.where(q - 25 > 30, jnp.uint32(0), top)
-  rest = jnp.where(q == 24, (p_lo & 0x7FFFFF) != 0,
-                   ((p_hi & below_mask) != 0) | (p_lo != 0))
+  rest = jnp.where(q == 24, (p_lo & 0x7FFFFF) != 0, ((p_hi & below_mask) != 0) | (p_lo != 0))
   rest = jnp.where(q - 25 > 30, (p_hi != 0) | (p_lo != 0), rest)
   kept = jnp.asarray(total, jnp.int32) - floor.astype(jnp.int32)
   # N - P / 2**q = (kept - 1) + (1 - remainder / 2**q): one less when the remainder is
@@ -332,8 +360,9 @@ def keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
   return jnp.maximum(kept, 1)
 
 
-def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity: Array,
-                     search: str = 'adaptive') -> list[Array]:
+def exact_thresholds(
+  layout: counting.Layout, maxima: Sequence[Array], sparsity: Array, search: str = 'adaptive'
+) -> list[Array]:
   """The k-th largest magnitude of every unit, k = keep_count(N, sparsity); `mask = a >= it`.
 
   Per unit, searches the largest float32 bit pattern b with count(a >= float(b))
@@ -352,8 +381,9 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
   """
   sizes = layout.sizes()
   kept = keep_count(sizes, sparsity)
-  sample_kept = jnp.ceil(kept * jnp.asarray(layout.sizes(True) / sizes, jnp.float32)
-                         ).astype(jnp.int32)
+  sample_kept = jnp.ceil(kept * jnp.asarray(layout.sizes(True) / sizes, jnp.float32)).astype(
+    jnp.int32
+  )
   scaling = _Scaling.of(layout, maxima)
   exponent, part_scales, scaled_max = scaling.exponent, scaling.part_scales, scaling.scaled_max
   tiny = jnp.float32(numerics.TINY)
@@ -367,14 +397,16 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
     return jnp.where(j <= 0, jnp.float32(0.0), value)
 
   def fewer_than(needed, sample):
-    return lambda values, _, active: counting.counts(
-        layout, part_scales, values, sample, active=active) < needed[:, None]
+    return lambda values, _, active: (
+      counting.counts(layout, part_scales, values, sample, active=active) < needed[:, None]
+    )
 
   lo = jnp.zeros((layout.num_units,), jnp.int32)
   hi = jnp.full((layout.num_units,), cells + 1, jnp.int32)
   if fixed:
-    cell = _fixed_first_reaching(grid, fewer_than(kept, False), lo, hi, _passes_for(cells + 1),
-                                 loop=False)
+    cell = _fixed_first_reaching(
+      grid, fewer_than(kept, False), lo, hi, _passes_for(cells + 1), loop=False
+    )
   else:
     guess = _first_reaching(grid, fewer_than(sample_kept, True), lo, hi)
     cell = _first_reaching(grid, fewer_than(kept, False), lo, hi, guess)
@@ -384,8 +416,9 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
   # below it, where a search by comparison takes over.
   below_tiny = numerics.as_key(tiny) - 1
   lower = jnp.where(cell == 1, below_tiny, numerics.as_key(grid(cell[:, None] - 1)[:, 0]))
-  upper = jnp.where(cell > cells, numerics.as_key(scaled_max) + 1,
-                    numerics.as_key(grid(cell[:, None])[:, 0]))
+  upper = jnp.where(
+    cell > cells, numerics.as_key(scaled_max) + 1, numerics.as_key(grid(cell[:, None])[:, 0])
+  )
 
   def fewer_keys(values, _, active):
     return counting.counts(layout, part_scales, values, active=active) < kept[:, None]
@@ -395,12 +428,14 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
     # kept; scaling back by a power of two is exact: it is one of the magnitudes.
     # NaN marks an answer below tiny (the search's "just below tiny").
     key = first_fewer - 1
-    return jnp.where(key == below_tiny, jnp.float32(jnp.nan),
-                     numerics.ldexp(numerics.as_value(key), exponent))
+    return jnp.where(
+      key == below_tiny, jnp.float32(jnp.nan), numerics.ldexp(numerics.as_value(key), exponent)
+    )
 
   if fixed:
-    fast = layout.pieces(value(_fixed_first_reaching(numerics.as_value, fewer_keys, lower,
-                                                     upper, _FIXED_KEY_PASSES)))
+    fast = layout.pieces(
+      value(_fixed_first_reaching(numerics.as_value, fewer_keys, lower, upper, _FIXED_KEY_PASSES))
+    )
   else:
     fast = _first_reaching(numerics.as_value, fewer_keys, lower, upper, finish=(value, layout))
 
@@ -412,15 +447,18 @@ def exact_thresholds(layout: counting.Layout, maxima: Sequence[Array], sparsity:
   return lax.cond(any_slow, with_slow, lambda: fast)
 
 
-def _slow_search(layout: counting.Layout, part_scales: Sequence[Array], kept: Array,
-                 exponent: Array, fixed: bool) -> Array:
+def _slow_search(
+  layout: counting.Layout, part_scales: Sequence[Array], kept: Array, exponent: Array, fixed: bool
+) -> Array:
   """The k-th largest value of each unit, given that it lies below TINY after scaling.
 
   Rare (almost all weights below 1e-30 of the largest): on the fixed plan, one loop.
   """
+
   def fewer_keys(values, _, active):
-    return counting.counts(layout, part_scales, values, below_tiny=True,
-                           active=active) < kept[:, None]
+    return (
+      counting.counts(layout, part_scales, values, below_tiny=True, active=active) < kept[:, None]
+    )
 
   lo = jnp.zeros((layout.num_units,), jnp.int32)
   hi = jnp.full((layout.num_units,), numerics.as_key(jnp.float32(numerics.TINY)))
@@ -441,8 +479,9 @@ def histogram_cdf(values: Array, value_max: float | Array, nbins: int) -> Array:
   """
   magnitudes = jnp.abs(jnp.asarray(values, jnp.float32))
   value_max = jnp.asarray(value_max, jnp.float32)
-  layout = counting.Layout((counting.Part(lambda token: counting.fresh(magnitudes, token),
-                                          magnitudes.shape),))
+  layout = counting.Layout(
+    (counting.Part(lambda token: counting.fresh(magnitudes, token), magnitudes.shape),)
+  )
   _, scales = _scales(jnp.maximum(value_max, jnp.max(magnitudes))[None])
   scaled_max = value_max * scales[0, 0] * scales[0, 1]
   edges = bin_edge(jnp.arange(1, nbins, dtype=jnp.int32), scaled_max, nbins)

@@ -51,9 +51,14 @@ class MaskRule(Protocol):
     """(masks, thresholds): masks a bool tree parallel to `params`, None for leaves it
     leaves alone; thresholds any pytree of float32 arrays."""
 
-  def new_masks(self, hparams: hparams_lib.HParams, weights: list[Callable[[Any], Array]],
-                old_masks: list[Array], thresholds: PyTree, sparsity: Array
-                ) -> tuple[list[Array], PyTree, Array]:
+  def new_masks(
+    self,
+    hparams: hparams_lib.HParams,
+    weights: list[Callable[[Any], Array]],
+    old_masks: list[Array],
+    thresholds: PyTree,
+    sparsity: Array,
+  ) -> tuple[list[Array], PyTree, Array]:
     """At a mask update, inside jit: (masks, thresholds, int32 count of skipped units).
 
     `weights` are the pruned leaves' values as callables of a token (see
@@ -81,6 +86,7 @@ class PruningState(NamedTuple):
       again) or params edited outside the step. The accessors warn when it is not 0
       (docs/explanation/semantics.md#order-in-an-optax-chain).
   """
+
   step: Array
   last_update_step: Array
   masks: PyTree
@@ -110,15 +116,16 @@ def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> No
   for what, tree in (('params', params), ('updates', updates)):
     if jax.tree.structure(tree) != jax.tree.structure(state.masks, is_leaf=is_none):
       raise ValueError(
-          f'jaxprune.pruning: the {what} tree has another structure than the params given to '
-          f'init: {jax.tree.structure(tree)} vs {jax.tree.structure(state.masks, is_leaf=is_none)}.'
-          ' Call init again with the new params.')
+        f'jaxprune.pruning: the {what} tree has another structure than the params given to '
+        f'init: {jax.tree.structure(tree)} vs {jax.tree.structure(state.masks, is_leaf=is_none)}.'
+        ' Call init again with the new params.'
+      )
     for (path, mask), leaf in zip(masks, jax.tree.leaves(tree), strict=True):
       if mask is not None and mask.shape != leaf.shape:
         raise ValueError(
-            f'jaxprune.pruning: {what} leaf {leaf_name(path)!r} has shape {leaf.shape}, but '
-            f'its mask from init has shape {mask.shape}. Call init again with the new params.')
-
+          f'jaxprune.pruning: {what} leaf {leaf_name(path)!r} has shape {leaf.shape}, but '
+          f'its mask from init has shape {mask.shape}. Call init again with the new params.'
+        )
 
 
 def _new_masks_on_any_mesh(compute, operands, state, sparsities):
@@ -136,11 +143,12 @@ def _new_masks_on_any_mesh(compute, operands, state, sparsities):
   if mesh is None:
     return compute(operands, state, sparsities)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  out_sharding = ([jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
-                  [replicated for _ in jax.tree.leaves(state.thresholds)], replicated)
+  out_sharding = (
+    [jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
+    [replicated for _ in jax.tree.leaves(state.thresholds)],
+    replicated,
+  )
   return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(operands, state, sparsities)
-
-
 
 
 def _is_none(x: Any) -> bool:
@@ -156,17 +164,19 @@ def _pruned_indices(state: PruningState) -> list[int]:
 def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
   """Updates that leave pruned weights at exactly zero after `optax.apply_updates`."""
   return jax.tree.map(
-      lambda mask, u, p: u if mask is None else jnp.where(mask, _rounded(u), -p).astype(
-          u.dtype),
-      masks, updates, params, is_leaf=_is_none)
+    lambda mask, u, p: u if mask is None else jnp.where(mask, _rounded(u), -p).astype(u.dtype),
+    masks,
+    updates,
+    params,
+    is_leaf=_is_none,
+  )
 
 
 def _any_moved(masks: list[Array], params: list[Array]) -> Array:
   """Whether a pruned entry of `params` is nonzero (NaN aside): each step leaves the
   entries its masks prune at exactly zero, so at the next step they still are
   unless something after the transform changed them."""
-  moved = [jnp.any(~mask & (p != 0) & ~jnp.isnan(p)) for mask, p in zip(masks, params,
-                                                                          strict=True)]
+  moved = [jnp.any(~mask & (p != 0) & ~jnp.isnan(p)) for mask, p in zip(masks, params, strict=True)]
   return functools.reduce(jnp.logical_or, moved, jnp.bool_(False))
 
 
@@ -215,6 +225,7 @@ class _Source:
     params: `operands -> [array]`, the pruned leaves of the params the step starts
       from (for the moved-weights check).
   """
+
   operands: Any
   weights: Callable[[Any], list[Callable[[Any], Array]]]
   params: Callable[[Any], list[Array]]
@@ -229,28 +240,42 @@ def _from_params(params: PyTree, pruned: list[int]) -> _Source:
 def _from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> _Source:
   """The chained form: the weights as `optax.apply_updates` will store them
   (docs/explanation/semantics.md#applying-the-masks), recomputed in each pass."""
+
   def weights(operands):
     def stored(p, u, token):
       p, u = counting.fresh((p, u), token)
       return _as_stored(p + u, p.dtype)
+
     return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
+
   param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
   operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
   return _Source(operands, weights, lambda operands: operands[0])
 
 
-def _from_optimizer(optimizer: optax.GradientTransformation, grads: PyTree, inner: Any,
-                    params: PyTree, pruned: list[int], extra_args: dict[str, Any]) -> _Source:
+def _from_optimizer(
+  optimizer: optax.GradientTransformation,
+  grads: PyTree,
+  inner: Any,
+  params: PyTree,
+  pruned: list[int],
+  extra_args: dict[str, Any],
+) -> _Source:
   """`pruned`: the stored weights, recomputed from the gradients, the optimizer state and
   the params (in memory anyway) only when the update runs, and stored once there, so
   that every counting pass reads one array per leaf."""
+
   def weights(operands):
     grads, inner, params = operands
     updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
     leaves = jax.tree.leaves(params)
     return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
-  return _Source((grads, inner, params), weights,
-                 lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned])
+
+  return _Source(
+    (grads, inner, params),
+    weights,
+    lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned],
+  )
 
 
 class _Engine:
@@ -260,13 +285,16 @@ class _Engine:
     self.hparams = hparams_lib.freeze(hparams)
     if sparsity_fn is not None and self.hparams.sparsity_entries:
       raise ValueError(
-          f'weight_sparsity_map={[f"{r}:{v}" for r, v in self.hparams.sparsity_entries]!r} '
-          'cannot be combined with sparsity_fn: per-variable targets follow the polynomial '
-          'schedule. Drop one of them.')
+        f'weight_sparsity_map={[f"{r}:{v}" for r, v in self.hparams.sparsity_entries]!r} '
+        'cannot be combined with sparsity_fn: per-variable targets follow the polynomial '
+        'schedule. Drop one of them.'
+      )
     if mask_rule is not None:
       if prune_filter is not None:
-        raise ValueError('prune_filter cannot be combined with mask_rule: the mask rule picks '
-                         'the pruned leaves. Drop one of them.')
+        raise ValueError(
+          'prune_filter cannot be combined with mask_rule: the mask rule picks '
+          'the pruned leaves. Drop one of them.'
+        )
       mask_rule.check(self.hparams)
     self.sparsity_fn, self.prune_filter, self.mask_rule = sparsity_fn, prune_filter, mask_rule
 
@@ -280,20 +308,29 @@ class _Engine:
   def init(self, params: PyTree) -> PruningState:
     masks, thresholds = self.rule(params, warn=True).init(params)
     return PruningState(
-        step=jnp.zeros((), jnp.int32), last_update_step=jnp.zeros((), jnp.int32),
-        masks=masks, thresholds=thresholds, nonfinite_skips=jnp.zeros((), jnp.int32),
-        sparsity=jnp.zeros((), jnp.float32), moved_updates=jnp.zeros((), jnp.int32))
+      step=jnp.zeros((), jnp.int32),
+      last_update_step=jnp.zeros((), jnp.int32),
+      masks=masks,
+      thresholds=thresholds,
+      nonfinite_skips=jnp.zeros((), jnp.int32),
+      sparsity=jnp.zeros((), jnp.float32),
+      moved_updates=jnp.zeros((), jnp.int32),
+    )
 
-  def step(self, state: PruningState, params: PyTree, source: _Source
-           ) -> tuple[PyTree, PruningState]:
+  def step(
+    self, state: PruningState, params: PyTree, source: _Source
+  ) -> tuple[PyTree, PruningState]:
     """(masks, new state) of one step: the schedule, the gating
     (docs/explanation/semantics.md#gating), and the rule's mask update under a
     conditional that reads only `source.operands`.
     """
     hparams, rule = self.hparams, self.rule(params)
     step = state.step
-    global_sparsity = (schedule.sparsity_at(hparams, step) if self.sparsity_fn is None
-                       else jnp.asarray(self.sparsity_fn(step), jnp.float32))
+    global_sparsity = (
+      schedule.sparsity_at(hparams, step)
+      if self.sparsity_fn is None
+      else jnp.asarray(self.sparsity_fn(step), jnp.float32)
+    )
     sparsity_of = getattr(rule, 'sparsity', None)
     sparsity = global_sparsity if sparsity_of is None else sparsity_of(step, global_sparsity)
     do_update = schedule.should_update(hparams, step, state.last_update_step)
@@ -301,8 +338,8 @@ class _Engine:
 
     def compute(operands, state, sparsity):
       masks, thresholds, skips = rule.new_masks(
-          hparams, source.weights(operands), jax.tree.leaves(state.masks), state.thresholds,
-          sparsity)
+        hparams, source.weights(operands), jax.tree.leaves(state.masks), state.thresholds, sparsity
+      )
       return masks, jax.tree.leaves(thresholds), skips
 
     def recompute(operands):
@@ -313,17 +350,17 @@ class _Engine:
     def keep(_):
       return old_masks, old_thresholds, jnp.int32(0), jnp.int32(0)
 
-    new_masks, new_thresholds, skips, moved = lax.cond(do_update, recompute, keep,
-                                                       source.operands)
+    new_masks, new_thresholds, skips, moved = lax.cond(do_update, recompute, keep, source.operands)
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
     return masks, PruningState(
-        step=optax.safe_increment(step),
-        last_update_step=jnp.where(do_update, step, state.last_update_step),
-        masks=masks,
-        thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
-        nonfinite_skips=state.nonfinite_skips + skips,
-        sparsity=global_sparsity,
-        moved_updates=state.moved_updates + moved)
+      step=optax.safe_increment(step),
+      last_update_step=jnp.where(do_update, step, state.last_update_step),
+      masks=masks,
+      thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
+      nonfinite_skips=state.nonfinite_skips + skips,
+      sparsity=global_sparsity,
+      moved_updates=state.moved_updates + moved,
+    )
 
 
 def _need_params(params: PyTree | None, what: str) -> PyTree:
@@ -332,10 +369,14 @@ def _need_params(params: PyTree | None, what: str) -> PyTree:
   return params
 
 
-def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None, *,
-            sparsity_fn: SparsityFn | None = None,
-            prune_filter: specs_lib.PruneFilter | None = None,
-            mask_rule: MaskRule | None = None, **fields: Any) -> optax.GradientTransformation:
+def pruning(
+  hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None,
+  *,
+  sparsity_fn: SparsityFn | None = None,
+  prune_filter: specs_lib.PruneFilter | None = None,
+  mask_rule: MaskRule | None = None,
+  **fields: Any,
+) -> optax.GradientTransformation:
   """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
 
   Chain it after the optimizer: `optax.chain(optax.adam(1e-3), pruning(hparams))`.
@@ -375,26 +416,32 @@ def pruning(hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | Non
     Array([[ 0., -4.],
            [ 3.,  0.]], dtype=float32)
   """
-  engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter,
-                   mask_rule)
+  engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter, mask_rule)
 
   def update_fn(updates, state, params=None):
     params = _need_params(params, 'jaxprune.pruning')
     _check_like_init(state, params, updates)
     pruned = _pruned_indices(state)
-    source = (_from_params(params, pruned) if engine.hparams.mask_source == 'params'
-              else _from_updates(params, updates, pruned))
+    source = (
+      _from_params(params, pruned)
+      if engine.hparams.mask_source == 'params'
+      else _from_updates(params, updates, pruned)
+    )
     masks, state = engine.step(state, params, source)
     return _masked(masks, updates, params), state
 
   return optax.GradientTransformation(engine.init, update_fn)
 
 
-def pruned(optimizer: optax.GradientTransformation,
-           hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None, *,
-           sparsity_fn: SparsityFn | None = None,
-           prune_filter: specs_lib.PruneFilter | None = None,
-           mask_rule: MaskRule | None = None, **fields: Any) -> optax.GradientTransformation:
+def pruned(
+  optimizer: optax.GradientTransformation,
+  hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None,
+  *,
+  sparsity_fn: SparsityFn | None = None,
+  prune_filter: specs_lib.PruneFilter | None = None,
+  mask_rule: MaskRule | None = None,
+  **fields: Any,
+) -> optax.GradientTransformation:
   """`optimizer` followed by gradual magnitude pruning, as one optax transform.
 
   The same masks, thresholds and params, bit for bit, as
@@ -425,8 +472,7 @@ def pruned(optimizer: optax.GradientTransformation,
     >>> type(state[1]).__name__  # (optimizer state, PruningState), as the chained form
     'PruningState'
   """
-  engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter,
-                   mask_rule)
+  engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter, mask_rule)
 
   def init_fn(params):
     return optimizer.init(params), engine.init(params)
@@ -436,8 +482,11 @@ def pruned(optimizer: optax.GradientTransformation,
     inner, pruning_state = state
     _check_like_init(pruning_state, params, grads)
     pruned = _pruned_indices(pruning_state)
-    source = (_from_params(params, pruned) if engine.hparams.mask_source == 'params'
-              else _from_optimizer(optimizer, grads, inner, params, pruned, extra_args))
+    source = (
+      _from_params(params, pruned)
+      if engine.hparams.mask_source == 'params'
+      else _from_optimizer(optimizer, grads, inner, params, pruned, extra_args)
+    )
     masks, pruning_state = engine.step(pruning_state, params, source)
     inner = _ordered_after(inner, pruning_state.nonfinite_skips)
     updates, inner = optimizer.update(grads, inner, params, **extra_args)

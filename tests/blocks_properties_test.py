@@ -19,12 +19,12 @@ F32 = np.float32
 # (shape, block_dims, pooling, method, nbins): partial last blocks, -1 dims,
 # leading and middle size-1 dims, a single block covering everything.
 CONFIGS = [
-    ((7, 10), (2, 3), 'AVG', 'histogram', 256),
-    ((7, 10), (-1, 4), 'MAX', 'exact', 256),
-    ((1, 9, 8), (4, -1), 'AVG', 'exact', 256),
-    ((12, 8), (3, 2), 'MAX', 'histogram', 10),
-    ((6, 1, 5), (2, 2), 'AVG', 'histogram', 256),
-    ((5, 6), (-1, -1), 'MAX', 'histogram', 256),
+  ((7, 10), (2, 3), 'AVG', 'histogram', 256),
+  ((7, 10), (-1, 4), 'MAX', 'exact', 256),
+  ((1, 9, 8), (4, -1), 'AVG', 'exact', 256),
+  ((12, 8), (3, 2), 'MAX', 'histogram', 10),
+  ((6, 1, 5), (2, 2), 'AVG', 'histogram', 256),
+  ((5, 6), (-1, -1), 'MAX', 'histogram', 256),
 ]
 
 
@@ -33,7 +33,7 @@ def _assert_constant_on_blocks(mask, block_dims):
   bh, bw = (d if b == -1 else b for b, d in zip(block_dims, squeezed.shape, strict=True))
   for i in range(math.ceil(squeezed.shape[0] / bh)):
     for j in range(math.ceil(squeezed.shape[1] / bw)):
-      block = squeezed[i * bh:(i + 1) * bh, j * bw:(j + 1) * bw]
+      block = squeezed[i * bh : (i + 1) * bh, j * bw : (j + 1) * bw]
       assert block.all() or not block.any(), (i, j, block)
 
 
@@ -45,10 +45,12 @@ def test_block_mask_equals_reference(shape, block_dims, pooling, method, nbins, 
   weights = data.draw(cs.weights(shape, families=cs.DYADIC, nbins=nbins))
   assume(np.abs(weights).max() > 0)
   sparsity = data.draw(cs.sparsities(weights.size, nbins))
-  threshold, mask = cs.run_update_mask(weights, sparsity, nbins=nbins, method=method,
-                                       block_dims=block_dims, pooling=pooling)
+  threshold, mask = cs.run_update_mask(
+    weights, sparsity, nbins=nbins, method=method, block_dims=block_dims, pooling=pooling
+  )
   expected_threshold, expected_mask = references.block_mask(
-      weights, sparsity, block_dims, pooling, nbins, method)
+    weights, sparsity, block_dims, pooling, nbins, method
+  )
   _assert_constant_on_blocks(mask, block_dims)
   np.testing.assert_array_equal(mask, expected_mask)
   assert threshold == expected_threshold
@@ -64,7 +66,8 @@ def test_not_two_dimensional_uses_elementwise_rule(shape, data):
   sparsity = data.draw(cs.sparsities(weights.size))
   threshold, mask = cs.run_update_mask(weights, sparsity, block_dims=(2, 2))
   expected_threshold, expected_mask = references.threshold_and_mask(
-      np.abs(weights), sparsity, 256, 'histogram')
+    np.abs(weights), sparsity, 256, 'histogram'
+  )
   assert threshold == expected_threshold
   np.testing.assert_array_equal(mask, expected_mask)
 

@@ -10,33 +10,41 @@ import jaxprune
 from jaxprune import _blocks as blocks
 
 
-@pytest.mark.parametrize('shape, dims, expected', [
-    ((8, 6), (1, 1), None),            # elementwise
+@pytest.mark.parametrize(
+  'shape, dims, expected',
+  [
+    ((8, 6), (1, 1), None),  # elementwise
     ((8, 6), (2, 3), (2, 3)),
-    ((8, 6), (-1, 2), (8, 2)),         # -1: the whole dimension
-    ((8, 6), (16, 4), (8, 4)),         # larger than the dimension: the dimension
-    ((1, 8, 1, 6), (2, 3), (2, 3)),    # size-1 axes are squeezed
-    ((3, 3, 4, 8), (2, 2), None),      # a conv kernel is not 2-D
+    ((8, 6), (-1, 2), (8, 2)),  # -1: the whole dimension
+    ((8, 6), (16, 4), (8, 4)),  # larger than the dimension: the dimension
+    ((1, 8, 1, 6), (2, 3), (2, 3)),  # size-1 axes are squeezed
+    ((3, 3, 4, 8), (2, 2), None),  # a conv kernel is not 2-D
     ((16,), (2, 2), None),
-])
+  ],
+)
 def test_resolve_block_dims(shape, dims, expected):
   assert blocks.resolve_block_dims(shape, dims) == expected
 
 
 def _numpy_pool(values, bh, bw, reduce):
   rows, cols = math.ceil(values.shape[0] / bh), math.ceil(values.shape[1] / bw)
-  return np.array([[reduce(values[i * bh:(i + 1) * bh, j * bw:(j + 1) * bw])
-                    for j in range(cols)] for i in range(rows)], np.float32)
+  return np.array(
+    [
+      [reduce(values[i * bh : (i + 1) * bh, j * bw : (j + 1) * bw]) for j in range(cols)]
+      for i in range(rows)
+    ],
+    np.float32,
+  )
 
 
 @pytest.mark.parametrize('shape, dims', [((6, 4), (2, 2)), ((7, 5), (3, 2)), ((5, 9), (5, 4))])
 def test_pooling_partial_blocks(shape, dims):
   # Small integers: every sum is exact, so the averages are the correctly rounded quotients.
   values = np.random.default_rng(0).integers(0, 50, shape).astype(np.float32)
-  np.testing.assert_array_equal(blocks.pool(jnp.asarray(values), dims, 'MAX'),
-                                _numpy_pool(values, *dims, np.max))
-  expected = _numpy_pool(values, *dims, lambda b: np.float32(np.sum(b, dtype=np.float64)
-                                                             / b.size))
+  np.testing.assert_array_equal(
+    blocks.pool(jnp.asarray(values), dims, 'MAX'), _numpy_pool(values, *dims, np.max)
+  )
+  expected = _numpy_pool(values, *dims, lambda b: np.float32(np.sum(b, dtype=np.float64) / b.size))
   np.testing.assert_array_equal(blocks.pool(jnp.asarray(values), dims, 'AVG'), expected)
 
 

@@ -20,5 +20,6 @@ def test_docs_gradual_channel_example_runs():
   assert kernels == [(20, 32), (32, 16), (16, 10)]
   # The smaller model computes what the masked (trained) one does.
   model, params, x = namespace['model'], namespace['params'], namespace['x']
-  np.testing.assert_allclose(namespace['logits'], model.apply({'params': params}, x),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    namespace['logits'], model.apply({'params': params}, x), rtol=1e-5, atol=1e-5
+  )

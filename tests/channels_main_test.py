@@ -28,9 +28,15 @@ def _config():
   config = digits_cnn_channels.get_config()
   # The config's schedule, compressed: dense 60 steps, 50% of the channels by step 180.
   config.num_steps = 240
-  config.pruning.update({'begin_pruning_step': 60, 'end_pruning_step': 180,
-                         'sparsity_function_begin_step': 60, 'sparsity_function_end_step': 180,
-                         'pruning_frequency': 20})
+  config.pruning.update(
+    {
+      'begin_pruning_step': 60,
+      'end_pruning_step': 180,
+      'sparsity_function_begin_step': 60,
+      'sparsity_function_end_step': 180,
+      'pruning_frequency': 20,
+    }
+  )
   config.eval_every = config.checkpoint_every = 120
   config.progress_bar = config.tensorboard = config.plots = False
   return config
@@ -41,10 +47,12 @@ def test_channel_run_exports_a_model_that_reloads_in_a_fresh_process(tmp_path):
   workdir = str(tmp_path / 'run')
   loop.train(_config(), workdir)
   final = [r for r in read_metrics(workdir) if 'flops_kept' in r][-1]
+
   # 8x8x1 digits, 3x3 SAME convs, 2x2 pools (8 -> 4 -> 2), 2 FLOPs per multiply-add:
   # dense 16, 32 channels and 64 hidden units; shrunk 8, 16 and 32.
   def flops(c1, c2, hidden):
     return 2 * (64 * 9 * c1 + 16 * 9 * c1 * c2 + 4 * c2 * hidden + hidden * 10)
+
   assert final['flops_before'] == flops(16, 32, 64)
   assert final['flops_after'] == flops(8, 16, 32)
   # after / before, the one convention (PruneResult, channels.Shrunk, the report).
@@ -69,12 +77,17 @@ def test_channel_run_exports_a_model_that_reloads_in_a_fresh_process(tmp_path):
                         'same': bool(np.allclose(one, logits[:1], atol=1e-5)),
                         'shapes_in': str(exported.in_avals)}}))
       """)
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                       check=True, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  out = subprocess.run(
+    [sys.executable, '-c', script],
+    capture_output=True,
+    text=True,
+    check=True,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
   got = json.loads(out.stdout.strip().splitlines()[-1])
   assert got['accuracy'] == final['test_accuracy'] > 0.8
   assert got['shape1'] == [1, 10] and got['shape7'] == [7, 10] and got['same']
-  assert got['shapes_in'] == "(ShapedArray(float32[b,8,8,1]),)"
+  assert got['shapes_in'] == '(ShapedArray(float32[b,8,8,1]),)'
 
 
 def test_bad_channel_settings_are_named():

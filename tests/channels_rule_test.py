@@ -29,8 +29,11 @@ def _two_layer(hidden_scores, inputs=1):
   """relu(x @ w1 + b1) @ w2: one group of len(hidden_scores) channels whose
   L2 score is hidden_scores[c] (w1[0, c] holds it; b1 and w2 are zero)."""
   hidden = len(hidden_scores)
-  params = {'w1': np.zeros((inputs, hidden), F32), 'b1': np.zeros(hidden, F32),
-            'w2': np.zeros((hidden, 1), F32)}
+  params = {
+    'w1': np.zeros((inputs, hidden), F32),
+    'b1': np.zeros(hidden, F32),
+    'w2': np.zeros((hidden, 1), F32),
+  }
   params['w1'][0] = hidden_scores
   return _FN, jax.tree.map(jnp.asarray, params), _two_layer_graph(hidden, inputs)
 
@@ -42,8 +45,11 @@ def _FN(p, x):
 @functools.cache
 def _two_layer_graph(hidden, inputs):
   # One graph per shape, so that tests on the same shapes share compilations.
-  params = {'w1': jnp.zeros((inputs, hidden)), 'b1': jnp.zeros(hidden),
-            'w2': jnp.zeros((hidden, 1))}
+  params = {
+    'w1': jnp.zeros((inputs, hidden)),
+    'b1': jnp.zeros(hidden),
+    'w2': jnp.zeros((hidden, 1)),
+  }
   return trace(_FN, params, jnp.ones((2, inputs)))
 
 
@@ -83,12 +89,14 @@ def _run(graph, params, hparams, steps, constraint=None, sparsities=None, grads=
   """
   rule, step = _stepper(graph, hparams, constraint or Constraint(round_to=1), sparsities is None)
   state = jaxprune.pruning(hparams, mask_rule=rule).init(params)
-  by_step = jnp.broadcast_to(jnp.asarray(0.0 if sparsities is None else sparsities, jnp.float32),
-                             (steps,))
+  by_step = jnp.broadcast_to(
+    jnp.asarray(0.0 if sparsities is None else sparsities, jnp.float32), (steps,)
+  )
   states = []
   for t in range(steps):
-    updates, state = step(grads[t] if grads else jax.tree.map(jnp.zeros_like, params), state,
-                          params, by_step)
+    updates, state = step(
+      grads[t] if grads else jax.tree.map(jnp.zeros_like, params), state, params, by_step
+    )
     params = optax.apply_updates(params, updates)
     states.append(state)
   kept = [jaxprune.channels.channel_masks(rule, s) for s in states]
@@ -103,10 +111,16 @@ def _by_label(rule, kept):
 def test_exact_and_histogram_keep_the_reference_channels():
   scores = np.asarray([3.0, 1.0, 4.0, 1.5, 9.0, 2.0, 6.0, 5.0], F32)
   _, params, graph = _two_layer(scores)
-  for method, sparsity in [('exact', 0.5), ('exact', 0.3), ('histogram', 0.5),
-                           ('histogram', 0.3), ('histogram', 0.9)]:
-    _, _, states, kept = _run(graph, params, _hparams(threshold_method=method), 2,
-                              sparsities=sparsity)
+  for method, sparsity in [
+    ('exact', 0.5),
+    ('exact', 0.3),
+    ('histogram', 0.5),
+    ('histogram', 0.3),
+    ('histogram', 0.9),
+  ]:
+    _, _, states, kept = _run(
+      graph, params, _hparams(threshold_method=method), 2, sparsities=sparsity
+    )
     threshold, mask = references.threshold_and_mask(scores, sparsity, 256, method)
     np.testing.assert_array_equal(kept[1][0], mask, err_msg=f'{method} {sparsity}')
     assert float(jaxprune.get_thresholds(states[1])['w1:1']) == threshold
@@ -119,8 +133,9 @@ def test_mask_covers_every_member_slice():
   params['b1'] = jnp.ones(4)
   params['w2'] = jnp.ones((4, 1))
   # scores become sqrt(s**2 + 1 + 1): same order; exact 0.5 keeps channels 1 and 3.
-  _, new_params, states, _ = _run(graph, params, _hparams(threshold_method='exact'), 2,
-                                  sparsities=0.5)
+  _, new_params, states, _ = _run(
+    graph, params, _hparams(threshold_method='exact'), 2, sparsities=0.5
+  )
   masks = jaxprune.get_masks(states[1])
   np.testing.assert_array_equal(masks['w1'], np.tile([[0, 1, 0, 1]], (3, 1)).astype(bool))
   np.testing.assert_array_equal(masks['b1'], [0, 1, 0, 1])
@@ -132,10 +147,12 @@ def test_mask_covers_every_member_slice():
 class _BNNet(nn.Module):
   @nn.compact
   def __call__(self, x):
-    x = nn.relu(nn.BatchNorm(use_running_average=True, name='bn1')(nn.Conv(6, (3, 3),
-                                                                         name='conv1')(x)))
-    x = nn.relu(nn.BatchNorm(use_running_average=True, name='bn2')(nn.Conv(4, (3, 3),
-                                                                         name='conv2')(x)))
+    x = nn.relu(
+      nn.BatchNorm(use_running_average=True, name='bn1')(nn.Conv(6, (3, 3), name='conv1')(x))
+    )
+    x = nn.relu(
+      nn.BatchNorm(use_running_average=True, name='bn2')(nn.Conv(4, (3, 3), name='conv2')(x))
+    )
     return nn.Dense(3, name='head')(jnp.mean(x, axis=(1, 2)))
 
 
@@ -144,21 +161,31 @@ def test_scores_are_the_l2_norm_of_the_whole_group():
   model = _BNNet()
   variables = model.init(jax.random.key(0), x)
   rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32),
-                        variables['params'])
+  params = jax.tree.map(
+    lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), variables['params']
+  )
   variables = {**variables, 'params': params}
   graph = trace(model.apply, variables, x)
   p = jax.tree.map(np.asarray, params)
   # Written out by hand: what each conv's output channel c owns.
-  conv1 = np.sqrt(np.sum(p['conv1']['kernel'] ** 2, axis=(0, 1, 2)) + p['conv1']['bias'] ** 2
-                  + p['bn1']['scale'] ** 2 + p['bn1']['bias'] ** 2
-                  + np.sum(p['conv2']['kernel'] ** 2, axis=(0, 1, 3)))
-  conv2 = np.sqrt(np.sum(p['conv2']['kernel'] ** 2, axis=(0, 1, 2)) + p['conv2']['bias'] ** 2
-                  + p['bn2']['scale'] ** 2 + p['bn2']['bias'] ** 2
-                  + np.sum(p['head']['kernel'] ** 2, axis=1))
+  conv1 = np.sqrt(
+    np.sum(p['conv1']['kernel'] ** 2, axis=(0, 1, 2))
+    + p['conv1']['bias'] ** 2
+    + p['bn1']['scale'] ** 2
+    + p['bn1']['bias'] ** 2
+    + np.sum(p['conv2']['kernel'] ** 2, axis=(0, 1, 3))
+  )
+  conv2 = np.sqrt(
+    np.sum(p['conv2']['kernel'] ** 2, axis=(0, 1, 2))
+    + p['conv2']['bias'] ** 2
+    + p['bn2']['scale'] ** 2
+    + p['bn2']['bias'] ** 2
+    + np.sum(p['head']['kernel'] ** 2, axis=1)
+  )
   for sparsity in (0.3, 0.5, 0.7):
-    rule, new_params, states, kept = _run(graph, params, _hparams(threshold_method='exact'), 2,
-                                          sparsities=sparsity)
+    rule, new_params, states, kept = _run(
+      graph, params, _hparams(threshold_method='exact'), 2, sparsities=sparsity
+    )
     by_label = _by_label(rule, kept[1])
     for label, score in (('conv1/kernel:3', conv1), ('conv2/kernel:3', conv2)):
       _, mask = references.threshold_and_mask(score.astype(F32), sparsity, 256, 'exact')
@@ -166,8 +193,13 @@ def test_scores_are_the_l2_norm_of_the_whole_group():
     # Every slice of a removed conv1 channel is zero: filter, bias, BN entries, conv2 rows.
     gone = ~by_label['conv1/kernel:3']
     assert gone.any()
-    for leaf, axis in (('conv1/kernel', 3), ('conv1/bias', 0), ('bn1/scale', 0),
-                       ('bn1/bias', 0), ('conv2/kernel', 2)):
+    for leaf, axis in (
+      ('conv1/kernel', 3),
+      ('conv1/bias', 0),
+      ('bn1/scale', 0),
+      ('bn1/bias', 0),
+      ('conv2/kernel', 2),
+    ):
       module, name = leaf.split('/')
       value = np.moveaxis(np.asarray(new_params[module][name]), axis, 0)
       if leaf == 'conv2/kernel':  # its own output channels (last axis) are pruned too
@@ -181,8 +213,9 @@ def test_gating_follows_spec_reference():
   scores = np.arange(1, 11, dtype=F32)
   _, params, graph = _two_layer(scores)
   schedule = jnp.linspace(0.0, 0.9, 10)
-  hparams = _hparams(pruning_frequency=2, begin_pruning_step=1, end_pruning_step=6,
-                     threshold_method='exact')
+  hparams = _hparams(
+    pruning_frequency=2, begin_pruning_step=1, end_pruning_step=6, threshold_method='exact'
+  )
   _, _, states, kept = _run(graph, params, hparams, 10, sparsities=schedule)
   assert [int(k[0].sum()) for k in kept] == [10, 10, 8, 8, 6, 6, 4, 4, 4, 4]
   assert [int(s.last_update_step) for s in states] == [0, 0, 2, 2, 4, 4, 6, 6, 6, 6]
@@ -212,24 +245,32 @@ def test_decay_follows_spec_reference():
   assert [int(k[0].sum()) for k in kept[1:]] == [95, 91, 87, 83, 80]
 
 
-@pytest.mark.parametrize('sparsity, round_to, min_channels, kept', [
-    (0.6, 4, 1, 8),     # keeps round(6.4) = 6: 4 and 8 are as near, ties keep more
-    (0.7, 4, 1, 4),     # keeps round(4.8) = 5: 4 is nearest
-    (0.9, 1, 6, 6),     # keeps round(1.6) = 2: at least 6 stay
-    (0.1, 8, 1, 16),    # keeps round(14.4) = 14: 16 (the whole group) is nearer than 8
-])
+@pytest.mark.parametrize(
+  'sparsity, round_to, min_channels, kept',
+  [
+    (0.6, 4, 1, 8),  # keeps round(6.4) = 6: 4 and 8 are as near, ties keep more
+    (0.7, 4, 1, 4),  # keeps round(4.8) = 5: 4 is nearest
+    (0.9, 1, 6, 6),  # keeps round(1.6) = 2: at least 6 stay
+    (0.1, 8, 1, 16),  # keeps round(14.4) = 14: 16 (the whole group) is nearer than 8
+  ],
+)
 def test_constraint_applies_after_the_threshold(sparsity, round_to, min_channels, kept):
   scores = np.asarray(np.random.default_rng(1).permutation(16) + 1, F32)
   _, params, graph = _two_layer(scores)
   constraint = Constraint(round_to=round_to, min_channels=min_channels)
-  _, _, _, masks = _run(graph, params, _hparams(threshold_method='exact'), 2,
-                        constraint=constraint, sparsities=sparsity)
+  _, _, _, masks = _run(
+    graph, params, _hparams(threshold_method='exact'), 2, constraint=constraint, sparsities=sparsity
+  )
   np.testing.assert_array_equal(masks[1][0], scores > 16 - kept)  # the highest scores stay
 
 
 def _two_groups(a_scores, b_scores):
-  params = {'w1': np.asarray([a_scores], F32), 'w2': np.zeros((len(a_scores), 1), F32),
-            'v1': np.asarray([b_scores], F32), 'v2': np.zeros((len(b_scores), 1), F32)}
+  params = {
+    'w1': np.asarray([a_scores], F32),
+    'w2': np.zeros((len(a_scores), 1), F32),
+    'v1': np.asarray([b_scores], F32),
+    'v2': np.zeros((len(b_scores), 1), F32),
+  }
   fn = lambda p, x: jax.nn.relu(x @ p['w1']) @ p['w2'] + jax.nn.relu(x @ p['v1']) @ p['v2']
   return jax.tree.map(jnp.asarray, params), trace(fn, params, jnp.ones((2, 1)))
 
@@ -237,9 +278,9 @@ def _two_groups(a_scores, b_scores):
 def test_global_threshold_ranks_mean_normalised_scores():
   # Normalised: a = [.4, .8, 1.2, 1.6], b = [.5, .5, .5, 2.5]; the 4 largest of the 8 stay.
   params, graph = _two_groups([1.0, 2.0, 3.0, 4.0], [100.0, 100.0, 100.0, 500.0])
-  rule, _, states, kept = _run(graph, params,
-                               _hparams(threshold_method='exact', global_pruning=True), 2,
-                               sparsities=0.5)
+  rule, _, states, kept = _run(
+    graph, params, _hparams(threshold_method='exact', global_pruning=True), 2, sparsities=0.5
+  )
   kept = _by_label(rule, kept[1])
   np.testing.assert_array_equal(kept['w1:1'], [False, True, True, True])
   np.testing.assert_array_equal(kept['v1:1'], [False, False, False, True])
@@ -247,8 +288,7 @@ def test_global_threshold_ranks_mean_normalised_scores():
   assert float(thresholds['w1:1']) == float(thresholds['v1:1']) == F32(2.0) / F32(2.5)
   # Per group instead: w1 keeps its 2 largest; v1's 2nd largest score, 100, is also
   # its 3rd and 4th, and exact keeps scores >= the threshold, so v1 keeps all 4.
-  rule, _, _, kept = _run(graph, params, _hparams(threshold_method='exact'), 2,
-                          sparsities=0.5)
+  rule, _, _, kept = _run(graph, params, _hparams(threshold_method='exact'), 2, sparsities=0.5)
   kept = _by_label(rule, kept[1])
   np.testing.assert_array_equal(kept['w1:1'], [False, False, True, True])
   assert kept['v1:1'].all()
@@ -256,9 +296,14 @@ def test_global_threshold_ranks_mean_normalised_scores():
 
 def test_locked_groups_keep_every_channel():
   params, graph = _two_groups([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0])
-  rule, _, states, kept = _run(graph, params, _hparams(threshold_method='exact'), 2,
-                               constraint=Constraint(round_to=1, locked=('v1',)),
-                               sparsities=0.5)
+  rule, _, states, kept = _run(
+    graph,
+    params,
+    _hparams(threshold_method='exact'),
+    2,
+    constraint=Constraint(round_to=1, locked=('v1',)),
+    sparsities=0.5,
+  )
   assert [g.label for g in rule.layout.groups] == ['w1:1']
   np.testing.assert_array_equal(kept[1][rule.layout.groups[0].id], [False, False, True, True])
   masks = jaxprune.get_masks(states[1])
@@ -272,8 +317,9 @@ def test_nonfinite_group_keeps_its_mask_and_is_counted():
   # Plain SGD: the NaN gradient reaches v1 = params + updates at step 2's mask update.
   hparams = _hparams(threshold_method='exact')
   rule = ChannelRule(graph, constraint=Constraint(round_to=1))
-  tx = optax.chain(optax.sgd(1.0), jaxprune.pruning(hparams, sparsity_fn=lambda t: 0.25 * t,
-                                                     mask_rule=rule))
+  tx = optax.chain(
+    optax.sgd(1.0), jaxprune.pruning(hparams, sparsity_fn=lambda t: 0.25 * t, mask_rule=rule)
+  )
   state = tx.init(params)
   kept = []
   step = jax.jit(tx.update)
@@ -312,17 +358,23 @@ def test_masks_are_bool_trees_parallel_to_the_params_and_jit_compiles_once():
 
 def test_summaries_name_group_thresholds():
   _, params, graph = _two_layer(np.arange(1, 9, dtype=F32))
-  _, _, states, _ = _run(graph, params, _hparams(threshold_method='exact'), 2,
-                         sparsities=0.5)
+  _, _, states, _ = _run(graph, params, _hparams(threshold_method='exact'), 2, sparsities=0.5)
   summary = jaxprune.summaries(states[1])
   assert float(summary['w1:1/threshold']) == 5.0
   assert float(summary['w1/sparsity']) == 0.5 and float(summary['w2/sparsity']) == 0.5
 
 
-@pytest.mark.parametrize('field, value', [
-    ('weight_sparsity_map', ['w1:0.5']), ('block_height', 2), ('nm_sparsity', '2:4'),
-    ('layer_axes_map', ['w1:1']), ('weight_name_regex', 'w'), ('block_dims_map', ['w1:2x2']),
-])
+@pytest.mark.parametrize(
+  'field, value',
+  [
+    ('weight_sparsity_map', ['w1:0.5']),
+    ('block_height', 2),
+    ('nm_sparsity', '2:4'),
+    ('layer_axes_map', ['w1:1']),
+    ('weight_name_regex', 'w'),
+    ('block_dims_map', ['w1:2x2']),
+  ],
+)
 def test_settings_that_do_not_apply_to_channels_are_refused(field, value):
   _, _, graph = _two_layer(np.arange(1, 9, dtype=F32))
   with pytest.raises(ValueError, match=field.split('/')[0]):

@@ -27,22 +27,29 @@ from jaxprune.structured import Constraint, trace
 # BatchNorm (resnet_identity), residual partners, concat and Flax NNX; the other zoo
 # models are left to structured_shrink_zoo_test (each case here costs a compilation).
 SHAPES = {
-    # The identity shortcut ties the stem's channels to the block's output.
-    'resnet_identity': {'params/stem/kernel': (3, 3, 3, 4),
-                        'params/block/conv1/kernel': (3, 3, 4, 4),
-                        'params/block/conv2/kernel': (3, 3, 4, 4), 'params/head/kernel': (4, 3)},
-    # conv_c sees [a, b]: 2 + 3 kept inputs; its own 5 outputs keep round(2.5) = 2.
-    'concat': {'params/conv_a/kernel': (3, 3, 3, 2), 'params/conv_b/kernel': (3, 3, 2, 3),
-               'params/conv_c/kernel': (1, 1, 5, 2), 'params/head/kernel': (2, 3)},
-    # 7 features keep round(3.5) = 4.
-    'nnx_model': {'fc1/kernel': (5, 4), 'bn/scale': (4,), 'bn/mean': (4,),
-                  'fc2/kernel': (4, 3)},
+  # The identity shortcut ties the stem's channels to the block's output.
+  'resnet_identity': {
+    'params/stem/kernel': (3, 3, 3, 4),
+    'params/block/conv1/kernel': (3, 3, 4, 4),
+    'params/block/conv2/kernel': (3, 3, 4, 4),
+    'params/head/kernel': (4, 3),
+  },
+  # conv_c sees [a, b]: 2 + 3 kept inputs; its own 5 outputs keep round(2.5) = 2.
+  'concat': {
+    'params/conv_a/kernel': (3, 3, 3, 2),
+    'params/conv_b/kernel': (3, 3, 2, 3),
+    'params/conv_c/kernel': (1, 1, 5, 2),
+    'params/head/kernel': (2, 3),
+  },
+  # 7 features keep round(3.5) = 4.
+  'nnx_model': {'fc1/kernel': (5, 4), 'bn/scale': (4,), 'bn/mean': (4,), 'fc2/kernel': (4, 3)},
 }
 
 
 def _masked(params, masks):
-  return jax.tree.map(lambda m, p: p if m is None else jnp.where(m, p, 0), masks, params,
-                      is_leaf=lambda x: x is None)
+  return jax.tree.map(
+    lambda m, p: p if m is None else jnp.where(m, p, 0), masks, params, is_leaf=lambda x: x is None
+  )
 
 
 @pytest.mark.parametrize('name', sorted(SHAPES))
@@ -54,8 +61,9 @@ def test_transform_then_shrink_gives_the_masked_outputs(name):
   rule = ChannelRule(graph, constraint=Constraint(round_to=1))
   hparams = jaxprune.get_pruning_hparams()
   hparams.update({'pruning_frequency': 1, 'threshold_method': 'exact'})
-  tx = optax.chain(optax.sgd(0.1), jaxprune.pruning(hparams, sparsity_fn=lambda t: 0.5,
-                                                     mask_rule=rule))
+  tx = optax.chain(
+    optax.sgd(0.1), jaxprune.pruning(hparams, sparsity_fn=lambda t: 0.5, mask_rule=rule)
+  )
   key = rule.params_key
   params = variables[key] if key else variables
   state = tx.init(params)
@@ -70,8 +78,10 @@ def test_transform_then_shrink_gives_the_masked_outputs(name):
 
   # The transform's params are the masked model: its pruned entries are zero.
   masked = _masked(params, jaxprune.get_masks(state))
-  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(masked),
-                                                  jax.tree.leaves(params), strict=True))
+  assert all(
+    np.array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(masked), jax.tree.leaves(params), strict=True)
+  )
   with jax.default_matmul_precision('highest'):  # float32 products on any backend
     expected = fn(trained, *args)
     got = result.pruned_fn(result.variables, *args)
@@ -86,19 +96,18 @@ def test_shrink_of_an_untrained_state_removes_nothing():
   fn, variables, args, _ = ZOO['mlp']()
   graph = trace(fn, variables, *args)
   rule = ChannelRule(graph)
-  state = jaxprune.pruning(jaxprune.get_pruning_hparams(), mask_rule=rule).init(
-      variables['params'])
+  state = jaxprune.pruning(jaxprune.get_pruning_hparams(), mask_rule=rule).init(variables['params'])
   result = jaxprune.channels.shrink(rule, variables, state, *args)
   assert result.plan.num_removed == 0 and result.flops_kept == 1.0
-  np.testing.assert_allclose(result.pruned_fn(result.variables, *args), fn(variables, *args),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    result.pruned_fn(result.variables, *args), fn(variables, *args), rtol=1e-6
+  )
 
 
 def _mlp_rule_and_state():
   fn, variables, args, _ = ZOO['mlp']()  # 10 -> fc1 16 -> fc2 8 -> fc3 4, batch 2
   rule = ChannelRule(trace(fn, variables, *args), constraint=Constraint(round_to=1))
-  state = jaxprune.pruning(jaxprune.get_pruning_hparams(), mask_rule=rule).init(
-      variables['params'])
+  state = jaxprune.pruning(jaxprune.get_pruning_hparams(), mask_rule=rule).init(variables['params'])
   return fn, variables, args, rule, state
 
 

@@ -16,7 +16,6 @@ settings.register_profile('jaxprune', deadline=None, derandomize=True)
 settings.load_profile('jaxprune')
 
 
-
 @pytest.fixture(scope='module')
 def subprocess_compilation_cache(tmp_path_factory):
   """One persistent compilation cache for the subprocesses a module starts (they inherit

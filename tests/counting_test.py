@@ -9,8 +9,9 @@ from jaxprune import _counting as counting
 
 
 def _part(values, unit_axes=0):
-  return counting.Part(lambda token: counting.fresh(jnp.asarray(values), token), values.shape,
-                       unit_axes)
+  return counting.Part(
+    lambda token: counting.fresh(jnp.asarray(values), token), values.shape, unit_axes
+  )
 
 
 def _unit_scale(units):
@@ -27,10 +28,11 @@ def test_counts_per_unit_and_candidate():
   a = rng.random((6, 5), dtype=np.float32)
   b = rng.random((3, 4, 7), dtype=np.float32)
   layout = counting.Layout((_part(a), _part(b)))
-  thresholds = np.array([[0.0, 0.25, 0.5, 0.99], [0.1, 0.3, 0.7, 1.0 - 2 ** -24]], np.float32)
+  thresholds = np.array([[0.0, 0.25, 0.5, 0.99], [0.1, 0.3, 0.7, 1.0 - 2**-24]], np.float32)
   got = counting.counts(layout, [_unit_scale(1), _unit_scale(1)], jnp.asarray(thresholds))
-  np.testing.assert_array_equal(got, [_numpy_counts(a, thresholds[0]),
-                                      _numpy_counts(b, thresholds[1])])
+  np.testing.assert_array_equal(
+    got, [_numpy_counts(a, thresholds[0]), _numpy_counts(b, thresholds[1])]
+  )
 
 
 def test_stacked_layers_are_units_of_their_own():
@@ -40,8 +42,7 @@ def test_stacked_layers_are_units_of_their_own():
   assert layout.num_units == 3
   thresholds = np.array([[0.2, 0.6], [0.5, 0.9], [0.0, 0.4]], np.float32)
   got = counting.counts(layout, [_unit_scale(3)], jnp.asarray(thresholds))
-  np.testing.assert_array_equal(
-      got, [_numpy_counts(stacked[i], thresholds[i]) for i in range(3)])
+  np.testing.assert_array_equal(got, [_numpy_counts(stacked[i], thresholds[i]) for i in range(3)])
 
 
 def test_a_shared_unit_counts_all_parts_together():
@@ -51,7 +52,8 @@ def test_a_shared_unit_counts_all_parts_together():
   thresholds = np.array([[0.3, 0.8]], np.float32)
   got = counting.counts(layout, [_unit_scale(1), _unit_scale(1)], jnp.asarray(thresholds))
   np.testing.assert_array_equal(
-      got, [_numpy_counts(np.concatenate([a.ravel(), b.ravel()]), thresholds[0])])
+    got, [_numpy_counts(np.concatenate([a.ravel(), b.ravel()]), thresholds[0])]
+  )
   with pytest.raises(ValueError, match='unit_axes=0'):
     counting.Layout((_part(a, unit_axes=1),), shared=True)
 
@@ -79,8 +81,9 @@ def test_one_axis_values_are_folded_into_rows():
   assert counting.rows_shape((7,), 0) == (7, 1)
   assert counting.rows_shape((5, 6), 0) == (5, 6)
   values = np.random.default_rng(4).random(4096 * 3, dtype=np.float32)
-  got = counting.counts(counting.Layout((_part(values),)), [_unit_scale(1)],
-                        jnp.asarray([[0.25, 0.75]], jnp.float32))
+  got = counting.counts(
+    counting.Layout((_part(values),)), [_unit_scale(1)], jnp.asarray([[0.25, 0.75]], jnp.float32)
+  )
   np.testing.assert_array_equal(got, [_numpy_counts(values, [0.25, 0.75])])
 
 
@@ -96,7 +99,7 @@ def test_inactive_parts_are_not_read():
 
 
 def test_a_unit_beyond_int32_is_refused():
-  huge = counting.Part(lambda token: None, (2 ** 16, 2 ** 15 + 1))
+  huge = counting.Part(lambda token: None, (2**16, 2**15 + 1))
   with pytest.raises(ValueError, match='at most 2\\*\\*31 - 1 weights'):
     counting.Layout((huge,)).sizes()
 

@@ -17,8 +17,9 @@ def test_jaxpruner_rigl_cell_prints_the_erk_counts(capsys):
   kept = [round(eps * 320), round(eps * 266)]
   assert kept == [1034, 860]
   assert capsys.readouterr().out.splitlines() == [
-      'Dense_0/kernel: 1,034 of 16,384 kept (93.7% sparse)',
-      'Dense_1/kernel: 860 of 2,560 kept (66.4% sparse)']
+    'Dense_0/kernel: 1,034 of 16,384 kept (93.7% sparse)',
+    'Dense_1/kernel: 860 of 2,560 kept (66.4% sparse)',
+  ]
 
 
 def test_benchmarks_glance_reaches_the_target_with_both_rules():

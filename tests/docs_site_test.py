@@ -21,8 +21,9 @@ SITE = os.path.join(ROOT, 'docs', '_build', 'html')
 BUILD = 'sphinx-build -W --keep-going -b html docs docs/_build/html'
 
 needs_site = pytest.mark.skipif(
-    not os.path.exists(os.path.join(SITE, 'index.html')),
-    reason=f'the docs site is not built (docs/_build/html); run: {BUILD}')
+  not os.path.exists(os.path.join(SITE, 'index.html')),
+  reason=f'the docs site is not built (docs/_build/html); run: {BUILD}',
+)
 
 
 def _chromium() -> str:
@@ -36,9 +37,19 @@ def _chromium() -> str:
 def _rendered(page: str) -> str:
   """The page's DOM after Chromium has loaded it and run its scripts."""
   result = subprocess.run(
-      [_chromium(), '--headless', '--no-sandbox', '--disable-gpu', '--dump-dom',
-       'file://' + os.path.join(SITE, page)],
-      capture_output=True, text=True, timeout=120, check=True)
+    [
+      _chromium(),
+      '--headless',
+      '--no-sandbox',
+      '--disable-gpu',
+      '--dump-dom',
+      'file://' + os.path.join(SITE, page),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=True,
+  )
   return result.stdout
 
 
@@ -64,8 +75,9 @@ def _broken_links(page: str, dom: str) -> list[str]:
     if parts.scheme == 'file':
       target = parts.path
     elif parts.path:
-      target = os.path.normpath(os.path.join(os.path.dirname(os.path.join(SITE, page)),
-                                             urllib.parse.unquote(parts.path)))
+      target = os.path.normpath(
+        os.path.join(os.path.dirname(os.path.join(SITE, page)), urllib.parse.unquote(parts.path))
+      )
     else:
       target = os.path.join(SITE, page)
     if os.path.isdir(target):
@@ -85,14 +97,21 @@ def test_landing_page_shows_the_title_the_example_and_working_links():
   assert 'jaxprune prunes neural networks written in JAX' in text
   # The example ran when the site was built: its printed output is on the page. The
   # histogram threshold lands at most one bin of 256 below the 90% and 50% targets.
-  shown = {name: float(value) for name, value in
-           re.findall(r'(layers_[024]/kernel): (\d+\.\d)% zeros', text)}
+  shown = {
+    name: float(value)
+    for name, value in re.findall(r'(layers_[024]/kernel): (\d+\.\d)% zeros', text)
+  }
   assert set(shown) == {'layers_0/kernel', 'layers_2/kernel', 'layers_4/kernel'}
   assert 90 - 100 / 256 <= shown['layers_0/kernel'] <= 90.0
   assert 50 - 100 / 256 <= shown['layers_4/kernel'] <= 50.0
   # Navigation: the guides, the API reference and the search page are linked.
-  for title in ('Gradual magnitude pruning', 'Structured pruning', 'The exact semantics',
-                'API reference', 'Benchmarks'):
+  for title in (
+    'Gradual magnitude pruning',
+    'Structured pruning',
+    'The exact semantics',
+    'API reference',
+    'Benchmarks',
+  ):
     assert title in text
   assert 'search.html' in dom
   assert _broken_links('index.html', dom) == []
@@ -104,10 +123,15 @@ def test_api_page_of_pruning_shows_its_signature_and_docstring():
   dom = _rendered(page)
   text = _text(dom)
   assert re.search(r'jaxprune\s*\.\s*pruning\s*\(\s*hparams', text), text[:2000]
-  for part in ('sparsity_fn', 'prune_filter', 'mask_rule', 'GradientTransformation',
-               'Chain it after the optimizer'):
+  for part in (
+    'sparsity_fn',
+    'prune_filter',
+    'mask_rule',
+    'GradientTransformation',
+    'Chain it after the optimizer',
+  ):
     assert part in text
-  assert '>>> ' in text or '&gt;&gt;&gt;' in dom   # the doctest example is shown
+  assert '>>> ' in text or '&gt;&gt;&gt;' in dom  # the doctest example is shown
   assert _broken_links(page, dom) == []
 
 
@@ -115,10 +139,16 @@ def test_api_page_of_pruning_shows_its_signature_and_docstring():
 def test_every_public_name_has_an_api_page_and_the_search_index_is_built():
   import importlib
 
-  packages = ['jaxprune'] + [f'jaxprune.{p}' for p in (
-      'channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured', 'train')]
-  missing = [f'{p}.{name}' for p in packages for name in importlib.import_module(p).__all__
-             if not os.path.exists(os.path.join(SITE, 'api', 'generated', f'{p}.{name}.html'))]
+  packages = ['jaxprune'] + [
+    f'jaxprune.{p}'
+    for p in ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured', 'train')
+  ]
+  missing = [
+    f'{p}.{name}'
+    for p in packages
+    for name in importlib.import_module(p).__all__
+    if not os.path.exists(os.path.join(SITE, 'api', 'generated', f'{p}.{name}.html'))
+  ]
   assert missing == []
   with open(os.path.join(SITE, 'searchindex.js')) as f:
     index = f.read()
@@ -135,8 +165,9 @@ def test_docs_references_in_the_code_point_at_anchors_that_exist():
         if name.endswith('.py'):
           with open(os.path.join(dirpath, name)) as f:
             text = f.read()
-          for page, anchors in re.findall(r'docs/([\w/]+)\.md((?:#[\w-]+(?:,? (?:and )?)?)*)',
-                                          text):
+          for page, anchors in re.findall(
+            r'docs/([\w/]+)\.md((?:#[\w-]+(?:,? (?:and )?)?)*)', text
+          ):
             for anchor in re.findall(r'#([\w-]+)', anchors) or ['']:
               cited.add((page, anchor))
   assert ('explanation/semantics', 'histogram-thresholds') in cited
@@ -152,7 +183,18 @@ def test_docs_references_in_the_code_point_at_anchors_that_exist():
 def test_search_finds_the_semantics_page():
   """The search page, run by the browser's JavaScript over the built search index."""
   result = subprocess.run(
-      [_chromium(), '--headless', '--no-sandbox', '--disable-gpu', '--virtual-time-budget=10000',
-       '--dump-dom', 'file://' + os.path.join(SITE, 'search.html') + '?q=histogram+threshold'],
-      capture_output=True, text=True, timeout=120, check=True)
+    [
+      _chromium(),
+      '--headless',
+      '--no-sandbox',
+      '--disable-gpu',
+      '--virtual-time-budget=10000',
+      '--dump-dom',
+      'file://' + os.path.join(SITE, 'search.html') + '?q=histogram+threshold',
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=True,
+  )
   assert 'explanation/semantics.html#histogram-thresholds' in result.stdout

@@ -24,7 +24,6 @@ def small_masks():
 
 
 class MLP(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     x = nn.relu(nn.Dense(32)(x))
@@ -39,7 +38,7 @@ def test_strip_zeroes_masked_entries_and_drops_masks():
 
 
 def test_strip_rejects_a_mask_tree_of_the_wrong_shape():
-  with pytest.raises(ValueError, match="parallel to params"):
+  with pytest.raises(ValueError, match='parallel to params'):
     export.strip(small_params(), {'Dense_0': {'kernel': jnp.eye(4, dtype=bool)}})
 
 
@@ -55,8 +54,10 @@ def test_to_bcoo_converts_masked_leaves_only():
 
 
 def test_to_bcoo_without_masks_converts_matrices_and_names_restrict():
-  params = {'a': {'kernel': jnp.eye(3), 'bias': jnp.zeros(3)},
-            'b': {'kernel': jnp.zeros((2, 2, 3))}}
+  params = {
+    'a': {'kernel': jnp.eye(3), 'bias': jnp.zeros(3)},
+    'b': {'kernel': jnp.zeros((2, 2, 3))},
+  }
   converted = export.to_bcoo(params)
   assert isinstance(converted['a']['kernel'], sparse.BCOO) and converted['a']['kernel'].nse == 3
   assert isinstance(converted['b']['kernel'], sparse.BCOO) and converted['b']['kernel'].nse == 0
@@ -130,8 +131,8 @@ def test_strip_and_report_accept_an_optax_state():
 
   params = {'Dense_0': {'kernel': jnp.arange(1.0, 101.0).reshape(10, 10), 'bias': jnp.ones(10)}}
   hparams = jaxprune.parse_hparams(
-      'target_sparsity=0.5,pruning_frequency=1,sparsity_function_end_step=1,'
-      'threshold_method=exact')
+    'target_sparsity=0.5,pruning_frequency=1,sparsity_function_end_step=1,threshold_method=exact'
+  )
   tx = optax.chain(optax.sgd(0.0), jaxprune.pruning(hparams))
   opt_state = tx.init(params)
   zero = jax.tree.map(jnp.zeros_like, params)

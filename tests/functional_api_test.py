@@ -14,22 +14,28 @@ from jaxprune import functional
 # The torch pruning tutorial's conv1 (torch layout (out, in, H, W)), the mask that
 # prune.random_unstructured(conv1, 'weight', amount=0.3) drew there, and the mask after
 # prune.ln_structured(conv1, 'weight', amount=0.5, n=2, dim=0) on top of it.
-TUTORIAL_WEIGHT = np.array([
+TUTORIAL_WEIGHT = np.array(
+  [
     [[0.2548, 0.2767, -0.0781], [0.3062, -0.0730, 0.0673], [-0.1623, 0.1958, 0.2938]],
     [[-0.2445, 0.2897, 0.0624], [0.2463, 0.0451, 0.1607], [-0.0471, 0.2570, 0.0493]],
     [[-0.1556, 0.0850, -0.1536], [-0.0391, -0.1354, 0.2211], [-0.2631, -0.1537, -0.0941]],
     [[-0.2004, 0.0315, -0.3292], [0.3010, -0.2832, 0.2573], [0.0555, -0.1082, 0.2060]],
     [[0.0520, 0.2693, 0.0364], [-0.1051, 0.0896, -0.0904], [0.1403, 0.2976, 0.1927]],
     [[-0.1457, 0.1924, 0.0596], [0.1693, -0.2032, -0.3300], [-0.1288, -0.2557, 0.2735]],
-], np.float32)[:, None]
-TUTORIAL_RANDOM_MASK = np.array([
+  ],
+  np.float32,
+)[:, None]
+TUTORIAL_RANDOM_MASK = np.array(
+  [
     [[1, 1, 1], [1, 1, 1], [0, 1, 1]],
     [[1, 1, 0], [0, 1, 1], [1, 0, 1]],
     [[1, 1, 1], [0, 0, 1], [1, 1, 1]],
     [[1, 0, 1], [1, 1, 1], [1, 1, 0]],
     [[1, 1, 1], [0, 1, 1], [0, 1, 0]],
     [[0, 1, 0], [1, 1, 1], [0, 0, 0]],
-], bool)[:, None]
+  ],
+  bool,
+)[:, None]
 TUTORIAL_BIAS = np.array([0.0960, 0.1381, 0.1054, -0.0058, 0.2609, -0.2368], np.float32)
 
 
@@ -40,10 +46,14 @@ def tutorial_params():
 def mlp_params(seed=0):
   rng = np.random.default_rng(seed)
   return {
-      'Dense_0': {'kernel': jnp.asarray(rng.normal(size=(8, 6)), jnp.float32),
-                  'bias': jnp.asarray(rng.normal(size=(6,)), jnp.float32)},
-      'Dense_1': {'kernel': jnp.asarray(0.5 * rng.normal(size=(6, 4)), jnp.float32),
-                  'bias': jnp.zeros((4,), jnp.float32)},
+    'Dense_0': {
+      'kernel': jnp.asarray(rng.normal(size=(8, 6)), jnp.float32),
+      'bias': jnp.asarray(rng.normal(size=(6,)), jnp.float32),
+    },
+    'Dense_1': {
+      'kernel': jnp.asarray(0.5 * rng.normal(size=(6, 4)), jnp.float32),
+      'bias': jnp.zeros((4,), jnp.float32),
+    },
   }
 
 
@@ -54,14 +64,15 @@ def reference_keep(scores, amount, alive):
   idx = [i for i in range(flat.size) if alive[i]]
   n_prune = amount if isinstance(amount, int) else round(amount * len(idx))
   keep = np.zeros(flat.size, bool)
-  keep[sorted(idx, key=lambda i: (-flat[i], i))[:len(idx) - n_prune]] = True
+  keep[sorted(idx, key=lambda i: (-flat[i], i))[: len(idx) - n_prune]] = True
   return keep.reshape(np.shape(scores))
 
 
 def test_torch_tutorial_iterative_ln_structured():
   masks = {'conv1': {'weight': jnp.asarray(TUTORIAL_RANDOM_MASK), 'bias': None}}
-  masks = functional.ln_structured(tutorial_params(), 0.5, n=2, axis=0, names='conv1/weight',
-                                   masks=masks)
+  masks = functional.ln_structured(
+    tutorial_params(), 0.5, n=2, axis=0, names='conv1/weight', masks=masks
+  )
   expected = TUTORIAL_RANDOM_MASK.copy()
   expected[[1, 2, 4]] = False  # the tutorial's final weight_mask keeps channels 0, 3, 5
   np.testing.assert_array_equal(masks['conv1']['weight'], expected)
@@ -75,8 +86,9 @@ def test_torch_tutorial_bias_and_weight_masks_compose_across_calls():
   np.testing.assert_array_equal(masks['conv1']['bias'], [0, 1, 0, 0, 1, 1])
   np.testing.assert_array_equal(masks['conv1']['weight'], TUTORIAL_RANDOM_MASK)  # untouched
   pruned = functional.remove(params, masks)
-  np.testing.assert_array_equal(pruned['conv1']['bias'],
-                                TUTORIAL_BIAS * np.array([0, 1, 0, 0, 1, 1], np.float32))
+  np.testing.assert_array_equal(
+    pruned['conv1']['bias'], TUTORIAL_BIAS * np.array([0, 1, 0, 0, 1, 1], np.float32)
+  )
   np.testing.assert_array_equal(pruned['conv1']['weight'], TUTORIAL_WEIGHT * TUTORIAL_RANDOM_MASK)
 
 
@@ -86,8 +98,9 @@ def test_default_selection_is_kernels_and_others_are_none():
   assert masks['Dense_0']['bias'] is None and masks['Dense_1']['bias'] is None
   for layer in ('Dense_0', 'Dense_1'):
     kernel = params[layer]['kernel']
-    np.testing.assert_array_equal(masks[layer]['kernel'],
-                                  reference_keep(kernel, 0.5, np.ones(kernel.shape, bool)))
+    np.testing.assert_array_equal(
+      masks[layer]['kernel'], reference_keep(kernel, 0.5, np.ones(kernel.shape, bool))
+    )
 
 
 def test_selection_by_predicate():
@@ -100,7 +113,7 @@ def test_selection_by_predicate():
 
 
 def test_selecting_nothing_names_the_leaves():
-  with pytest.raises(ValueError, match=r"selects no leaf.*Dense_0/kernel"):
+  with pytest.raises(ValueError, match=r'selects no leaf.*Dense_0/kernel'):
     functional.l1_unstructured(mlp_params(), 0.5, names='conv')
 
 
@@ -139,13 +152,22 @@ def test_global_unstructured_iterative():
   params = mlp_params()
   first = functional.global_unstructured(params, 0.5)
   second = functional.global_unstructured(params, 0.5, masks=first)
-  alive = np.concatenate([np.asarray(first['Dense_0']['kernel']).ravel(),
-                          np.asarray(first['Dense_1']['kernel']).ravel()])
-  both = np.concatenate([np.asarray(params['Dense_0']['kernel']).ravel(),
-                         np.asarray(params['Dense_1']['kernel']).ravel()])
+  alive = np.concatenate(
+    [np.asarray(first['Dense_0']['kernel']).ravel(), np.asarray(first['Dense_1']['kernel']).ravel()]
+  )
+  both = np.concatenate(
+    [
+      np.asarray(params['Dense_0']['kernel']).ravel(),
+      np.asarray(params['Dense_1']['kernel']).ravel(),
+    ]
+  )
   keep = reference_keep(both, 0.5, alive)
-  got = np.concatenate([np.asarray(second['Dense_0']['kernel']).ravel(),
-                        np.asarray(second['Dense_1']['kernel']).ravel()])
+  got = np.concatenate(
+    [
+      np.asarray(second['Dense_0']['kernel']).ravel(),
+      np.asarray(second['Dense_1']['kernel']).ravel(),
+    ]
+  )
   np.testing.assert_array_equal(got, keep)
   assert int(keep.sum()) == 18
 
@@ -160,8 +182,9 @@ def test_importance_scores_replace_magnitudes():
   expected[5, 2:] = False
   np.testing.assert_array_equal(masks['Dense_1']['kernel'], expected)
   with pytest.raises(ValueError, match="scores for leaf 'Dense_1/kernel'"):
-    functional.l1_unstructured(params, 2, names='Dense_1/kernel',
-                               scores=jax.tree.map(lambda x: x[:1], params))
+    functional.l1_unstructured(
+      params, 2, names='Dense_1/kernel', scores=jax.tree.map(lambda x: x[:1], params)
+    )
 
 
 def test_random_unstructured_per_leaf():
@@ -246,14 +269,18 @@ def test_jit_matches_eager():
   iterate = jax.jit(lambda p, m: functional.ln_structured(p, 0.5, 2, -1, masks=m))
   for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
     np.testing.assert_array_equal(a, b)
-  for a, b in zip(jax.tree.leaves(iterate(params, eager)),
-                  jax.tree.leaves(functional.ln_structured(params, 0.5, 2, -1, masks=eager)),
-                  strict=True):
+  for a, b in zip(
+    jax.tree.leaves(iterate(params, eager)),
+    jax.tree.leaves(functional.ln_structured(params, 0.5, 2, -1, masks=eager)),
+    strict=True,
+  ):
     np.testing.assert_array_equal(a, b)
   global_prune = jax.jit(lambda p, m: functional.global_unstructured(p, 0.5, masks=m))
-  for a, b in zip(jax.tree.leaves(global_prune(params, eager)),
-                  jax.tree.leaves(functional.global_unstructured(params, 0.5, masks=eager)),
-                  strict=True):
+  for a, b in zip(
+    jax.tree.leaves(global_prune(params, eager)),
+    jax.tree.leaves(functional.global_unstructured(params, 0.5, masks=eager)),
+    strict=True,
+  ):
     np.testing.assert_array_equal(a, b)
 
 
@@ -269,13 +296,14 @@ def test_remove_keeps_dtype_and_unmasked_leaves():
 def test_masks_and_params_serialise_with_flax_msgpack():
   params = mlp_params()
   masks = functional.l1_unstructured(params, 0.5)
-  restored = flax.serialization.msgpack_restore(flax.serialization.msgpack_serialize(
-      {'params': params, 'masks': masks}))
+  restored = flax.serialization.msgpack_restore(
+    flax.serialization.msgpack_serialize({'params': params, 'masks': masks})
+  )
   assert restored['masks']['Dense_0']['bias'] is None
-  np.testing.assert_array_equal(restored['masks']['Dense_0']['kernel'],
-                                masks['Dense_0']['kernel'])
-  np.testing.assert_array_equal(restored['params']['Dense_1']['kernel'],
-                                params['Dense_1']['kernel'])
+  np.testing.assert_array_equal(restored['masks']['Dense_0']['kernel'], masks['Dense_0']['kernel'])
+  np.testing.assert_array_equal(
+    restored['params']['Dense_1']['kernel'], params['Dense_1']['kernel']
+  )
   # The restored (numpy) masks drive another round like the originals.
   again = functional.l1_unstructured(restored['params'], 0.5, masks=restored['masks'])
   direct = functional.l1_unstructured(params, 0.5, masks=masks)
@@ -286,19 +314,22 @@ def test_masks_and_params_serialise_with_flax_msgpack():
 def test_remove_never_broadcasts_a_mask(mask):
   params = mlp_params()
   with pytest.raises(ValueError) as err:
-    functional.remove(params, {'Dense_0': {'kernel': mask, 'bias': None},
-                               'Dense_1': {'kernel': None, 'bias': None}})
-  assert str(err.value) == (f"the mask of leaf 'Dense_0/kernel' has shape {mask.shape} but the "
-                            "leaf has shape (8, 6); masks are not broadcast: give the leaf's shape")
+    functional.remove(
+      params, {'Dense_0': {'kernel': mask, 'bias': None}, 'Dense_1': {'kernel': None, 'bias': None}}
+    )
+  assert str(err.value) == (
+    f"the mask of leaf 'Dense_0/kernel' has shape {mask.shape} but the "
+    "leaf has shape (8, 6); masks are not broadcast: give the leaf's shape"
+  )
 
 
 def test_remove_strip_and_apply_masks_are_one_rule_also_under_jit():
   params = mlp_params()
   masks = functional.l1_unstructured(params, 0.5)
-  expected = jax.tree.map(lambda p, m: p if m is None else np.where(m, p, 0), params, masks,
-                          is_leaf=lambda x: x is None)
-  for zero in (functional.remove, jaxprune.strip, jaxprune.apply_masks,
-               jax.jit(functional.remove)):
+  expected = jax.tree.map(
+    lambda p, m: p if m is None else np.where(m, p, 0), params, masks, is_leaf=lambda x: x is None
+  )
+  for zero in (functional.remove, jaxprune.strip, jaxprune.apply_masks, jax.jit(functional.remove)):
     for a, b in zip(jax.tree.leaves(zero(params, masks)), jax.tree.leaves(expected), strict=True):
       np.testing.assert_array_equal(a, b)
 
@@ -307,6 +338,13 @@ def test_default_leaves_are_the_transforms_default():
   import inspect
 
   from jaxprune import _hparams as hparams
-  for fn in (functional.prune, functional.l1_unstructured, functional.random_unstructured,
-             functional.ln_structured, functional.nm_structured, functional.global_unstructured):
+
+  for fn in (
+    functional.prune,
+    functional.l1_unstructured,
+    functional.random_unstructured,
+    functional.ln_structured,
+    functional.nm_structured,
+    functional.global_unstructured,
+  ):
     assert inspect.signature(fn).parameters['names'].default is hparams.DEFAULT_WEIGHT_NAME_REGEX

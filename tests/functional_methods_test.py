@@ -19,7 +19,7 @@ def reference_prune_lowest(scores, amount, previous=None):
   key = lambda i: (-(np.inf if np.isnan(flat[i]) else flat[i]), i)
   ranked = sorted(alive_idx, key=key)
   keep = np.zeros(flat.size, bool)
-  keep[ranked[:len(alive_idx) - n_prune]] = True
+  keep[ranked[: len(alive_idx) - n_prune]] = True
   return keep.reshape(np.shape(scores))
 
 
@@ -42,8 +42,9 @@ def test_fraction_rounds_half_to_even_like_torch():
   assert int(jnp.sum(~methods.prune_lowest(scores, 0.26))) == 3
 
 
-@pytest.mark.parametrize('size, amount', [(45, 0.7), (10, 0.25), (10, 0.75), (1001, 0.3),
-                                          (7, 0.5), (200, 0.145)])
+@pytest.mark.parametrize(
+  'size, amount', [(45, 0.7), (10, 0.25), (10, 0.75), (1001, 0.3), (7, 0.5), (200, 0.145)]
+)
 def test_counts_under_jit_with_traced_masks_are_torchs(size, amount):
   # Python's float64 round(amount * n), half to even: 45 * 0.7 = 31.499999999999996 -> 31,
   # where float32 gives 31.5 -> 32.
@@ -63,10 +64,12 @@ def test_amount_is_relative_to_unpruned_entries():
   scores = jnp.arange(1.0, 11.0)  # 1..10
   previous = jnp.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1], bool)  # 5..10 alive
   # 0.5 of the 6 alive = 3: 5, 6, 7 go; 1..4 stay pruned.
-  np.testing.assert_array_equal(methods.prune_lowest(scores, 0.5, previous),
-                                [0, 0, 0, 0, 0, 0, 0, 1, 1, 1])
-  np.testing.assert_array_equal(methods.prune_lowest(scores, 1, previous),
-                                [0, 0, 0, 0, 0, 1, 1, 1, 1, 1])
+  np.testing.assert_array_equal(
+    methods.prune_lowest(scores, 0.5, previous), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1]
+  )
+  np.testing.assert_array_equal(
+    methods.prune_lowest(scores, 1, previous), [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+  )
 
 
 def test_pruned_entries_never_come_back_even_with_high_scores():
@@ -82,14 +85,14 @@ def test_nan_scores_rank_as_largest():
 
 @settings(max_examples=40)
 @given(
-    values=st.lists(st.integers(-4, 4), min_size=1, max_size=24),
-    alive_bits=st.lists(st.booleans(), min_size=24, max_size=24),
-    fraction=st.sampled_from([0.0, 0.1, 0.25, 0.3, 0.5, 0.7, 1.0]),
+  values=st.lists(st.integers(-4, 4), min_size=1, max_size=24),
+  alive_bits=st.lists(st.booleans(), min_size=24, max_size=24),
+  fraction=st.sampled_from([0.0, 0.1, 0.25, 0.3, 0.5, 0.7, 1.0]),
 )
 def test_prune_lowest_matches_reference(values, alive_bits, fraction):
   # Small integers force many ties, which the reference breaks by index.
   scores = np.array(values, np.float32)
-  previous = np.array(alive_bits[:len(values)])
+  previous = np.array(alive_bits[: len(values)])
   got = methods.prune_lowest(jnp.asarray(scores), fraction, jnp.asarray(previous))
   np.testing.assert_array_equal(got, reference_prune_lowest(scores, fraction, previous))
 
@@ -99,16 +102,25 @@ def test_jit_with_traced_mask_matches_eager():
   scores = jnp.asarray(rng.normal(size=(7, 9)).astype(np.float32))
   previous = jnp.asarray(rng.random((7, 9)) > 0.3)
   jitted = jax.jit(lambda s, p: methods.prune_lowest(s, 0.4, p))
-  np.testing.assert_array_equal(jitted(scores, previous),
-                                reference_prune_lowest(scores, 0.4, previous))
+  np.testing.assert_array_equal(
+    jitted(scores, previous), reference_prune_lowest(scores, 0.4, previous)
+  )
   jitted_count = jax.jit(lambda s, p: methods.prune_lowest(s, 5, p))
-  np.testing.assert_array_equal(jitted_count(scores, previous),
-                                reference_prune_lowest(scores, 5, previous))
+  np.testing.assert_array_equal(
+    jitted_count(scores, previous), reference_prune_lowest(scores, 5, previous)
+  )
 
 
-@pytest.mark.parametrize('amount, error', [
-    (-1, ValueError), (1.5, ValueError), (-0.1, ValueError), (True, TypeError), ('0.3', TypeError),
-])
+@pytest.mark.parametrize(
+  'amount, error',
+  [
+    (-1, ValueError),
+    (1.5, ValueError),
+    (-0.1, ValueError),
+    (True, TypeError),
+    ('0.3', TypeError),
+  ],
+)
 def test_bad_amounts(amount, error):
   with pytest.raises(error, match='amount'):
     methods.prune_lowest(jnp.ones(4), amount)
@@ -143,8 +155,9 @@ def test_random_unstructured_prunes_exact_count_of_alive_entries():
 def test_random_unstructured_is_uniform():
   # Every entry is pruned with probability 3/12; over 400 keys each count is ~100 (sd ~8.7).
   keys = jax.random.split(jax.random.key(7), 400)
-  compute = jax.vmap(lambda k: methods.RandomUnstructured(3, k).compute_mask(
-      jnp.ones(12), jnp.ones(12, bool)))
+  compute = jax.vmap(
+    lambda k: methods.RandomUnstructured(3, k).compute_mask(jnp.ones(12), jnp.ones(12, bool))
+  )
   pruned_counts = np.asarray(jnp.sum(~compute(keys), axis=0))
   assert pruned_counts.sum() == 1200
   assert pruned_counts.min() > 60 and pruned_counts.max() < 140
@@ -153,8 +166,12 @@ def test_random_unstructured_is_uniform():
 def reference_ln_structured(w, amount, n, axis, previous):
   w = np.asarray(w, np.float64) * previous
   moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
-  norms = np.array([np.sum(np.abs(row) ** n) ** (1 / n) if np.isfinite(n) else np.max(np.abs(row))
-                    for row in moved])
+  norms = np.array(
+    [
+      np.sum(np.abs(row) ** n) ** (1 / n) if np.isfinite(n) else np.max(np.abs(row))
+      for row in moved
+    ]
+  )
   alive = np.moveaxis(previous, axis, 0).reshape(w.shape[axis], -1).any(axis=1)
   keep = reference_prune_lowest(norms, amount, alive)
   shape = [1] * w.ndim

@@ -1,6 +1,5 @@
 """Hyperparameters: TF names and defaults, string parsing, validation errors and warnings."""
 
-
 import docs_blocks
 import jax
 import jax.numpy as jnp
@@ -13,12 +12,23 @@ import jaxprune
 from jaxprune import _hparams as hparams_lib
 
 TF_DEFAULTS = {
-    'name': 'model_pruning', 'begin_pruning_step': 0, 'end_pruning_step': -1,
-    'weight_sparsity_map': [''], 'block_dims_map': [''], 'threshold_decay': 0.0,
-    'pruning_frequency': 10, 'nbins': 256, 'block_height': 1, 'block_width': 1,
-    'block_pooling_function': 'AVG', 'initial_sparsity': 0.0, 'target_sparsity': 0.5,
-    'sparsity_function_begin_step': 0, 'sparsity_function_end_step': 100,
-    'sparsity_function_exponent': 3.0, 'use_tpu': False,
+  'name': 'model_pruning',
+  'begin_pruning_step': 0,
+  'end_pruning_step': -1,
+  'weight_sparsity_map': [''],
+  'block_dims_map': [''],
+  'threshold_decay': 0.0,
+  'pruning_frequency': 10,
+  'nbins': 256,
+  'block_height': 1,
+  'block_width': 1,
+  'block_pooling_function': 'AVG',
+  'initial_sparsity': 0.0,
+  'target_sparsity': 0.5,
+  'sparsity_function_begin_step': 0,
+  'sparsity_function_end_step': 100,
+  'sparsity_function_exponent': 3.0,
+  'use_tpu': False,
 }
 
 
@@ -39,9 +49,10 @@ def test_types_are_fixed_by_defaults():
 
 def test_parse_tf_string_syntax():
   hp = jaxprune.parse_hparams(
-      'target_sparsity=0.9,pruning_frequency=100,'
-      'weight_sparsity_map=[conv1:0.8,dense/kernel:0.95],block_dims_map=[dense1:4x4],'
-      'use_tpu=true')
+    'target_sparsity=0.9,pruning_frequency=100,'
+    'weight_sparsity_map=[conv1:0.8,dense/kernel:0.95],block_dims_map=[dense1:4x4],'
+    'use_tpu=true'
+  )
   assert hp.target_sparsity == 0.9
   assert hp.pruning_frequency == 100
   assert hp.use_tpu is True
@@ -72,7 +83,9 @@ def test_unknown_name_lists_known_names():
     jaxprune.parse_hparams('target_sparsty=0.9')
 
 
-@pytest.mark.parametrize('text, field', [
+@pytest.mark.parametrize(
+  'text, field',
+  [
     ('begin_pruning_step=-1', 'begin_pruning_step'),
     ('begin_pruning_step=5,end_pruning_step=5', 'end_pruning_step'),
     ('end_pruning_step=-2', 'end_pruning_step'),
@@ -99,7 +112,8 @@ def test_unknown_name_lists_known_names():
     ('name=', 'name'),
     ('weight_name_regex=', "weight_name_regex='': must not be empty"),
     ('mask_search=gpu', 'mask_search'),
-])
+  ],
+)
 def test_each_validation_rule_names_its_field(text, field):
   with pytest.raises(ValueError, match=field):
     jaxprune.parse_hparams(text)
@@ -133,6 +147,7 @@ def test_parse_then_pruning_checks_and_warns_once():
     hp = jaxprune.parse_hparams('end_pruning_step=50')
     jaxprune.pruning(hp)
     jaxprune.pruning(hp)
+
   messages = helpers.warnings_of(make)
   assert len(messages) == 1
   assert 'end_pruning_step=50 stops mask updates' in messages[0]
@@ -145,7 +160,7 @@ def test_a_config_changed_after_freezing_is_checked_again():
     jaxprune.pruning(hp)
   hp = jaxprune.parse_hparams('weight_sparsity_map=[a:0.5]')
   hp.weight_sparsity_map.append('b:1.5')  # a list edited in place is a change too
-  with pytest.raises(ValueError, match="weight_sparsity_map entry b:1.5"):
+  with pytest.raises(ValueError, match='weight_sparsity_map entry b:1.5'):
     jaxprune.pruning(hp)
   with pytest.warns(UserWarning, match='end_pruning_step=50'):
     hp = jaxprune.parse_hparams('end_pruning_step=50')
@@ -155,8 +170,9 @@ def test_a_config_changed_after_freezing_is_checked_again():
 
 def test_pruning_accepts_a_string():
   # Before: AttributeError: 'str' object has no attribute 'keys'.
-  params = {'d': {'kernel': jnp.asarray(np.linspace(1, 100, 100, dtype=np.float32)
-                                        .reshape(10, 10))}}
+  params = {
+    'd': {'kernel': jnp.asarray(np.linspace(1, 100, 100, dtype=np.float32).reshape(10, 10))}
+  }
   tx = jaxprune.pruning('target_sparsity=0.9,pruning_frequency=1,sparsity_function_end_step=1')
   state = tx.init(params)
   zeros = jax.tree.map(jnp.zeros_like, params)
@@ -170,7 +186,7 @@ def test_pruning_accepts_a_string():
 
 
 def test_a_value_that_is_not_hparams_is_a_type_error():
-  with pytest.raises(TypeError, match="parse_hparams"):
+  with pytest.raises(TypeError, match='parse_hparams'):
     jaxprune.pruning(0.9)
 
 
@@ -192,19 +208,24 @@ def test_begin_after_the_schedule_ends_warns_one_shot():
   # Before: silently one-shot, the first update (step 1000) already at the target.
   messages = helpers.warnings_of(lambda: jaxprune.parse_hparams('begin_pruning_step=1000'))
   assert len(messages) == 1
-  assert 'first mask update is at step max(begin_pruning_step, pruning_frequency) = 1000' in (
-      messages[0])
+  assert (
+    'first mask update is at step max(begin_pruning_step, pruning_frequency) = 1000'
+    in (messages[0])
+  )
   assert 'sparsity_function_end_step=100' in messages[0]
   # The same through a frequency longer than the schedule.
   assert len(helpers.warnings_of(lambda: jaxprune.parse_hparams('pruning_frequency=101'))) == 1
 
 
-@pytest.mark.parametrize('text', [
+@pytest.mark.parametrize(
+  'text',
+  [
     '',  # first update at 10, schedule ends at 100
     'pruning_frequency=1,sparsity_function_end_step=1',  # one-shot on purpose
     'begin_pruning_step=1000,sparsity_function_begin_step=1000,sparsity_function_end_step=2000',
     'begin_pruning_step=1000,sparsity_function_end_step=1000',  # the fix the warning names
-])
+  ],
+)
 def test_schedules_inside_the_window_do_not_warn(text):
   assert helpers.warnings_of(lambda: jaxprune.parse_hparams(text)) == []
 
@@ -240,7 +261,7 @@ def test_few_bins_warn_when_a_target_cannot_prune(nbins):
 
 
 def test_few_bins_warning_states_the_shares_and_a_fix():
-  message, = helpers.warnings_of(lambda: jaxprune.parse_hparams('nbins=4,target_sparsity=0.6'))
+  (message,) = helpers.warnings_of(lambda: jaxprune.parse_hparams('nbins=4,target_sparsity=0.6'))
   # P(|z| < 1) = 68.3% (max 4 std), P(|z| < 1.25) = 78.9% (max 5 std).
   assert 'that bin holds 68.3% to 78.9%' in message
   assert 'target sparsity 0.6 can prune nothing' in message
@@ -260,7 +281,7 @@ def test_few_bins_prune_nothing_on_normal_weights():
 
 
 def test_docs_hparams_example_runs_without_warnings():
-  block, = docs_blocks.code_cells('guides/gradual.md', start="Hyperparameters keep TF's names")
+  (block,) = docs_blocks.code_cells('guides/gradual.md', start="Hyperparameters keep TF's names")
   namespace = {'jaxprune': jaxprune}
   assert helpers.warnings_of(lambda: exec(block, namespace)) == []  # noqa: S102
   frozen = hparams_lib.freeze(namespace['hp'])
@@ -269,14 +290,16 @@ def test_docs_hparams_example_runs_without_warnings():
   assert frozen.block_entries == (('dense1', (4, 4)),)
 
 
-@pytest.mark.parametrize('field, value, message', [
+@pytest.mark.parametrize(
+  'field, value, message',
+  [
     ('sparsity_function_exponent', float('nan'), 'finite'),
     ('sparsity_function_exponent', -3.0, 'must be > 0'),
     ('sparsity_function_exponent', 0.0, 'must be > 0'),
     ('begin_pruning_step', 3_000_000_000, 'int32'),
-    ('sparsity_function_end_step', 2 ** 31, 'int32'),
-    ('nbins', 2 ** 31, 'int32'),
-    ('nbins', 2 ** 24 + 1, r'\[2, 2\*\*24\]'),
+    ('sparsity_function_end_step', 2**31, 'int32'),
+    ('nbins', 2**31, 'int32'),
+    ('nbins', 2**24 + 1, r'\[2, 2\*\*24\]'),
     ('block_height', 3_000_000_000, 'int32'),
     ('pruning_frequency', True, 'must be an integer'),
     ('nbins', None, 'must be an integer'),
@@ -284,7 +307,8 @@ def test_docs_hparams_example_runs_without_warnings():
     ('threshold_method', None, 'must be a string'),
     ('weight_sparsity_map', None, 'list'),
     ('global_pruning', 1, 'True or False'),
-])
+  ],
+)
 def test_field_types_and_int32_limits(field, value, message):
   hparams = jaxprune.get_pruning_hparams().to_dict()  # a plain dict: no type checks of its own
   hparams[field] = value
@@ -320,8 +344,7 @@ def test_misspelled_field_is_refused_with_the_right_name():
 
 def test_a_partial_config_takes_the_other_defaults():
   frozen = hparams_lib.freeze(ml_collections.ConfigDict({'target_sparsity': 0.8}))
-  assert (frozen.target_sparsity, frozen.nbins, frozen.threshold_method) == (0.8, 256,
-                                                                             'histogram')
+  assert (frozen.target_sparsity, frozen.nbins, frozen.threshold_method) == (0.8, 256, 'histogram')
 
 
 def test_tfmot_m_by_n_is_translated_not_misread():
@@ -336,12 +359,17 @@ def test_tfmot_m_by_n_is_translated_not_misread():
 
 
 def test_window_that_can_never_update_is_an_error():
-  with pytest.raises(ValueError, match=r'end_pruning_step=5: comes before the first mask update'
-                                       r', at step .* = 10'):
+  with pytest.raises(
+    ValueError,
+    match=r'end_pruning_step=5: comes before the first mask update'
+    r', at step .* = 10',
+  ):
     jaxprune.parse_hparams('pruning_frequency=10,end_pruning_step=5')
 
 
 def test_stopping_before_the_schedule_ends_warns():
-  with pytest.warns(UserWarning, match='end_pruning_step=50 stops mask updates before '
-                                       'sparsity_function_end_step=100'):
+  with pytest.warns(
+    UserWarning,
+    match='end_pruning_step=50 stops mask updates before sparsity_function_end_step=100',
+  ):
     jaxprune.parse_hparams('end_pruning_step=50')

@@ -15,15 +15,17 @@ F32 = np.float32
 BAD = {'a': np.inf, 'b': -np.inf, 'c': np.nan, 'n': np.inf}
 
 
-@pytest.mark.parametrize('rule', ['threshold_method=histogram', 'threshold_method=exact',
-                                  'global_pruning=true'])
+@pytest.mark.parametrize(
+  'rule', ['threshold_method=histogram', 'threshold_method=exact', 'global_pruning=true']
+)
 def test_non_finite_weights_are_counted_and_keep_their_masks(rule):
   """An infinite weight is as unusable as a NaN: counted in nonfinite_skips, mask kept.
 
   Checking NaN alone (isnan for ~isfinite) would let +-inf through uncounted.
   """
-  tx = jaxprune.pruning(f'{rule},nm_sparsity_map=[n/kernel:2:4],pruning_frequency=1,'
-                        'sparsity_function_end_step=1')
+  tx = jaxprune.pruning(
+    f'{rule},nm_sparsity_map=[n/kernel:2:4],pruning_frequency=1,sparsity_function_end_step=1'
+  )
   weights = {name: np.arange(1, 33, dtype=F32).reshape(8, 4) for name in BAD}
   params = lambda: {name: {'kernel': jnp.asarray(w)} for name, w in weights.items()}
   state = tx.init(params())
@@ -44,13 +46,16 @@ def test_non_finite_weights_are_counted_and_keep_their_masks(rule):
     np.testing.assert_array_equal(after.masks[name]['kernel'], before[name])
 
 
-@pytest.mark.parametrize('kwargs, message', [
+@pytest.mark.parametrize(
+  'kwargs, message',
+  [
     (dict(block_pooling_function='MIN'), 'block_pooling_function'),
     (dict(threshold_method='sort'), 'threshold_method'),
     (dict(nbins=1), 'nbins'),
     (dict(threshold_decay=1.0), 'threshold_decay'),
     (dict(block_dims=(0, 2)), 'block_dims'),
-])
+  ],
+)
 def test_update_mask_checks_its_arguments(kwargs, message):
   with pytest.raises(ValueError, match=message):
     jaxprune.update_mask(jnp.ones((4, 4)), 0.0, 0.5, **kwargs)

@@ -15,10 +15,14 @@ class _Pair(NamedTuple):
 
 def test_names_of_dicts_sequences_and_attributes():
   tree = {'enc': [{'kernel': 1}, _Pair(first=2, second={'w': 3})]}
-  assert names.named_leaves(tree) == [('enc/0/kernel', 1), ('enc/1/first', 2),
-                                      ('enc/1/second/w', 3)]
-  assert names.tree_names(tree) == {'enc': [{'kernel': 'enc/0/kernel'},
-                                            _Pair('enc/1/first', {'w': 'enc/1/second/w'})]}
+  assert names.named_leaves(tree) == [
+    ('enc/0/kernel', 1),
+    ('enc/1/first', 2),
+    ('enc/1/second/w', 3),
+  ]
+  assert names.tree_names(tree) == {
+    'enc': [{'kernel': 'enc/0/kernel'}, _Pair('enc/1/first', {'w': 'enc/1/second/w'})]
+  }
 
 
 def test_nnx_variables_drop_their_value_key():

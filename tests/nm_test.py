@@ -43,14 +43,17 @@ def test_ties_keep_the_lower_index_and_nan_is_kept():
   np.testing.assert_array_equal(nm.nm_mask(w, 2, 4)[:, 0], [0, 1, 1, 0])
 
 
-@pytest.mark.parametrize('shape, n, m, axis', [
-    ((8, 6), 2, 4, -2),       # Dense (in, out)
+@pytest.mark.parametrize(
+  'shape, n, m, axis',
+  [
+    ((8, 6), 2, 4, -2),  # Dense (in, out)
     ((8, 6), 1, 2, 0),
     ((3, 3, 8, 5), 2, 4, -2),  # conv HWIO: the input-channel axis
     ((2, 12, 3), 1, 3, 1),
     ((12,), 3, 4, 0),
     ((4, 6), 2, 3, -1),
-])
+  ],
+)
 def test_matches_reference(shape, n, m, axis):
   rng = np.random.default_rng(sum(shape) + n + m)
   # Rounded values give ties, which the reference breaks by index.
@@ -85,8 +88,11 @@ def test_nm_mask_from_scores_ranks_by_the_scores():
 
 
 def test_not_divisible_is_a_clear_error():
-  with pytest.raises(ValueError, match=r"leaf 'Dense_0/kernel' with shape \(6, 3\): axis 0 has "
-                     r'6 entries, which is not divisible by M=4'):
+  with pytest.raises(
+    ValueError,
+    match=r"leaf 'Dense_0/kernel' with shape \(6, 3\): axis 0 has "
+    r'6 entries, which is not divisible by M=4',
+  ):
     nm.nm_mask(jnp.ones((6, 3)), 2, 4, name='Dense_0/kernel')
   with pytest.raises(ValueError, match='axis=2 is out of range'):
     nm.nm_mask(jnp.ones((4, 4)), 2, 4, axis=2)
@@ -94,18 +100,33 @@ def test_not_divisible_is_a_clear_error():
     nm.nm_mask(jnp.float32(1.0), 2, 4)
 
 
-@pytest.mark.parametrize('text, expected', [
-    ('2:4', (2, 4)), (' 1 : 8 ', (1, 8)), ((2, 4), (2, 4)), ('', None), (None, None),
-])
+@pytest.mark.parametrize(
+  'text, expected',
+  [
+    ('2:4', (2, 4)),
+    (' 1 : 8 ', (1, 8)),
+    ((2, 4), (2, 4)),
+    ('', None),
+    (None, None),
+  ],
+)
 def test_parse_nm(text, expected):
   assert nm.parse_nm(text) == expected
 
 
-@pytest.mark.parametrize('text, match', [
-    ('2-4', 'two integers'), ('2:4:8', 'two integers'), ('a:4', 'two integers'),
-    ('4:4', '1 <= N < M'), ('0:4', '1 <= N < M'), ('5:4', '1 <= N < M'),
-    ((2.0, 4), 'integers'), ((2,), 'pair'),
-])
+@pytest.mark.parametrize(
+  'text, match',
+  [
+    ('2-4', 'two integers'),
+    ('2:4:8', 'two integers'),
+    ('a:4', 'two integers'),
+    ('4:4', '1 <= N < M'),
+    ('0:4', '1 <= N < M'),
+    ('5:4', '1 <= N < M'),
+    ((2.0, 4), 'integers'),
+    ((2,), 'pair'),
+  ],
+)
 def test_parse_nm_rejects(text, match):
   with pytest.raises(ValueError, match=match):
     nm.parse_nm(text)

@@ -37,13 +37,13 @@ def test_step_ulps_is_nextafter():
 
 
 def test_exponent_scaling_and_ldexp():
-  for value, exponent in ((1.0, 1), (0.75, 0), (2.0 ** 100, 101), (3e-40, -125)):
+  for value, exponent in ((1.0, 1), (0.75, 0), (2.0**100, 101), (3e-40, -125)):
     assert int(numerics.count_exponent(jnp.float32(value))) == exponent
-  assert float(numerics.power_of_two(jnp.int32(-126))) == 2.0 ** -126
+  assert float(numerics.power_of_two(jnp.int32(-126))) == 2.0**-126
   # -220 needs two factors: 2**-220 alone is not a float32.
-  big = jnp.float32(0.75 * 2.0 ** 100)
-  assert float(numerics.ldexp(big, jnp.int32(-220))) == 0.75 * 2.0 ** -120
-  assert float(numerics.ldexp(jnp.float32(1.5), jnp.int32(120))) == 1.5 * 2.0 ** 120
+  big = jnp.float32(0.75 * 2.0**100)
+  assert float(numerics.ldexp(big, jnp.int32(-220))) == 0.75 * 2.0**-120
+  assert float(numerics.ldexp(jnp.float32(1.5), jnp.int32(120))) == 1.5 * 2.0**120
 
 
 def test_limits():

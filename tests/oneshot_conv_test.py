@@ -20,9 +20,16 @@ _WINDOW, _STRIDE, _PAD = (3, 3), 2, ((1, 1), (0, 1))
 def _conv(groups, dilation=1):
   def fn(p, x):
     return jax.lax.conv_general_dilated(
-        x, p['k'], (_STRIDE, _STRIDE), _PAD, rhs_dilation=(dilation, dilation),
-        dimension_numbers=('NHWC', 'HWIO', 'NHWC'), feature_group_count=groups,
-        precision=jax.lax.Precision.HIGHEST)
+      x,
+      p['k'],
+      (_STRIDE, _STRIDE),
+      _PAD,
+      rhs_dilation=(dilation, dilation),
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      feature_group_count=groups,
+      precision=jax.lax.Precision.HIGHEST,
+    )
+
   return fn
 
 
@@ -63,15 +70,21 @@ def test_wanda_on_a_convolution_is_the_numpy_rule(groups, nm):
   params, batches, x, kernel = _setup(groups)
   rows = conv_patches(x, _WINDOW, _STRIDE, _PAD, 1, groups)
   w = _rows_of(kernel, groups)
-  keep = np.concatenate([row_mask(np.abs(w[g]) * np.sqrt((rows[g] ** 2).sum(0)),
-                                  None if nm else 0.5, nm) for g in range(groups)])
+  keep = np.concatenate(
+    [
+      row_mask(np.abs(w[g]) * np.sqrt((rows[g] ** 2).sum(0)), None if nm else 0.5, nm)
+      for g in range(groups)
+    ]
+  )
   expected = _kernel_of(keep, kernel.shape)
-  new, masks = oneshot.prune(_conv(groups), params, batches, method='wanda',
-                             sparsity=None if nm else 0.5, nm=nm)
+  new, masks = oneshot.prune(
+    _conv(groups), params, batches, method='wanda', sparsity=None if nm else 0.5, nm=nm
+  )
   np.testing.assert_array_equal(np.asarray(masks['k']), expected)
-  np.testing.assert_array_equal(np.asarray(new['k']), np.where(expected, kernel, 0)
-                                .astype(np.float32))
-  if nm:   # 2 of every 4 consecutive input channels, at each kernel position and output
+  np.testing.assert_array_equal(
+    np.asarray(new['k']), np.where(expected, kernel, 0).astype(np.float32)
+  )
+  if nm:  # 2 of every 4 consecutive input channels, at each kernel position and output
     groups_of_4 = np.asarray(masks['k']).reshape(*_WINDOW, -1, 4, kernel.shape[3])
     np.testing.assert_array_equal(groups_of_4.sum(axis=3), 2)
 
@@ -83,12 +96,23 @@ def test_sparsegpt_on_a_convolution_is_the_papers_update(groups, nm):
   params, batches, x, kernel = _setup(groups)
   rows = conv_patches(x, _WINDOW, _STRIDE, _PAD, 1, groups)
   w = _rows_of(kernel, groups)
-  solved = [sparsegpt_reference(w[g], 2 * rows[g].T @ rows[g] / len(rows[g]), 0.5, nm,
-                                blocksize=16, percdamp=0.01) for g in range(groups)]
+  solved = [
+    sparsegpt_reference(
+      w[g], 2 * rows[g].T @ rows[g] / len(rows[g]), 0.5, nm, blocksize=16, percdamp=0.01
+    )
+    for g in range(groups)
+  ]
   expected_w = _kernel_of(np.concatenate([s[0] for s in solved]), kernel.shape)
   expected_mask = _kernel_of(np.concatenate([s[1] for s in solved]), kernel.shape)
-  new, masks = oneshot.prune(_conv(groups), params, batches, method='sparsegpt',
-                             sparsity=None if nm else 0.5, nm=nm, blocksize=16)
+  new, masks = oneshot.prune(
+    _conv(groups),
+    params,
+    batches,
+    method='sparsegpt',
+    sparsity=None if nm else 0.5,
+    nm=nm,
+    blocksize=16,
+  )
   np.testing.assert_array_equal(np.asarray(masks['k']), expected_mask)
   np.testing.assert_allclose(np.asarray(new['k']), expected_w, rtol=1e-3, atol=1e-3)
 
@@ -101,14 +125,21 @@ def test_other_layouts_and_flax_conv():
 
   def nchw(p, x):
     return jax.lax.conv_general_dilated(
-        x, p['k'], (_STRIDE, _STRIDE), _PAD, dimension_numbers=('NCHW', 'OIHW', 'NCHW'),
-        precision=jax.lax.Precision.HIGHEST)
+      x,
+      p['k'],
+      (_STRIDE, _STRIDE),
+      _PAD,
+      dimension_numbers=('NCHW', 'OIHW', 'NCHW'),
+      precision=jax.lax.Precision.HIGHEST,
+    )
 
   oihw = {'k': jnp.transpose(params['k'], (3, 2, 0, 1))}
-  _, masks = oneshot.prune(nchw, oihw, [jnp.transpose(b, (0, 3, 1, 2)) for b in batches],
-                           method='wanda', sparsity=0.5)
-  np.testing.assert_array_equal(np.asarray(masks['k']),
-                                np.transpose(np.asarray(expected['k']), (3, 2, 0, 1)))
+  _, masks = oneshot.prune(
+    nchw, oihw, [jnp.transpose(b, (0, 3, 1, 2)) for b in batches], method='wanda', sparsity=0.5
+  )
+  np.testing.assert_array_equal(
+    np.asarray(masks['k']), np.transpose(np.asarray(expected['k']), (3, 2, 0, 1))
+  )
   model = nn.Conv(6, (3, 3), strides=2, feature_group_count=2)
   variables = model.init(jax.random.key(0), batches[0])
   _, masks = oneshot.prune(model, variables['params'], batches, method='sparsegpt', nm='2:4')
@@ -121,14 +152,18 @@ def test_nm_that_does_not_divide_the_input_channels_is_an_error():
   """1:3 over 3 x 3 x 4 = 36 inputs would cross kernel positions: M must divide the 4
   input channels (per group)."""
   params, batches, _, _ = _setup(1, channels=4)
-  with pytest.raises(ValueError, match=r"convolution 'k' has 4 input features per group, "
-                                       r'not divisible by M=3'):
+  with pytest.raises(
+    ValueError,
+    match=r"convolution 'k' has 4 input features per group, "
+    r'not divisible by M=3',
+  ):
     oneshot.prune(_conv(1), params, batches, method='wanda', nm='1:3')
 
 
 class _Block(nn.Module):
   """conv-BatchNorm-relu-conv-BatchNorm plus the input (through a strided 1x1 projection
   conv where the shape changes), then relu: a ResNet basic block with frozen statistics."""
+
   features: int
   strides: int = 1
 
@@ -157,10 +192,15 @@ class _ResNet(nn.Module):
 
 
 # Every kernel of _ResNet: its name and shape (HWIO for the convs, (in, out) for the head).
-_KERNELS = {'stem/kernel': (3, 3, 4, 8),
-            'block_0/conv_0/kernel': (3, 3, 8, 8), 'block_0/conv_1/kernel': (3, 3, 8, 8),
-            'block_1/conv_0/kernel': (3, 3, 8, 16), 'block_1/conv_1/kernel': (3, 3, 16, 16),
-            'block_1/proj/kernel': (1, 1, 8, 16), 'head/kernel': (16, 10)}
+_KERNELS = {
+  'stem/kernel': (3, 3, 4, 8),
+  'block_0/conv_0/kernel': (3, 3, 8, 8),
+  'block_0/conv_1/kernel': (3, 3, 8, 8),
+  'block_1/conv_0/kernel': (3, 3, 8, 16),
+  'block_1/conv_1/kernel': (3, 3, 16, 16),
+  'block_1/proj/kernel': (1, 1, 8, 16),
+  'head/kernel': (16, 10),
+}
 
 
 def _at(tree, name):
@@ -190,32 +230,37 @@ def test_a_resnet_prunes_every_conv_and_the_head(method, nm):
   before = jax.tree.map(np.array, params)
   fn = lambda p, x: model.apply({'params': p, 'batch_stats': stats}, x)
   with warnings.catch_warnings():
-    warnings.simplefilter('error')                      # no weight left dense with a warning
-    new, masks, report = oneshot.prune_with_report(fn, params, batches, method=method,
-                                                   sparsity=None if nm else 0.5, nm=nm)
+    warnings.simplefilter('error')  # no weight left dense with a warning
+    new, masks, report = oneshot.prune_with_report(
+      fn, params, batches, method=method, sparsity=None if nm else 0.5, nm=nm
+    )
   assert report.skipped == ()
   assert sorted(layer.name for layer in report.layers) == sorted(_KERNELS)
   assert {layer.target for layer in report.layers} == {'2:4' if nm else '50%'}
   for name, shape in _KERNELS.items():
     mask, kernel = _at(masks, name), _at(new, name)
     assert mask.shape == shape, name
-    assert not kernel[~mask].any(), name             # the pruned weights are zero
+    assert not kernel[~mask].any(), name  # the pruned weights are zero
     inputs = int(np.prod(shape[:-1]))
     per_output = mask.reshape(inputs, shape[-1]).sum(axis=0)
-    if nm:                  # 2 of every 4 consecutive input channels, per position and output
+    if nm:  # 2 of every 4 consecutive input channels, per position and output
       groups = mask.reshape(*shape[:-2], shape[-2] // 4, 4, shape[-1]).sum(axis=-2)
       np.testing.assert_array_equal(groups, 2, err_msg=name)
-    elif method == 'wanda':   # each output keeps half of its inputs
+    elif method == 'wanda':  # each output keeps half of its inputs
       np.testing.assert_array_equal(per_output, inputs // 2, err_msg=name)
-    else:                   # SparseGPT: half of each column block (so of the layer)
+    else:  # SparseGPT: half of each column block (so of the layer)
       assert mask.sum() == mask.size // 2, name
-    if method == 'wanda':   # no weight update: the kept weights are the originals
+    if method == 'wanda':  # no weight update: the kept weights are the originals
       np.testing.assert_array_equal(kernel[mask], _at(before, name)[mask], err_msg=name)
-  assert _masked_names(masks) == sorted(_KERNELS)    # BatchNorm's and the biases: None
+  assert _masked_names(masks) == sorted(_KERNELS)  # BatchNorm's and the biases: None
   if method == 'wanda':
-    rows = conv_patches(images, (3, 3), 1, ((1, 1), (1, 1)), 1, 1)[0]   # (16*64, 36)
-    expected = row_mask(np.abs(_rows_of(before['stem']['kernel'], 1)[0])
-                        * np.sqrt((rows ** 2).sum(0)), None if nm else 0.5, nm)
-    np.testing.assert_array_equal(_at(masks, 'stem/kernel'),
-                                  _kernel_of(expected, _KERNELS['stem/kernel']))
+    rows = conv_patches(images, (3, 3), 1, ((1, 1), (1, 1)), 1, 1)[0]  # (16*64, 36)
+    expected = row_mask(
+      np.abs(_rows_of(before['stem']['kernel'], 1)[0]) * np.sqrt((rows**2).sum(0)),
+      None if nm else 0.5,
+      nm,
+    )
+    np.testing.assert_array_equal(
+      _at(masks, 'stem/kernel'), _kernel_of(expected, _KERNELS['stem/kernel'])
+    )
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), before)

@@ -16,11 +16,13 @@ def test_docs_oneshot_example():
   with contextlib.redirect_stdout(out):
     exec(compile(blocks[0], 'docs/guides/oneshot.md', 'exec'), {})
   printed = out.getvalue().strip().splitlines()
-  assert printed[:3] == ['magnitude: relative output error 0.109',
-                         'wanda: relative output error 0.092',
-                         'sparsegpt: relative output error 0.033']
+  assert printed[:3] == [
+    'magnitude: relative output error 0.109',
+    'wanda: relative output error 0.092',
+    'sparsegpt: relative output error 0.033',
+  ]
   errors = [float(line.split()[-1]) for line in printed[:3]]
-  assert errors[2] < errors[1] < errors[0]            # SparseGPT < Wanda < magnitude here
+  assert errors[2] < errors[1] < errors[0]  # SparseGPT < Wanda < magnitude here
   assert printed[3:] == ['True', 'None']
 
 
@@ -34,7 +36,7 @@ def test_docs_oneshot_report_example():
   shown = re.search(r'```text\n(.*?)```', section, flags=re.DOTALL).group(1).splitlines()
   out = io.StringIO()
   with contextlib.redirect_stdout(out), warnings.catch_warnings():
-    warnings.simplefilter('error')                      # nothing here is left dense unsaid
+    warnings.simplefilter('error')  # nothing here is left dense unsaid
     exec(compile(code, 'docs/guides/oneshot.md', 'exec'), {})
   printed = out.getvalue().strip().splitlines()
   assert printed[0] == shown[0] == '(4, 32, 64) 0.5'

@@ -34,13 +34,15 @@ class _Block(nn.Module):
 
 class _Scanned(nn.Module):
   """An input layer, DEPTH residual blocks under `nn.scan` (stacked along `axis`), a head."""
+
   axis: int = 0
 
   @nn.compact
   def __call__(self, x):
     x = nn.Dense(WIDTH, name='inp')(x)
-    x, _ = nn.scan(_Block, variable_axes={'params': self.axis}, split_rngs={'params': True},
-                   length=DEPTH)(name='blocks')(x, None)
+    x, _ = nn.scan(
+      _Block, variable_axes={'params': self.axis}, split_rngs={'params': True}, length=DEPTH
+    )(name='blocks')(x, None)
     return nn.Dense(8, name='head')(x)
 
 
@@ -55,8 +57,9 @@ def _unrolled(p, x):
 
 def _unstack(p, axis):
   """The params of `_Scanned` as `_unrolled` takes them."""
-  blocks = [jax.tree.map(lambda a, i=i: jnp.take(a, i, axis=axis), p['blocks'])
-            for i in range(DEPTH)]
+  blocks = [
+    jax.tree.map(lambda a, i=i: jnp.take(a, i, axis=axis), p['blocks']) for i in range(DEPTH)
+  ]
   return {'inp': p['inp'], 'head': p['head'], 'blocks': blocks}
 
 
@@ -78,10 +81,10 @@ def test_flax_nn_scan_equals_the_unrolled_model(method, target):
   fn, params = _flax()
   batches = _batches()
   new, masks = oneshot.prune(fn, params, batches, method=method, **target)
-  ref_new, ref_masks = oneshot.prune(_unrolled, _unstack(params, 0), batches, method=method,
-                                     **target)
-  for got, want in zip(jax.tree.leaves(masks), jax.tree.leaves(_restack(ref_masks)),
-                       strict=True):
+  ref_new, ref_masks = oneshot.prune(
+    _unrolled, _unstack(params, 0), batches, method=method, **target
+  )
+  for got, want in zip(jax.tree.leaves(masks), jax.tree.leaves(_restack(ref_masks)), strict=True):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   # SparseGPT's updated weights too: the same float32 operations, in the same order.
   for got, want in zip(jax.tree.leaves(new), jax.tree.leaves(_restack(ref_new)), strict=True):
@@ -97,23 +100,36 @@ def test_stacked_on_another_axis_and_not_sequential():
   fn, params = _flax(axis=1)
   batches = _batches()
   for sequential in (True, False):
-    _, masks = oneshot.prune(fn, params, batches, method='wanda', sparsity=0.5,
-                             sequential=sequential)
-    _, ref = oneshot.prune(_unrolled, _unstack(params, 1), batches, method='wanda',
-                           sparsity=0.5, sequential=sequential)
-    for got, want in zip(jax.tree.leaves(masks), jax.tree.leaves(_restack(ref, axis=1)),
-                         strict=True):
+    _, masks = oneshot.prune(
+      fn, params, batches, method='wanda', sparsity=0.5, sequential=sequential
+    )
+    _, ref = oneshot.prune(
+      _unrolled, _unstack(params, 1), batches, method='wanda', sparsity=0.5, sequential=sequential
+    )
+    for got, want in zip(
+      jax.tree.leaves(masks), jax.tree.leaves(_restack(ref, axis=1)), strict=True
+    ):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_layers_of_a_stack_are_slices_in_the_order_the_scan_runs_them():
   fn, params = _flax()
   batches = _batches()
-  names = ['blocks/down/kernel', 'blocks/up/bias', 'blocks/up/kernel', 'head/bias',
-           'head/kernel', 'inp/bias', 'inp/kernel']
+  names = [
+    'blocks/down/kernel',
+    'blocks/up/bias',
+    'blocks/up/kernel',
+    'head/bias',
+    'head/kernel',
+    'inp/bias',
+    'inp/kernel',
+  ]
   layers = oneshot.find_layers(jax.make_jaxpr(fn)(params, batches[0]), names)
-  order = ['inp/kernel'] + [f'blocks/{n}/kernel[{i}]' for i in range(DEPTH)
-                            for n in ('up', 'down')] + ['head/kernel']
+  order = (
+    ['inp/kernel']
+    + [f'blocks/{n}/kernel[{i}]' for i in range(DEPTH) for n in ('up', 'down')]
+    + ['head/kernel']
+  )
   assert [layer.name for layer in layers] == order
   assert [layer.wave for layer in layers] == list(range(len(order)))
   up = layers[1]
@@ -122,6 +138,7 @@ def test_layers_of_a_stack_are_slices_in_the_order_the_scan_runs_them():
 
 def _hand_scan(p, x):
   """A hand-written reversed `lax.scan` over stacked weights, with stacked outputs (ys)."""
+
   def step(h, w):
     h = jnp.tanh(h @ w['a']) @ w['b']
     return h, jnp.sum(h)
@@ -134,9 +151,13 @@ def test_hand_written_reversed_scan_against_numpy():
   """Wanda, sequential: the slices pruned last step first (the scan is reversed), each
   from the inputs the already pruned steps give, then the head; in numpy."""
   rng = np.random.default_rng(1)
-  params = {'stack': {'a': rng.normal(size=(3, WIDTH, HIDDEN)),
-                      'b': rng.normal(size=(3, HIDDEN, WIDTH)) / 4},
-            'head': rng.normal(size=(WIDTH, 8))}
+  params = {
+    'stack': {
+      'a': rng.normal(size=(3, WIDTH, HIDDEN)),
+      'b': rng.normal(size=(3, HIDDEN, WIDTH)) / 4,
+    },
+    'head': rng.normal(size=(WIDTH, 8)),
+  }
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
   batches = _batches()
   new, masks = oneshot.prune(_hand_scan, params, batches, method='wanda', sparsity=0.5)
@@ -172,8 +193,9 @@ def test_haiku_layer_stack_and_equinox_scan_equal_unrolled():
     return x
 
   blocks = [jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(DEPTH)]
-  _, masks = oneshot.prune(lambda p, x: model.apply(p, None, x), params, batches,
-                           method='wanda', sparsity=0.5)
+  _, masks = oneshot.prune(
+    lambda p, x: model.apply(p, None, x), params, batches, method='wanda', sparsity=0.5
+  )
   _, ref = oneshot.prune(unrolled, blocks, batches, method='wanda', sparsity=0.5)
   for name in ('up', 'down'):
     got = masks[f'__layer_stack_no_per_layer/{name}']['w']
@@ -203,13 +225,14 @@ def test_haiku_layer_stack_and_equinox_scan_equal_unrolled():
       x = x + jax.nn.relu(x @ b['up'].T + b['bias']) @ b['down'].T
     return x
 
-  blocks = [{'up': arrays.up.weight[i], 'bias': arrays.up.bias[i],
-             'down': arrays.down.weight[i]} for i in range(DEPTH)]
+  blocks = [
+    {'up': arrays.up.weight[i], 'bias': arrays.up.bias[i], 'down': arrays.down.weight[i]}
+    for i in range(DEPTH)
+  ]
   _, masks = oneshot.prune(eqx_fn, arrays, batches, method='wanda', nm='2:4')
   _, ref = oneshot.prune(eqx_unrolled, blocks, batches, method='wanda', nm='2:4')
   np.testing.assert_array_equal(np.asarray(masks.up.weight), np.stack([r['up'] for r in ref]))
-  np.testing.assert_array_equal(np.asarray(masks.down.weight),
-                                np.stack([r['down'] for r in ref]))
+  np.testing.assert_array_equal(np.asarray(masks.down.weight), np.stack([r['down'] for r in ref]))
 
 
 def test_a_stack_is_measured_one_slice_at_a_time(monkeypatch):

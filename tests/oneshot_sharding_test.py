@@ -17,9 +17,11 @@ from jax.sharding import PartitionSpec as P
 
 from jaxprune import oneshot
 
-CASES = {'wanda 50%': dict(method='wanda', sparsity=0.5),
-         'sparsegpt 50%': dict(method='sparsegpt', sparsity=0.5, blocksize=16),
-         'sparsegpt 2:4': dict(method='sparsegpt', nm='2:4')}
+CASES = {
+  'wanda 50%': dict(method='wanda', sparsity=0.5),
+  'sparsegpt 50%': dict(method='sparsegpt', sparsity=0.5, blocksize=16),
+  'sparsegpt 2:4': dict(method='sparsegpt', nm='2:4'),
+}
 
 
 def _model(params, x):
@@ -41,22 +43,27 @@ def multidevice() -> dict:
   results = {}
   for name, kwargs in CASES.items():
     new, masks = oneshot.prune(_model, sharded, data, **kwargs)
-    ref, ref_masks = oneshot.prune(_model, jax.device_put(params, one),
-                                   jax.device_put(batches, one), **kwargs)
+    ref, ref_masks = oneshot.prune(
+      _model, jax.device_put(params, one), jax.device_put(batches, one), **kwargs
+    )
     results[name] = {
-        'max_difference': max(float(np.max(np.abs(np.asarray(new[k]) - np.asarray(ref[k]))))
-                              for k in params),
-        'masks_equal': all(np.array_equal(masks[k], ref_masks[k]) for k in params),
-        'sharding_kept': all(new[k].sharding.is_equivalent_to(sharded[k].sharding, 2)
-                             for k in params),
-        'sparsity': float(np.mean(np.asarray(masks['w1']) == 0))}
+      'max_difference': max(
+        float(np.max(np.abs(np.asarray(new[k]) - np.asarray(ref[k])))) for k in params
+      ),
+      'masks_equal': all(np.array_equal(masks[k], ref_masks[k]) for k in params),
+      'sharding_kept': all(
+        new[k].sharding.is_equivalent_to(sharded[k].sharding, 2) for k in params
+      ),
+      'sparsity': float(np.mean(np.asarray(masks['w1']) == 0)),
+    }
   return results
 
 
 def test_sharded_params_prune_like_one_device():
   env = cpu_devices.env(8)
-  done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env,
-                        timeout=600)
+  done = subprocess.run(
+    [sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600
+  )
   assert done.returncode == 0, done.stderr[-4000:]
   results = json.loads(done.stdout.strip().splitlines()[-1])
   assert set(results) == set(CASES)

@@ -18,8 +18,14 @@ SUBPACKAGES = sorted(p.name for p in PACKAGES if p.parent == PACKAGE)
 CORE = sorted(p for p in PACKAGE.glob('*.py') if p.name != '__init__.py')
 
 # Heavy dependencies, and jaxprune's own packages, that `import jaxprune` must not load.
-NOT_LOADED = ['flax', 'scipy', 'orbax', 'transformers', 'sklearn',
-              *(f'jaxprune.{p}' for p in SUBPACKAGES)]
+NOT_LOADED = [
+  'flax',
+  'scipy',
+  'orbax',
+  'transformers',
+  'sklearn',
+  *(f'jaxprune.{p}' for p in SUBPACKAGES),
+]
 
 IMPORT_SCRIPT = """
 import json, sys
@@ -49,7 +55,7 @@ def imported_modules(source: str, name: str, is_package: bool) -> set[str]:
     elif isinstance(node, ast.ImportFrom):
       base = node.module or ''
       if node.level:
-        anchor = package.split('.')[:len(package.split('.')) - node.level + 1]
+        anchor = package.split('.')[: len(package.split('.')) - node.level + 1]
         base = '.'.join(anchor + ([base] if base else []))
       found.add(base)
       found.update(f'{base}.{alias.name}' for alias in node.names)
@@ -72,14 +78,22 @@ def violations(paths: list[pathlib.Path], forbidden: list[str]) -> list[str]:
 
 def test_import_jaxprune_loads_only_the_core():
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
-  result = subprocess.run([sys.executable, '-c', IMPORT_SCRIPT], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300, check=True)
+  result = subprocess.run(
+    [sys.executable, '-c', IMPORT_SCRIPT],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=300,
+    check=True,
+  )
   report = json.loads(result.stdout.splitlines()[-1])
   loaded = [m for m in report['loaded'] if within(m, NOT_LOADED)]
   assert {'jaxprune.structured', 'jaxprune.channels', 'jaxprune.train'} <= set(NOT_LOADED)
   assert loaded == []
   assert {'structured', 'channels', 'train', 'sparse', 'functional', 'methods'} <= set(
-      report['dir'])
+    report['dir']
+  )
   assert report['trace'] == 'jaxprune.structured._trace.tracing'
   assert report['channels'] == 'jaxprune.channels._rule'
   assert report['after']
@@ -87,6 +101,7 @@ def test_import_jaxprune_loads_only_the_core():
 
 def test_unknown_attribute_is_an_attribute_error():
   import jaxprune
+
   with pytest.raises(AttributeError, match="'jaxprune' has no attribute 'strcutured'"):
     jaxprune.strcutured  # noqa: B018
   assert not hasattr(jaxprune, 'strcutured')
@@ -94,6 +109,7 @@ def test_unknown_attribute_is_an_attribute_error():
 
 def test_every_subpackage_is_a_namespace_of_jaxprune():
   import jaxprune
+
   assert set(SUBPACKAGES) <= set(jaxprune._NAMESPACES)
   for name in jaxprune._NAMESPACES:
     assert getattr(jaxprune, name) is importlib.import_module(f'jaxprune.{name}')
@@ -117,9 +133,13 @@ def test_init_exports_exactly_its_all(package):
   assert len(module.__all__) == len(set(module.__all__))
   if package == 'jaxprune.train':
     # Lazy: its imports are for type checkers only, and `_MODULES` names where each is.
-    imported = {alias.asname or alias.name for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) for alias in node.names
-                if (node.module or '').startswith('jaxprune.train._')}
+    imported = {
+      alias.asname or alias.name
+      for node in ast.walk(tree)
+      if isinstance(node, ast.ImportFrom)
+      for alias in node.names
+      if (node.module or '').startswith('jaxprune.train._')
+    }
     assert set(module._MODULES) == imported
   assert set(module.__all__) == imported
   for name in module.__all__:
@@ -133,19 +153,25 @@ LAZY = ('jaxprune', 'jaxprune.train')
 def test_the_main_job_loads_its_modules_on_first_use():
   """A config file's `from jaxprune.train import get_config`, and the command's flag errors,
   load no Flax, orbax or matplotlib (a fresh process: this one has them all)."""
-  code = ('import sys\n'
-          'from jaxprune.train import get_config\n'
-          'assert get_config().name == "digits_mlp"\n'
-          'heavy = ("flax", "orbax", "matplotlib", "sklearn", "jaxprune.structured")\n'
-          'print(sorted(m for m in sys.modules if m.startswith(heavy)))\n')
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                       check=True, timeout=120).stdout
+  code = (
+    'import sys\n'
+    'from jaxprune.train import get_config\n'
+    'assert get_config().name == "digits_mlp"\n'
+    'heavy = ("flax", "orbax", "matplotlib", "sklearn", "jaxprune.structured")\n'
+    'print(sorted(m for m in sys.modules if m.startswith(heavy)))\n'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, check=True, timeout=120
+  ).stdout
   assert out.strip() == '[]'
   # A mistyped field: one line, and (-X importtime lists every module imported) none of them.
-  err = subprocess.run([sys.executable, '-X', 'importtime', '-m', 'jaxprune.train',
-                        '--config.num_step=5'], capture_output=True, text=True,
-                       timeout=120).stderr.splitlines()
-  assert err[-1].startswith("jaxprune-train: --config.num_step=5: the config has no field")
+  err = subprocess.run(
+    [sys.executable, '-X', 'importtime', '-m', 'jaxprune.train', '--config.num_step=5'],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  ).stderr.splitlines()
+  assert err[-1].startswith('jaxprune-train: --config.num_step=5: the config has no field')
   loaded = {line.split('|')[-1].strip() for line in err if line.startswith('import time:')}
   assert 'jaxprune.train._usage' in loaded
   assert not {m for m in loaded if m.split('.')[0] in ('flax', 'orbax', 'matplotlib', 'sklearn')}
@@ -166,35 +192,45 @@ def test_structured_imports_neither_channels_nor_train():
 def test_other_packages_use_structured_only_through_its_public_and_shared_names():
   """`jaxprune.structured`'s `__all__`, and `structured._shared` for what other packages need
   beyond it; its stage packages (`_core`, `_trace`, ...) are its own."""
-  stages = sorted(p.name for p in (PACKAGE / 'structured').iterdir()
-                  if (p / '__init__.py').exists())
+  stages = sorted(
+    p.name for p in (PACKAGE / 'structured').iterdir() if (p / '__init__.py').exists()
+  )
   assert {'_core', '_primitives', '_trace', '_select', '_shrink', '_prune'} <= set(stages)
-  files = sorted(p for package in ('channels', 'train', 'oneshot', 'sparse')
-                 for p in (PACKAGE / package).rglob('*.py'))
+  files = sorted(
+    p
+    for package in ('channels', 'train', 'oneshot', 'sparse')
+    for p in (PACKAGE / package).rglob('*.py')
+  )
   assert violations(files, [f'jaxprune.structured.{s}' for s in stages]) == []
 
 
 def test_the_direction_check_sees_nested_and_relative_imports():
-  source = '\n'.join([
+  source = '\n'.join(
+    [
       'import jaxprune._masks',
       'from jaxprune import channels as c',
       'def f():',
       '  if True:',
       '    from ..train import loop',
       '  from . import trace',
-  ])
+    ]
+  )
   found = imported_modules(source, 'jaxprune.structured.api', is_package=False)
-  assert {'jaxprune._masks', 'jaxprune.channels', 'jaxprune.train.loop',
-          'jaxprune.structured.trace'} <= found
+  assert {
+    'jaxprune._masks',
+    'jaxprune.channels',
+    'jaxprune.train.loop',
+    'jaxprune.structured.trace',
+  } <= found
   assert within('jaxprune.channels.rule', ['jaxprune.channels'])
   assert not within('jaxprune.channelsx', ['jaxprune.channels'])
 
 
 # Public modules that are not packages: namespaces that only re-export, and scripts.
 PUBLIC_MODULES = {
-    'jaxprune.functional',       # the torch.nn.utils.prune counterpart (re-exports)
-    'jaxprune.methods',          # its pruning criteria (re-exports)
-    'jaxprune.train.__main__',   # `python -m jaxprune.train`
+  'jaxprune.functional',  # the torch.nn.utils.prune counterpart (re-exports)
+  'jaxprune.methods',  # its pruning criteria (re-exports)
+  'jaxprune.train.__main__',  # `python -m jaxprune.train`
 }
 
 

@@ -15,8 +15,9 @@ import numpy as np
 F32 = np.float32
 
 
-def histogram_rule(magnitudes: np.ndarray, sparsity: float, nbins: int
-                   ) -> tuple[np.float32, int, np.ndarray]:
+def histogram_rule(
+  magnitudes: np.ndarray, sparsity: float, nbins: int
+) -> tuple[np.float32, int, np.ndarray]:
   """TF's histogram threshold on magnitudes (max > 0, finite).
 
   See docs/explanation/semantics.md#histogram-thresholds.
@@ -48,8 +49,9 @@ def exact_rule(magnitudes: np.ndarray, sparsity: float) -> np.float32:
   return F32(a[keep_count(a.size, sparsity) - 1])
 
 
-def threshold_and_mask(magnitudes: np.ndarray, sparsity: float, nbins: int, method: str
-                       ) -> tuple[np.float32, np.ndarray]:
+def threshold_and_mask(
+  magnitudes: np.ndarray, sparsity: float, nbins: int, method: str
+) -> tuple[np.float32, np.ndarray]:
   """(threshold, mask) on magnitudes: `a > thr` (histogram) or `a >= thr` (exact)."""
   a = np.asarray(magnitudes, F32)
   if method == 'histogram':
@@ -69,7 +71,7 @@ def pool(magnitudes: np.ndarray, bh: int, bw: int, pooling: str) -> np.ndarray:
   out = np.zeros((rows, cols), F32)
   for i in range(rows):
     for j in range(cols):
-      block = magnitudes[i * bh:(i + 1) * bh, j * bw:(j + 1) * bw]
+      block = magnitudes[i * bh : (i + 1) * bh, j * bw : (j + 1) * bw]
       if pooling == 'MAX':
         out[i, j] = block.max()
       else:
@@ -78,8 +80,14 @@ def pool(magnitudes: np.ndarray, bh: int, bw: int, pooling: str) -> np.ndarray:
   return out
 
 
-def block_mask(weights: np.ndarray, sparsity: float, block_dims: tuple[int, int],
-               pooling: str, nbins: int, method: str) -> tuple[np.float32, np.ndarray]:
+def block_mask(
+  weights: np.ndarray,
+  sparsity: float,
+  block_dims: tuple[int, int],
+  pooling: str,
+  nbins: int,
+  method: str,
+) -> tuple[np.float32, np.ndarray]:
   """(threshold, mask) of block pruning for weights whose squeezed shape is 2-D.
 
   See docs/explanation/semantics.md#blocks.
@@ -105,7 +113,7 @@ def nm_mask(weights: np.ndarray, n: int, m: int) -> np.ndarray:
   out = np.moveaxis(mask, -2, -1)  # a view: writing it writes `mask`.
   for index in np.ndindex(moved.shape[:-1]):
     for start in range(0, moved.shape[-1], m):
-      group = moved[index][start:start + m]
+      group = moved[index][start : start + m]
       for k in np.argsort(-group, kind='stable')[:n]:
         out[index + (start + k,)] = True
   return mask

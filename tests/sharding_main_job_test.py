@@ -16,7 +16,7 @@ import pytest
 ENV = cpu_devices.env(8)
 
 # The crash tests' tiny config (tests/train_faults.py), pruned over steps 20-80.
-TINY_CONFIG = f'''
+TINY_CONFIG = f"""
 import sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 from train_faults import tiny_config
@@ -24,9 +24,9 @@ from train_faults import tiny_config
 
 def get_config(mesh_shape=(), num_steps=100):
   return tiny_config(num_steps, prune_steps=(20, 80), eval_every=100, mesh_shape=mesh_shape)
-'''
+"""
 
-COMPARE = '''
+COMPARE = """
 import json, sys
 import jax, numpy as np
 import jaxprune
@@ -52,12 +52,13 @@ for (name, a), (_, b) in zip(jaxprune.named_leaves(masks_one), jaxprune.named_le
   out['mask_mismatches'][name] = int(np.sum(np.asarray(a) != np.asarray(b)))
   out['kept'][name] = [int(np.sum(np.asarray(a))), int(np.sum(np.asarray(b)))]
 print(json.dumps(out))
-'''
+"""
 
 
 def _run(args, cwd):
-  result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV,
-                          cwd=cwd, timeout=600)
+  result = subprocess.run(
+    [sys.executable, *args], capture_output=True, text=True, env=ENV, cwd=cwd, timeout=600
+  )
   assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
   return result
 
@@ -70,11 +71,18 @@ def test_sharded_run_resumes_and_agrees_with_one_device(tmp_path):
   assert out['step'] == 100
   # Widths 32 and 16 split over the 4 'model' devices; the 10 logits do not divide.
   assert out['specs'] == {
-      'Dense_0/bias': "P('model',)", 'Dense_0/kernel': "P(None, 'model')",
-      'Dense_1/bias': "P('model',)", 'Dense_1/kernel': "P(None, 'model')",
-      'Dense_2/bias': 'P()', 'Dense_2/kernel': 'P()'}
-  assert out['mask_specs'] == {'Dense_0/kernel': "P(None, 'model')",
-                               'Dense_1/kernel': "P(None, 'model')", 'Dense_2/kernel': 'P()'}
+    'Dense_0/bias': "P('model',)",
+    'Dense_0/kernel': "P(None, 'model')",
+    'Dense_1/bias': "P('model',)",
+    'Dense_1/kernel': "P(None, 'model')",
+    'Dense_2/bias': 'P()',
+    'Dense_2/kernel': 'P()',
+  }
+  assert out['mask_specs'] == {
+    'Dense_0/kernel': "P(None, 'model')",
+    'Dense_1/kernel': "P(None, 'model')",
+    'Dense_2/kernel': 'P()',
+  }
   # What docs/guides/sharding.md says holds over a run. Gradients are summed over the 'data'
   # devices in another order than on one device, and training amplifies the
   # rounding: over these 100 steps the params still agree within 1e-4 and the
@@ -83,28 +91,43 @@ def test_sharded_run_resumes_and_agrees_with_one_device(tmp_path):
   assert max(out['errors'].values()) < 1e-4, out['errors']
   # The exact method keeps round(N * 0.2) weights of each kernel on any mesh:
   # 64*32 = 2048 -> 410, 32*16 = 512 -> 102, 16*10 = 160 -> 32.
-  assert out['kept'] == {'Dense_0/kernel': [410, 410], 'Dense_1/kernel': [102, 102],
-                         'Dense_2/kernel': [32, 32]}
+  assert out['kept'] == {
+    'Dense_0/kernel': [410, 410],
+    'Dense_1/kernel': [102, 102],
+    'Dense_2/kernel': [32, 32],
+  }
 
 
-@pytest.mark.parametrize('mesh_shape, message', [
+@pytest.mark.parametrize(
+  'mesh_shape, message',
+  [
     ('(2,4)', None),
     ('(3,3)', 'uses 9 devices but 8 are available'),
-])
+  ],
+)
 def test_command_line_mesh_shape(tmp_path, mesh_shape, message):
   (tmp_path / 'tiny.py').write_text(TINY_CONFIG)
-  args = ['-m', 'jaxprune.train', '--config', str(tmp_path / 'tiny.py'),
-          f'--config.mesh_shape={mesh_shape}', '--config.num_steps=20',
-          f'--workdir={tmp_path / "run"}']
+  args = [
+    '-m',
+    'jaxprune.train',
+    '--config',
+    str(tmp_path / 'tiny.py'),
+    f'--config.mesh_shape={mesh_shape}',
+    '--config.num_steps=20',
+    f'--workdir={tmp_path / "run"}',
+  ]
   if message is None:
     result = _run(args, tmp_path)
     assert 'jaxprune-train' in result.stdout
     assert os.path.exists(tmp_path / 'run' / 'report.txt')
     return
-  result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV,
-                          cwd=tmp_path, timeout=600)
+  result = subprocess.run(
+    [sys.executable, *args], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600
+  )
   assert result.returncode == 1
   # One line, without a traceback.
-  assert result.stderr.splitlines() == [f'jaxprune-train: mesh_shape=(3, 3) {message}; make the '
-                                        'product of the sizes equal the device count, or use () '
-                                        'for one device.'], textwrap.shorten(result.stderr, 2000)
+  assert result.stderr.splitlines() == [
+    f'jaxprune-train: mesh_shape=(3, 3) {message}; make the '
+    'product of the sizes equal the device count, or use () '
+    'for one device.'
+  ], textwrap.shorten(result.stderr, 2000)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                           ' --xla_force_host_platform_device_count=8')
+os.environ['XLA_FLAGS'] = (
+  os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+)
 
 import json  # noqa: E402
 import re  # noqa: E402
@@ -36,8 +37,9 @@ LAYOUTS = ('data_parallel', 'model_parallel', 'fsdp')
 # `%x = <result> op(`: the result is one shape or a tuple of shapes (XLA
 # combines small all-reduces into one with a tuple result).
 COLLECTIVE = re.compile(
-    r'=\s+(\([^)]*\)|\S+)\s+(all-gather|all-reduce|all-to-all|collective-permute|'
-    r'reduce-scatter)(?:-start)?\(')
+  r'=\s+(\([^)]*\)|\S+)\s+(all-gather|all-reduce|all-to-all|collective-permute|'
+  r'reduce-scatter)(?:-start)?\('
+)
 SHAPE = re.compile(r'(\w+)\[([\d,]*)\]')
 
 
@@ -80,13 +82,15 @@ def hparams(method: str, **overrides):
 
 def update_params(rng):
   """Small kernels (bit-equality needs no more), a conv kernel and an unpruned bias."""
+
   def normal(*shape):
     return rng.normal(size=shape).astype(np.float32)
+
   return {
-      'dense': {'kernel': normal(64, 128), 'bias': normal(128)},
-      'blocks': {'kernel': normal(64, 128)},
-      'rows': {'kernel': normal(64, 32)},
-      'conv': {'kernel': normal(3, 3, 16, 32)},
+    'dense': {'kernel': normal(64, 128), 'bias': normal(128)},
+    'blocks': {'kernel': normal(64, 128)},
+    'rows': {'kernel': normal(64, 32)},
+    'conv': {'kernel': normal(3, 3, 16, 32)},
   }
 
 
@@ -123,32 +127,41 @@ def run_update(method: str) -> dict:
     mesh = make_mesh(layout)
     p_shard = params_shardings(layout, mesh, params)
     s_shard = jaxprune.state_shardings(state, p_shard)
-    step = jax.jit(tx.update, in_shardings=(p_shard, s_shard, p_shard),
-                   out_shardings=(p_shard, s_shard))
+    step = jax.jit(
+      tx.update, in_shardings=(p_shard, s_shard, p_shard), out_shardings=(p_shard, s_shard)
+    )
     args = jax.device_put((updates, state, params), (p_shard, s_shard, p_shard))
     compiled = step.lower(*args).compile()
     new_updates, new_state = compiled(*args)
     pruned = optax.apply_updates(args[2], new_updates)
     found = collectives(compiled.as_text())
     results[layout] = {
-        'masks_equal': trees_equal(new_state.masks, ref_state.masks),
-        'thresholds_equal': trees_equal(new_state.thresholds, ref_state.thresholds),
-        'unequal_thresholds': sorted(
-            name for name, t in jaxprune.get_thresholds(new_state).items()
-            if not np.array_equal(t, jaxprune.get_thresholds(ref_state)[name])),
-        'pruned_params_equal': trees_equal(pruned, ref_pruned),
-        'state_equal': trees_equal(new_state, ref_state),
-        'mask_specs_like_params': all(
-            m.sharding.is_equivalent_to(s, m.ndim) for m, s in zip(
-                jax.tree.leaves(new_state.masks),
-                jax.tree.leaves(jaxprune.get_masks(s_shard)), strict=True)),
-        'threshold_specs': sorted({str(t.sharding.spec)
-                                   for t in jax.tree.leaves(new_state.thresholds)}),
-        'collectives': sorted({f'{op} {shape}' for op, shape, _ in found}),
-        'collective_counts': {op: sum(1 for o, _, _ in found if o == op)
-                              for op in sorted({o for o, _, _ in found})},
-        'largest_collective': max([size for _, _, size in found], default=0),
-        'sparsity': {k: float(v) for k, v in jaxprune.get_weight_sparsity(new_state).items()},
+      'masks_equal': trees_equal(new_state.masks, ref_state.masks),
+      'thresholds_equal': trees_equal(new_state.thresholds, ref_state.thresholds),
+      'unequal_thresholds': sorted(
+        name
+        for name, t in jaxprune.get_thresholds(new_state).items()
+        if not np.array_equal(t, jaxprune.get_thresholds(ref_state)[name])
+      ),
+      'pruned_params_equal': trees_equal(pruned, ref_pruned),
+      'state_equal': trees_equal(new_state, ref_state),
+      'mask_specs_like_params': all(
+        m.sharding.is_equivalent_to(s, m.ndim)
+        for m, s in zip(
+          jax.tree.leaves(new_state.masks),
+          jax.tree.leaves(jaxprune.get_masks(s_shard)),
+          strict=True,
+        )
+      ),
+      'threshold_specs': sorted(
+        {str(t.sharding.spec) for t in jax.tree.leaves(new_state.thresholds)}
+      ),
+      'collectives': sorted({f'{op} {shape}' for op, shape, _ in found}),
+      'collective_counts': {
+        op: sum(1 for o, _, _ in found if o == op) for op in sorted({o for o, _, _ in found})
+      },
+      'largest_collective': max([size for _, _, size in found], default=0),
+      'sparsity': {k: float(v) for k, v in jaxprune.get_weight_sparsity(new_state).items()},
     }
   return results
 
@@ -169,15 +182,20 @@ def run_explicit(method: str) -> dict:
     out = jax.jit(tx.update, out_shardings=(p_shard, s_shard))(*args)
   except Exception as err:  # noqa: BLE001 - reported to the calling test
     return {'error': f'{type(err).__name__}: {str(err).splitlines()[0]}'}
-  return {'equal': trees_equal(out, ref),
-          'mask_specs': [str(m.sharding.spec) for m in jax.tree.leaves(out[1].masks)]}
+  return {
+    'equal': trees_equal(out, ref),
+    'mask_specs': [str(m.sharding.spec) for m in jax.tree.leaves(out[1].masks)],
+  }
 
 
 def mlp_params(rng):
   def dense(n_in, n_out):
     scale = np.sqrt(2.0 / n_in)
-    return {'kernel': (scale * rng.normal(size=(n_in, n_out))).astype(np.float32),
-            'bias': np.zeros(n_out, np.float32)}
+    return {
+      'kernel': (scale * rng.normal(size=(n_in, n_out))).astype(np.float32),
+      'bias': np.zeros(n_out, np.float32),
+    }
+
   return {'Dense_0': dense(64, 128), 'Dense_1': dense(128, 64), 'Dense_2': dense(64, 16)}
 
 
@@ -197,9 +215,14 @@ def run_train(method: str, steps: int = 16) -> dict:
   xs = rng.normal(size=(steps, 64, 64)).astype(np.float32)
   ys = np.argmax(xs @ teacher, axis=-1).astype(np.int32)
   results = {}
-  hp = hparams(method, pruning_frequency=4, begin_pruning_step=4,
-               sparsity_function_begin_step=4, sparsity_function_end_step=12,
-               block_dims_map=['Dense_1/kernel:4x4'])
+  hp = hparams(
+    method,
+    pruning_frequency=4,
+    begin_pruning_step=4,
+    sparsity_function_begin_step=4,
+    sparsity_function_end_step=12,
+    block_dims_map=['Dense_1/kernel:4x4'],
+  )
   tx = optax.chain(optax.adam(1e-2), jaxprune.pruning(hp))
 
   def train_step(params, opt_state, x, y, tx=tx):
@@ -216,8 +239,9 @@ def run_train(method: str, steps: int = 16) -> dict:
     p_shard = params_shardings(layout, mesh, params)
     o_shard = jaxprune.state_shardings(jax.eval_shape(tx.init, params), p_shard)
     batch = NamedSharding(mesh, P(('data', 'model') if layout != 'model_parallel' else 'data'))
-    step = jax.jit(train_step, in_shardings=(p_shard, o_shard, batch, batch),
-                   out_shardings=(p_shard, o_shard))
+    step = jax.jit(
+      train_step, in_shardings=(p_shard, o_shard, batch, batch), out_shardings=(p_shard, o_shard)
+    )
     init = jax.jit(tx.init, in_shardings=(p_shard,), out_shardings=o_shard)
     out = (jax.device_put(params, p_shard), init(jax.device_put(params, p_shard)))
     for i in range(steps):
@@ -247,15 +271,20 @@ def compare_runs(ref, out) -> dict:
       mismatches += int(differ.sum())
       # The kept copy of a weight pruned in only one run is where it crossed the threshold.
       kept = np.where(ref_mask, ref_leaf, leaf)[differ]
-      far_from_threshold += int(np.sum(
-          np.abs(np.abs(kept) - float(thresholds[name])) > 1e-4 * float(thresholds[name])))
+      far_from_threshold += int(
+        np.sum(np.abs(np.abs(kept) - float(thresholds[name])) > 1e-4 * float(thresholds[name]))
+      )
     scale = max(float(np.max(np.abs(ref_leaf))), 1e-6)
     max_error = max(max_error, float(np.max(np.abs(leaf - ref_leaf)[agree], initial=0)) / scale)
-  return {'mask_mismatches': mismatches, 'mismatches_far_from_threshold': far_from_threshold,
-          'masks_identical': agreeing_masks, 'max_relative_param_error': max_error,
-          'thresholds': {k: float(v) for k, v in jaxprune.get_thresholds(opt).items()},
-          'ref_thresholds': {k: float(v) for k, v in thresholds.items()},
-          'sparsity': {k: float(v) for k, v in jaxprune.get_weight_sparsity(params).items()}}
+  return {
+    'mask_mismatches': mismatches,
+    'mismatches_far_from_threshold': far_from_threshold,
+    'masks_identical': agreeing_masks,
+    'max_relative_param_error': max_error,
+    'thresholds': {k: float(v) for k, v in jaxprune.get_thresholds(opt).items()},
+    'ref_thresholds': {k: float(v) for k, v in thresholds.items()},
+    'sparsity': {k: float(v) for k, v in jaxprune.get_weight_sparsity(params).items()},
+  }
 
 
 def _at(tree, path):

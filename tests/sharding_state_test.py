@@ -20,15 +20,15 @@ REPLICATED = P()
 
 def _params():
   return {
-      'Dense_0': {'kernel': jnp.ones((8, 16)), 'bias': jnp.ones(16)},
-      'Dense_1': {'kernel': jnp.ones((16, 4)), 'bias': jnp.ones(4)},
+    'Dense_0': {'kernel': jnp.ones((8, 16)), 'bias': jnp.ones(16)},
+    'Dense_1': {'kernel': jnp.ones((16, 4)), 'bias': jnp.ones(4)},
   }
 
 
 def _specs():
   return {
-      'Dense_0': {'kernel': P(None, 'model'), 'bias': P('model')},
-      'Dense_1': {'kernel': P('data', None), 'bias': P()},
+    'Dense_0': {'kernel': P(None, 'model'), 'bias': P('model')},
+    'Dense_1': {'kernel': P('data', None), 'bias': P()},
   }
 
 
@@ -49,19 +49,20 @@ def test_masks_like_params_thresholds_and_counters_replicated():
   shardings = jaxprune.state_shardings(state, _params_shardings())
   assert isinstance(shardings, jaxprune.PruningState)
   assert _spec_tree(shardings.masks) == {
-      'Dense_0': {'kernel': P(None, 'model'), 'bias': None},
-      'Dense_1': {'kernel': P('data', None), 'bias': None}}
+    'Dense_0': {'kernel': P(None, 'model'), 'bias': None},
+    'Dense_1': {'kernel': P('data', None), 'bias': None},
+  }
   assert _spec_tree(shardings.thresholds) == {
-      'Dense_0': {'kernel': REPLICATED, 'bias': None},
-      'Dense_1': {'kernel': REPLICATED, 'bias': None}}
+    'Dense_0': {'kernel': REPLICATED, 'bias': None},
+    'Dense_1': {'kernel': REPLICATED, 'bias': None},
+  }
   for field in ('step', 'last_update_step', 'nonfinite_skips', 'sparsity'):
     assert getattr(shardings, field).spec == REPLICATED, field
   assert all(s.mesh == MESH for s in jax.tree.leaves(shardings))
 
 
 def test_pruning_state_inside_an_optax_chain_and_adam_moments():
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3),
-                   jaxprune.pruning(_hparams()))
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3), jaxprune.pruning(_hparams()))
   shapes = jax.eval_shape(tx.init, _params())
   shardings = jaxprune.state_shardings(shapes, _params_shardings())
   assert jax.tree.structure(shardings) == jax.tree.structure(shapes)
@@ -74,14 +75,23 @@ def test_pruning_state_inside_an_optax_chain_and_adam_moments():
   assert shardings[2].masks == pruning.masks
 
 
-@pytest.mark.parametrize('wrap', [
+@pytest.mark.parametrize(
+  'wrap',
+  [
     lambda tx: optax.MultiSteps(tx, every_k_schedule=2),
     lambda tx: optax.inject_hyperparams(
-        lambda learning_rate: optax.chain(optax.sgd(learning_rate, momentum=0.9), tx))(0.1),
-    lambda tx: optax.chain(optax.masked(optax.adam(1e-3), {
-        'Dense_0': {'kernel': True, 'bias': False},
-        'Dense_1': {'kernel': True, 'bias': False}}), tx),
-], ids=['multi_steps', 'inject_hyperparams', 'masked'])
+      lambda learning_rate: optax.chain(optax.sgd(learning_rate, momentum=0.9), tx)
+    )(0.1),
+    lambda tx: optax.chain(
+      optax.masked(
+        optax.adam(1e-3),
+        {'Dense_0': {'kernel': True, 'bias': False}, 'Dense_1': {'kernel': True, 'bias': False}},
+      ),
+      tx,
+    ),
+  ],
+  ids=['multi_steps', 'inject_hyperparams', 'masked'],
+)
 def test_pruning_state_nested_in_wrappers(wrap):
   tx = wrap(jaxprune.pruning(_hparams()))
   shapes = jax.eval_shape(tx.init, _params())
@@ -109,7 +119,8 @@ def test_a_sharding_that_does_not_fit_a_leaf_leaves_it_replicated():
   tx = optax.chain(optax.adafactor(1e-3, min_dim_size_to_factor=32), jaxprune.pruning(_hparams()))
   shapes = jax.eval_shape(tx.init, params)
   shardings = jaxprune.state_shardings(
-      shapes, {'w': {'kernel': NamedSharding(MESH, P(None, 'model'))}})
+    shapes, {'w': {'kernel': NamedSharding(MESH, P(None, 'model'))}}
+  )
   for shape, sharding in zip(jax.tree.leaves(shapes), jax.tree.leaves(shardings), strict=True):
     expected = P(None, 'model') if shape.shape == (64, 128) else REPLICATED
     assert sharding.spec == expected, shape
@@ -121,12 +132,14 @@ def test_one_sharding_for_all_params():
   rows = NamedSharding(MESH, P('data', None))
   shardings = jaxprune.state_shardings(shapes, rows)
   assert _spec_tree(shardings[1].masks) == {
-      'Dense_0': {'kernel': P('data', None), 'bias': None},
-      'Dense_1': {'kernel': P('data', None), 'bias': None}}
+    'Dense_0': {'kernel': P('data', None), 'bias': None},
+    'Dense_1': {'kernel': P('data', None), 'bias': None},
+  }
   # The moments of the 2-D kernels take it; the 1-D biases cannot and are replicated.
   assert _spec_tree(shardings[0][0].mu) == {
-      'Dense_0': {'kernel': P('data', None), 'bias': REPLICATED},
-      'Dense_1': {'kernel': P('data', None), 'bias': REPLICATED}}
+    'Dense_0': {'kernel': P('data', None), 'bias': REPLICATED},
+    'Dense_1': {'kernel': P('data', None), 'bias': REPLICATED},
+  }
   assert shardings[1].thresholds['Dense_0']['kernel'].spec == REPLICATED
 
 
@@ -162,16 +175,23 @@ def test_abstract_with_shardings_and_jit():
   shapes = jax.eval_shape(tx.init, params)
   shardings = jaxprune.state_shardings(shapes, _params_shardings())
   abstract = jaxprune.abstract_with_shardings(shapes, shardings)
-  for leaf, shape, sharding in zip(jax.tree.leaves(abstract), jax.tree.leaves(shapes),
-                                   jax.tree.leaves(shardings), strict=True):
+  for leaf, shape, sharding in zip(
+    jax.tree.leaves(abstract), jax.tree.leaves(shapes), jax.tree.leaves(shardings), strict=True
+  ):
     assert isinstance(leaf, jax.ShapeDtypeStruct)
     assert (leaf.shape, leaf.dtype, leaf.sharding) == (shape.shape, shape.dtype, sharding)
   # The shardings are accepted by jit as in_shardings and out_shardings.
-  step = jax.jit(tx.update, in_shardings=(_params_shardings(), shardings, _params_shardings()),
-                 out_shardings=(_params_shardings(), shardings))
+  step = jax.jit(
+    tx.update,
+    in_shardings=(_params_shardings(), shardings, _params_shardings()),
+    out_shardings=(_params_shardings(), shardings),
+  )
   updates, state = step(params, tx.init(params), params)
   assert state[1].masks['Dense_0']['kernel'].sharding == shardings[1].masks['Dense_0']['kernel']
   expected_updates, expected_state = jax.jit(tx.update)(params, tx.init(params), params)
-  for got, want in zip(jax.tree.leaves((updates, state)),
-                       jax.tree.leaves((expected_updates, expected_state)), strict=True):
+  for got, want in zip(
+    jax.tree.leaves((updates, state)),
+    jax.tree.leaves((expected_updates, expected_state)),
+    strict=True,
+  ):
     np.testing.assert_array_equal(got, want)

@@ -23,8 +23,9 @@ SCRIPT = os.path.join(os.path.dirname(__file__), 'sharding_multidevice.py')
 @pytest.fixture(scope='module')
 def runs():
   env = cpu_devices.env(8)
-  result = subprocess.run([sys.executable, SCRIPT, 'train', 'exact'], capture_output=True,
-                          text=True, env=env, timeout=600)
+  result = subprocess.run(
+    [sys.executable, SCRIPT, 'train', 'exact'], capture_output=True, text=True, env=env, timeout=600
+  )
   assert result.returncode == 0, result.stderr[-4000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -38,8 +39,9 @@ def test_training_agrees_with_one_device(runs, layout):
   assert run['max_relative_param_error'] < 1e-5, run
   names = sorted(run['ref_thresholds'])
   assert names == ['Dense_0/kernel', 'Dense_1/kernel', 'Dense_2/kernel']
-  np.testing.assert_allclose([run['thresholds'][n] for n in names],
-                             [run['ref_thresholds'][n] for n in names], rtol=1e-5)
+  np.testing.assert_allclose(
+    [run['thresholds'][n] for n in names], [run['ref_thresholds'][n] for n in names], rtol=1e-5
+  )
   # The run pruned: 70% of each kernel at the end of the schedule (step 12).
   for name in names:
     assert 0.69 <= run['sparsity'][name] <= 0.71, (name, run['sparsity'])

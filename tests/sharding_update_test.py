@@ -24,8 +24,8 @@ LAYOUTS = ('data_parallel', 'model_parallel', 'fsdp')
 _SLOW = pytest.mark.slow
 METHODS = ['histogram', pytest.param('exact', marks=_SLOW)]
 METHOD_LAYOUTS = [
-    *[('histogram', layout) for layout in LAYOUTS],
-    *[pytest.param('exact', layout, marks=_SLOW) for layout in LAYOUTS],
+  *[('histogram', layout) for layout in LAYOUTS],
+  *[pytest.param('exact', layout, marks=_SLOW) for layout in LAYOUTS],
 ]
 # The largest all-reduce allowed: one partial sum per row of the largest leaf
 # (the conv kernel's 3*3*16 rows) for each of the search's candidate thresholds;
@@ -33,12 +33,12 @@ METHOD_LAYOUTS = [
 MAX_ALL_REDUCE = 144 * thresholds.PROBES
 
 
-
 def run_script(*args: str) -> dict:
   """Runs tests/sharding_multidevice.py with 8 simulated CPU devices; its JSON output."""
   env = cpu_devices.env(8)
-  result = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
-                          env=env, timeout=600)
+  result = subprocess.run(
+    [sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=600
+  )
   assert result.returncode == 0, result.stderr[-4000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
 

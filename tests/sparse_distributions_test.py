@@ -9,8 +9,12 @@ import pytest
 
 from jaxprune import sparse
 
-SHAPES = {'conv1/kernel': (3, 3, 1, 16), 'conv2/kernel': (3, 3, 16, 32),
-          'dense/kernel': (128, 64), 'out/kernel': (64, 10)}
+SHAPES = {
+  'conv1/kernel': (3, 3, 1, 16),
+  'conv2/kernel': (3, 3, 16, 32),
+  'dense/kernel': (128, 64),
+  'out/kernel': (64, 10),
+}
 
 
 def _params(shapes=SHAPES):
@@ -60,8 +64,12 @@ def test_erk_matches_formula_and_budget(sparsity):
 
 def test_uniform_and_map():
   got = sparse.densities(_params(), 0.9, sparsity_map={'^conv1/': 0.5, 'out': 0.0})
-  assert got == {'conv1/kernel': 0.5, 'conv2/kernel': pytest.approx(0.1),
-                 'dense/kernel': pytest.approx(0.1), 'out/kernel': 1.0}
+  assert got == {
+    'conv1/kernel': 0.5,
+    'conv2/kernel': pytest.approx(0.1),
+    'dense/kernel': pytest.approx(0.1),
+    'out/kernel': 1.0,
+  }
   erk = sparse.densities(_params(), 0.9, 'erk', sparsity_map={'conv1': 0.3})
   assert erk['conv1/kernel'] == pytest.approx(0.7)
   rest = {n: s for n, s in SHAPES.items() if n != 'conv1/kernel'}
@@ -76,14 +84,17 @@ def test_kept_count():
   assert sparse.kept_count(10, 1.0) == 10
 
 
-@pytest.mark.parametrize('kwargs, message', [
+@pytest.mark.parametrize(
+  'kwargs, message',
+  [
     (dict(sparsity=1.0), r'sparsity=1.0: must be in \[0, 1\)'),
     (dict(sparsity=0.5, distribution='er'), "distribution='er'"),
     (dict(sparsity=0.5, sparsity_map={'conv': 0.5, 'kernel': 0.2}), 'matches several'),
     (dict(sparsity=0.5, sparsity_map={'conv': 1.5}), r'must be in \[0, 1\)'),
     (dict(sparsity=0.5, sparsity_map={'(': 0.5}), 'invalid regex'),
     (dict(sparsity=0.5, weight_name_regex='nothing'), 'no leaf is sparse'),
-])
+  ],
+)
 def test_errors(kwargs, message):
   with pytest.raises(ValueError, match=message):
     sparse.densities(_params(), **kwargs)
@@ -97,9 +108,15 @@ def test_select_primitives_against_numpy():
   drop = rng.integers(0, 4, 60).astype(np.float32)
   grow = rng.integers(0, 4, 60).astype(np.float32)
   for n_drop in (0, 3, 7):
-    got = np.asarray(jax.jit(sparse.drop_and_grow, static_argnums=4)(
-        jnp.asarray(mask.reshape(6, 10)), jnp.asarray(drop.reshape(6, 10)),
-        jnp.asarray(grow.reshape(6, 10)), jnp.int32(n_drop), 7)).reshape(-1)
+    got = np.asarray(
+      jax.jit(sparse.drop_and_grow, static_argnums=4)(
+        jnp.asarray(mask.reshape(6, 10)),
+        jnp.asarray(drop.reshape(6, 10)),
+        jnp.asarray(grow.reshape(6, 10)),
+        jnp.int32(n_drop),
+        7,
+      )
+    ).reshape(-1)
     active = np.flatnonzero(mask)
     by_drop = active[np.lexsort((active, drop[active]))]  # ascending score, then index
     kept = mask.copy()
@@ -113,8 +130,8 @@ def test_select_primitives_against_numpy():
   counts = [int(sparse.random_mask(jax.random.PRNGKey(i), (7, 9), 20).sum()) for i in range(3)]
   assert counts == [20, 20, 20]
   np.testing.assert_array_equal(
-      sparse.top_k_mask(jnp.array([1.0, 3.0, 3.0, 2.0, 3.0]), 2), [False, True, True, False,
-                                                                   False])
+    sparse.top_k_mask(jnp.array([1.0, 3.0, 3.0, 2.0, 3.0]), 2), [False, True, True, False, False]
+  )
 
 
 def test_drop_fraction_cosine():

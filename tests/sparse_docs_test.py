@@ -13,8 +13,11 @@ def test_docs_example(capsys):
   # ERK by hand: density = eps * sum(shape) / prod(shape), eps = 0.1 * 9472 / (192 + 138).
   eps = 0.1 * 9472 / 330
   want = {'Dense_0/kernel': round(eps * 192), 'Dense_1/kernel': round(eps * 138)}
-  assert {n: int(m.sum()) for n, m in scope['masks'].items()} == want == {
-      'Dense_0/kernel': 551, 'Dense_1/kernel': 396}
+  assert (
+    {n: int(m.sum()) for n, m in scope['masks'].items()}
+    == want
+    == {'Dense_0/kernel': 551, 'Dense_1/kernel': 396}
+  )
   for name, mask in scope['masks'].items():
     kernel = np.asarray(scope['params'][name.split('/')[0]]['kernel'])
     np.testing.assert_array_equal(kernel[~np.asarray(mask)], 0)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                           ' --xla_force_host_platform_device_count=8')
+os.environ['XLA_FLAGS'] = (
+  os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+)
 
 import json  # noqa: E402
 import sys  # noqa: E402
@@ -46,11 +47,13 @@ STEPS = 6
 def rules() -> dict:
   adam = optax.adam(1e-2)
   dynamic = dict(end_step=5, update_freq=2, drop_fraction=0.5, distribution='erk')
-  return {'static': sparse.static(adam, 0.8, distribution='erk'),
-          'set': sparse.set_(adam, 0.8, **dynamic),
-          'rigl': sparse.rigl(adam, 0.8, **dynamic),
-          'ste': sparse.ste(adam, 0.8),
-          'ste_nm': sparse.ste(adam, nm='2:4')}
+  return {
+    'static': sparse.static(adam, 0.8, distribution='erk'),
+    'set': sparse.set_(adam, 0.8, **dynamic),
+    'rigl': sparse.rigl(adam, 0.8, **dynamic),
+    'ste': sparse.ste(adam, 0.8),
+    'ste_nm': sparse.ste(adam, nm='2:4'),
+  }
 
 
 def run() -> dict:
@@ -71,6 +74,7 @@ def run() -> dict:
         updates, states[i] = tx.update(g, states[i], all_params[i])
         all_params[i] = optax.apply_updates(all_params[i], updates)
       return (all_params, states), None
+
     return jax.lax.scan(one_step, (all_params, states), grads)[0]
 
   inits = [tx.init(params) for tx in txs.values()]
@@ -79,25 +83,29 @@ def run() -> dict:
   for layout in LAYOUTS[1:]:  # data parallel replicates everything: nothing to compare
     mesh = make_mesh(layout)
     p_shard = params_shardings(layout, mesh, params)
-    o_shard = [jaxprune.state_shardings(jax.eval_shape(tx.init, params), p_shard)
-               for tx in txs.values()]
+    o_shard = [
+      jaxprune.state_shardings(jax.eval_shape(tx.init, params), p_shard) for tx in txs.values()
+    ]
     ps_shard = [p_shard] * len(txs)
     g_shard = jax.tree.map(lambda s, mesh=mesh: NamedSharding(mesh, P(None, *s.spec)), p_shard)
-    step = jax.jit(train, in_shardings=(ps_shard, o_shard, g_shard),
-                   out_shardings=(ps_shard, o_shard))
+    step = jax.jit(
+      train, in_shardings=(ps_shard, o_shard, g_shard), out_shardings=(ps_shard, o_shard)
+    )
     args = jax.device_put(([params] * len(txs), inits, grads), (ps_shard, o_shard, g_shard))
     out = step(*args)
     by_name = dict(jaxprune.named_leaves(p_shard))
     for i, name in enumerate(txs):
       masks = sparse.get_masks(out[1][i])
       results[name][layout] = {
-          'params_equal': trees_equal(out[0][i], ref[0][i]),
-          'state_equal': trees_equal(out[1][i], ref[1][i]),
-          'masks_like_params': all(m.sharding.is_equivalent_to(by_name[n], m.ndim)
-                                   for n, m in masks.items()),
-          'masks_changed': any(
-              bool((np.asarray(m) != np.asarray(sparse.get_masks(inits[i])[n])).any())
-              for n, m in masks.items()),
+        'params_equal': trees_equal(out[0][i], ref[0][i]),
+        'state_equal': trees_equal(out[1][i], ref[1][i]),
+        'masks_like_params': all(
+          m.sharding.is_equivalent_to(by_name[n], m.ndim) for n, m in masks.items()
+        ),
+        'masks_changed': any(
+          bool((np.asarray(m) != np.asarray(sparse.get_masks(inits[i])[n])).any())
+          for n, m in masks.items()
+        ),
       }
   return results
 
@@ -121,11 +129,13 @@ def run_explicit() -> dict:
     except Exception as err:  # noqa: BLE001 - reported to the calling test
       results[name] = {'error': f'{type(err).__name__}: {str(err).splitlines()[0]}'}
       continue
-    results[name] = {'equal': trees_equal(out, ref),
-                     'masks_changed': any(bool((np.asarray(m) != np.asarray(o)).any())
-                                          for m, o in zip(jax.tree.leaves(out[1].masks),
-                                                          jax.tree.leaves(state.masks),
-                                                          strict=True))}
+    results[name] = {
+      'equal': trees_equal(out, ref),
+      'masks_changed': any(
+        bool((np.asarray(m) != np.asarray(o)).any())
+        for m, o in zip(jax.tree.leaves(out[1].masks), jax.tree.leaves(state.masks), strict=True)
+      ),
+    }
   return results
 
 

@@ -13,9 +13,13 @@ from jaxprune import sparse
 
 def _params(seed=0):
   rng = np.random.default_rng(seed)
-  return {'a': {'kernel': jnp.asarray(rng.normal(size=(12, 20)), jnp.float32),
-                'bias': jnp.asarray(rng.normal(size=(20,)), jnp.float32)},
-          'b': {'kernel': jnp.asarray(rng.normal(size=(20, 8)), jnp.float32)}}
+  return {
+    'a': {
+      'kernel': jnp.asarray(rng.normal(size=(12, 20)), jnp.float32),
+      'bias': jnp.asarray(rng.normal(size=(20,)), jnp.float32),
+    },
+    'b': {'kernel': jnp.asarray(rng.normal(size=(20, 8)), jnp.float32)},
+  }
 
 
 def _grads(params, seed):
@@ -54,16 +58,20 @@ def test_one_mask_update_against_numpy(rule):
       np.testing.assert_array_equal(np.asarray(params[name.split('/')[0]]['kernel'])[~m], 0.0)
   grads = _grads(params, 10)
   old_inner = state.inner_state
-  masked = {k: {kk: jnp.where(masks[f'{k}/kernel'], g, 0) if kk == 'kernel' else g
-                for kk, g in v.items()} for k, v in grads.items()}
+  masked = {
+    k: {kk: jnp.where(masks[f'{k}/kernel'], g, 0) if kk == 'kernel' else g for kk, g in v.items()}
+    for k, v in grads.items()
+  }
   ref_updates, ref_inner = jax.jit(adam.update)(masked, old_inner, params)
   assert int(state.step) == 2
   updates, new_state = step(grads, state, params)
   new_params = optax.apply_updates(params, updates)
   # Cosine decay: 0.5 * (1 + cos(pi * 2 / 8)) / 2, of 60 and 40 kept entries.
   fraction = np.float32(0.5) * (1 + np.cos(np.float32(np.pi) * np.float32(0.25))) / 2
-  n_drops = {'a/kernel': int(np.floor(np.float32(60) * fraction)),
-             'b/kernel': int(np.floor(np.float32(40) * fraction))}
+  n_drops = {
+    'a/kernel': int(np.floor(np.float32(60) * fraction)),
+    'b/kernel': int(np.floor(np.float32(40) * fraction)),
+  }
   assert n_drops == {'a/kernel': 25, 'b/kernel': 17}
   new_masks = sparse.get_masks(new_state)
   for name, old in masks.items():
@@ -89,10 +97,10 @@ def test_one_mask_update_against_numpy(rule):
     for moment, ref in (('mu', ref_inner[0].mu), ('nu', ref_inner[0].nu)):
       got = np.asarray(getattr(new_state.inner_state[0], moment)[layer]['kernel'])
       np.testing.assert_array_equal(got[grown], 0.0)
-      np.testing.assert_allclose(got[~grown], np.asarray(ref[layer]['kernel'])[~grown],
-                                 rtol=1e-6)
-  np.testing.assert_allclose(new_params['a']['bias'],
-                             params['a']['bias'] + ref_updates['a']['bias'], rtol=1e-6)
+      np.testing.assert_allclose(got[~grown], np.asarray(ref[layer]['kernel'])[~grown], rtol=1e-6)
+  np.testing.assert_allclose(
+    new_params['a']['bias'], params['a']['bias'] + ref_updates['a']['bias'], rtol=1e-6
+  )
 
 
 def _run(tx, steps, params=None):
@@ -110,14 +118,18 @@ def _run(tx, steps, params=None):
 @pytest.mark.parametrize('rule', ['static', 'set', 'rigl'])
 def test_counts_constant_and_masked_weights_zero(rule):
   adam = optax.chain(optax.add_decayed_weights(1e-2), optax.sgd(0.05, momentum=0.9))
-  kwargs = dict(distribution='erk') if rule == 'static' else dict(
-      end_step=12, update_freq=3, distribution='erk')
-  tx = {'static': sparse.static, 'set': sparse.set_, 'rigl': sparse.rigl}[rule](
-      adam, 0.8, **kwargs)
+  kwargs = (
+    dict(distribution='erk')
+    if rule == 'static'
+    else dict(end_step=12, update_freq=3, distribution='erk')
+  )
+  tx = {'static': sparse.static, 'set': sparse.set_, 'rigl': sparse.rigl}[rule](adam, 0.8, **kwargs)
   history, _ = _run(tx, 16)
   density = sparse.densities(_params(), 0.8, 'erk')
-  counts = {n: sparse.kept_count(math.prod(_params()[n.split('/')[0]]['kernel'].shape), d)
-            for n, d in density.items()}
+  counts = {
+    n: sparse.kept_count(math.prod(_params()[n.split('/')[0]]['kernel'].shape), d)
+    for n, d in density.items()
+  }
   changes = []
   for i, (masks, params) in enumerate(history):
     assert {n: int(m.sum()) for n, m in masks.items()} == counts
@@ -141,8 +153,13 @@ def test_set_is_random_and_seeded():
 
 
 def test_no_updates_after_end_step_and_reset_of_nested_state():
-  tx = sparse.rigl(optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.1)), 0.6,
-                   end_step=4, update_freq=2, distribution='uniform')
+  tx = sparse.rigl(
+    optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.1)),
+    0.6,
+    end_step=4,
+    update_freq=2,
+    distribution='uniform',
+  )
   history, state = _run(tx, 9)
   masks = [h[0] for h in history]
   assert all((masks[4][n] == masks[i][n]).all() for i in range(4, 9) for n in masks[4])
@@ -161,14 +178,17 @@ def test_reset_at_finds_param_shaped_subtrees():
   assert int(out[0][0].count) == 0
 
 
-@pytest.mark.parametrize('kwargs, message', [
+@pytest.mark.parametrize(
+  'kwargs, message',
+  [
     (dict(end_step=None), 'end_step=None'),
     (dict(end_step=10, update_freq=0), 'update_freq=0'),
     (dict(end_step=10, drop_fraction=1.0), 'drop_fraction=1.0'),
     (dict(end_step=10, drop_fraction_decay='linear'), "drop_fraction_decay='linear'"),
     (dict(end_step=10, sparsity=1.0), r'sparsity=1.0: must be in \[0, 1\)'),
     (dict(end_step=10, distribution='ER'), "distribution='ER'"),
-])
+  ],
+)
 def test_errors(kwargs, message):
   with pytest.raises(ValueError, match=message):
     sparse.rigl(optax.sgd(0.1), **{'sparsity': 0.5, **kwargs})
@@ -178,10 +198,10 @@ def test_errors(kwargs, message):
 
 
 RULES = {
-    'static': lambda **kw: sparse.static(optax.sgd(0.1), 0.5, **kw),
-    'set': lambda **kw: sparse.set_(optax.sgd(0.1), 0.5, end_step=10, update_freq=1, **kw),
-    'rigl': lambda **kw: sparse.rigl(optax.sgd(0.1), 0.5, end_step=10, update_freq=1, **kw),
-    'ste': lambda **kw: sparse.ste(optax.sgd(0.1), 0.5, **kw),
+  'static': lambda **kw: sparse.static(optax.sgd(0.1), 0.5, **kw),
+  'set': lambda **kw: sparse.set_(optax.sgd(0.1), 0.5, end_step=10, update_freq=1, **kw),
+  'rigl': lambda **kw: sparse.rigl(optax.sgd(0.1), 0.5, end_step=10, update_freq=1, **kw),
+  'ste': lambda **kw: sparse.ste(optax.sgd(0.1), 0.5, **kw),
 }
 
 
@@ -220,7 +240,8 @@ def test_wrong_optimizer_and_erk_power_are_named():
     sparse.ste(None)
   for rule in (sparse.set_, sparse.rigl):
     with pytest.raises(ValueError, match='erk_power=nan: must be a finite number'):
-      rule(optax.adam(1e-3), 0.5, end_step=10, distribution='erk',
-           erk_power=float('nan')).init(_params())
+      rule(optax.adam(1e-3), 0.5, end_step=10, distribution='erk', erk_power=float('nan')).init(
+        _params()
+      )
   with pytest.raises(ValueError, match='give a sparsity or an N:M pattern, not both'):
     sparse.ste(optax.sgd(0.1), 0.7, nm='2:4')

@@ -18,8 +18,9 @@ SCRIPT = os.path.join(os.path.dirname(__file__), 'sparse_multidevice.py')
 
 @pytest.fixture(scope='module')
 def results():
-  done = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, check=False,
-                        timeout=600)
+  done = subprocess.run(
+    [sys.executable, SCRIPT], capture_output=True, text=True, check=False, timeout=600
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   return json.loads(done.stdout.strip().splitlines()[-1])
 

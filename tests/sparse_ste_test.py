@@ -11,9 +11,13 @@ from jaxprune import sparse
 
 def _params():
   rng = np.random.default_rng(3)
-  return {'a': {'kernel': jnp.asarray(rng.normal(size=(16, 10)), jnp.float32),
-                'bias': jnp.zeros((10,), jnp.float32)},
-          'b': {'kernel': jnp.asarray(rng.normal(size=(8, 6)), jnp.float32)}}
+  return {
+    'a': {
+      'kernel': jnp.asarray(rng.normal(size=(16, 10)), jnp.float32),
+      'bias': jnp.zeros((10,), jnp.float32),
+    },
+    'b': {'kernel': jnp.asarray(rng.normal(size=(8, 6)), jnp.float32)},
+  }
 
 
 def _top_k_mask(weights, k):
@@ -28,7 +32,7 @@ def _nm_reference(weights, n, m):
   mask = np.zeros(weights.shape, bool)
   for start in range(0, weights.shape[0], m):
     for col in range(weights.shape[1]):
-      group = np.abs(weights[start:start + m, col])
+      group = np.abs(weights[start : start + m, col])
       mask[start + np.argsort(-group, kind='stable')[:n], col] = True
   return mask
 
@@ -48,17 +52,22 @@ def test_ste_steps_against_numpy(nm):
     params = optax.apply_updates(params, updates)
     for name in ('a', 'b'):
       # The gradient (taken at the masked weights) reaches every dense weight.
-      dense[name] = (dense[name] - np.float32(lr) * np.asarray(grads[name]['kernel']))
-      np.testing.assert_allclose(np.asarray(state.dense[name]['kernel']), dense[name],
-                                 rtol=1e-6, atol=1e-7)
+      dense[name] = dense[name] - np.float32(lr) * np.asarray(grads[name]['kernel'])
+      np.testing.assert_allclose(
+        np.asarray(state.dense[name]['kernel']), dense[name], rtol=1e-6, atol=1e-7
+      )
       got_dense = np.asarray(state.dense[name]['kernel'])
-      want = (_nm_reference(got_dense, 2, 4) if nm else
-              _top_k_mask(got_dense, round(got_dense.size * 0.25)))
+      want = (
+        _nm_reference(got_dense, 2, 4)
+        if nm
+        else _top_k_mask(got_dense, round(got_dense.size * 0.25))
+      )
       mask = np.asarray(state.masks[name]['kernel'])
       np.testing.assert_array_equal(mask, want)
       # The params are exactly the masked dense weights.
-      np.testing.assert_array_equal(np.asarray(params[name]['kernel']),
-                                    np.where(mask, got_dense, 0.0))
+      np.testing.assert_array_equal(
+        np.asarray(params[name]['kernel']), np.where(mask, got_dense, 0.0)
+      )
   assert int(state.step) == 4
 
 

@@ -3,7 +3,6 @@
 See docs/explanation/semantics.md#names-and-maps.
 """
 
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -19,14 +18,14 @@ from jaxprune import _specs as specs
 def test_a_regex_that_matches_no_weight_warns_with_the_leaf_names():
   # Before: 'weight$' (PyTorch's name) on Flax params pruned nothing without a word.
   tx = jaxprune.pruning(jaxprune.parse_hparams('weight_name_regex=weight$'))
-  message, = helpers.warnings_of(lambda: tx.init(tiny_models.mlp_params()))
+  (message,) = helpers.warnings_of(lambda: tx.init(tiny_models.mlp_params()))
   assert "weight_name_regex='weight$' (matched with re.search) selects none" in message
   assert "['Dense_0/kernel', 'Dense_1/kernel']" in message
 
 
 def test_a_filter_that_selects_nothing_warns():
   tx = jaxprune.pruning(jaxprune.get_pruning_hparams(), prune_filter=lambda name, leaf: False)
-  message, = helpers.warnings_of(lambda: tx.init(tiny_models.mlp_params()))
+  (message,) = helpers.warnings_of(lambda: tx.init(tiny_models.mlp_params()))
   assert 'prune_filter selects none' in message
 
 
@@ -34,15 +33,20 @@ def test_default_regex_and_vector_only_trees_do_not_warn():
   tx = jaxprune.pruning(jaxprune.get_pruning_hparams())
   assert helpers.warnings_of(lambda: tx.init(tiny_models.mlp_params())) == []
   vectors = {'bias': jnp.ones(3)}
-  assert helpers.warnings_of(lambda: jaxprune.pruning(jaxprune.get_pruning_hparams()).init(vectors)
-                      ) == []
+  assert (
+    helpers.warnings_of(lambda: jaxprune.pruning(jaxprune.get_pruning_hparams()).init(vectors))
+    == []
+  )
 
 
 def test_layer_axes_on_unstacked_kernels_are_refused():
   # Before: '.*:1' on 2-D kernels silently gave each row its own threshold.
   tx = jaxprune.pruning(jaxprune.parse_hparams('layer_axes_map=[.*:1]'))
-  with pytest.raises(ValueError, match=r"layer_axes_map: leaf 'Dense_0/kernel' of shape \(4, 8\) "
-                                       r'has 1 axes left after its 1 layer axes'):
+  with pytest.raises(
+    ValueError,
+    match=r"layer_axes_map: leaf 'Dense_0/kernel' of shape \(4, 8\) "
+    r'has 1 axes left after its 1 layer axes',
+  ):
     tx.init(tiny_models.mlp_params())
 
 
@@ -55,24 +59,26 @@ def test_layer_axes_on_a_scanned_stack_give_each_layer_its_spec():
   stack = nn.scan(Block, variable_axes={'params': 0}, split_rngs={'params': True}, length=3)
   params = stack().init(jax.random.key(0), jnp.ones((1, 4)), None)['params']
   hp = jaxprune.parse_hparams('layer_axes_map=[Dense_0/kernel:1],block_dims_map=[kernel:2x-1]')
-  leaf, = [s for s in specs.spec_leaves(specs.leaf_specs(params, hp)) if s is not None]
+  (leaf,) = [s for s in specs.spec_leaves(specs.leaf_specs(params, hp)) if s is not None]
   assert (leaf.name, leaf.layer_axes, leaf.block_dims) == ('Dense_0/kernel', 1, (2, 4))
 
 
 def test_a_prune_filter_may_prune_stacked_vectors():
   params = {'b': jnp.ones((3, 5))}
   hp = jaxprune.parse_hparams('layer_axes_map=[b:1]')
-  leaf, = specs.spec_leaves(specs.leaf_specs(params, hp, lambda name, x: True))
+  (leaf,) = specs.spec_leaves(specs.leaf_specs(params, hp, lambda name, x: True))
   assert leaf.layer_axes == 1
   with pytest.raises(ValueError, match='0 axes left'):
     specs.leaf_specs({'b': jnp.ones((3,))}, hp, lambda name, x: True)
 
 
 def test_per_leaf_values_come_from_the_one_matching_entry():
-  hp = jaxprune.parse_hparams('target_sparsity=0.5,weight_sparsity_map=[Dense_1:0.8],'
-                              'nm_sparsity_map=[Dense_0/kernel:2:4]')
-  first, second = [s for s in specs.spec_leaves(specs.leaf_specs(tiny_models.mlp_params(), hp))
-                   if s is not None]
+  hp = jaxprune.parse_hparams(
+    'target_sparsity=0.5,weight_sparsity_map=[Dense_1:0.8],nm_sparsity_map=[Dense_0/kernel:2:4]'
+  )
+  first, second = [
+    s for s in specs.spec_leaves(specs.leaf_specs(tiny_models.mlp_params(), hp)) if s is not None
+  ]
   assert (first.name, first.target, first.nm) == ('Dense_0/kernel', 0.5, (2, 4))
   assert (second.name, second.target, second.nm) == ('Dense_1/kernel', 0.8, None)
   overlapping = jaxprune.parse_hparams('weight_sparsity_map=[Dense:0.8,kernel:0.9]')

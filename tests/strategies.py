@@ -25,8 +25,9 @@ ALL = ('normal', 'arange', 'linspace', 'integers', 'bin_edges', 'dyadic_normal')
 
 
 @st.composite
-def weights(draw, shape: tuple[int, ...], families: tuple[str, ...] = ALL,
-            nbins: int = 256) -> np.ndarray:
+def weights(
+  draw, shape: tuple[int, ...], families: tuple[str, ...] = ALL, nbins: int = 256
+) -> np.ndarray:
   """float32 weights of `shape` from one of `families`.
 
   'arange', 'linspace', 'integers' and 'bin_edges' put many values exactly on
@@ -34,13 +35,13 @@ def weights(draw, shape: tuple[int, ...], families: tuple[str, ...] = ALL,
   """
   size = int(np.prod(shape))
   family = draw(st.sampled_from(families))
-  rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+  rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
   signs = rng.choice(np.array([-1.0, 1.0]), size)
   if family == 'normal':
     values = rng.standard_normal(size) * draw(st.sampled_from([1e-3, 0.1, 1.0, 3.7, 1e4]))
   elif family == 'arange':
     exponent = draw(st.integers(-20, 20))
-    values = signs * (rng.permutation(size) + draw(st.integers(1, 3))) * 2.0 ** exponent
+    values = signs * (rng.permutation(size) + draw(st.integers(1, 3))) * 2.0**exponent
   elif family == 'linspace':
     # Positive ranges, signs drawn apart: a range across 0 repeats magnitudes (-1 and 1).
     low, high = draw(st.sampled_from([(1, 100), (0.5, 3), (0.01, 1), (0.001, 0.01)]))
@@ -62,25 +63,41 @@ def weights(draw, shape: tuple[int, ...], families: tuple[str, ...] = ALL,
 def sparsities(size: int, nbins: int = 256):
   """Sparsities in [0, 1): arbitrary, multiples of 1/N and multiples of 1/nbins."""
   return st.one_of(
-      st.floats(0.0, 1.0, exclude_max=True, width=32, allow_subnormal=False),
-      st.integers(0, size - 1).map(lambda j: float(F32(j) / F32(size))),
-      st.integers(0, nbins - 1).map(lambda k: float(F32(k) / F32(nbins))),
+    st.floats(0.0, 1.0, exclude_max=True, width=32, allow_subnormal=False),
+    st.integers(0, size - 1).map(lambda j: float(F32(j) / F32(size))),
+    st.integers(0, nbins - 1).map(lambda k: float(F32(k) / F32(nbins))),
   ).map(F32)
 
 
 @functools.cache
-def _jitted_update(nbins: int, method: str, block_dims: tuple[int, int], pooling: str,
-                   decay: float):
+def _jitted_update(
+  nbins: int, method: str, block_dims: tuple[int, int], pooling: str, decay: float
+):
   """One jitted update_mask per static configuration; new shapes add cache entries."""
-  return jax.jit(functools.partial(
-      jaxprune.update_mask, nbins=nbins, threshold_method=method, block_dims=block_dims,
-      block_pooling_function=pooling, threshold_decay=decay))
+  return jax.jit(
+    functools.partial(
+      jaxprune.update_mask,
+      nbins=nbins,
+      threshold_method=method,
+      block_dims=block_dims,
+      block_pooling_function=pooling,
+      threshold_decay=decay,
+    )
+  )
 
 
-def run_update_mask(weights: np.ndarray, sparsity: np.float32, *, nbins: int = 256,
-                    method: str = 'histogram', block_dims: tuple[int, int] = (1, 1),
-                    pooling: str = 'AVG', decay: float = 0.0, threshold: float = 0.0,
-                    previous_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def run_update_mask(
+  weights: np.ndarray,
+  sparsity: np.float32,
+  *,
+  nbins: int = 256,
+  method: str = 'histogram',
+  block_dims: tuple[int, int] = (1, 1),
+  pooling: str = 'AVG',
+  decay: float = 0.0,
+  threshold: float = 0.0,
+  previous_mask: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
   """Runs jaxprune.update_mask under jit; checks the output types every property relies on."""
   fn = _jitted_update(nbins, method, tuple(block_dims), pooling, decay)
   if previous_mask is None:  # always pass one: a second signature would cost a compile
@@ -96,10 +113,11 @@ def run_update_mask(weights: np.ndarray, sparsity: np.float32, *, nbins: int = 2
 def power_of_two_case(method: str, exponent: int) -> None:
   """Permuted 1..100 (1-D) times 2**exponent: every threshold and mask matches the reference."""
   weights = np.random.default_rng(0).permutation(np.arange(1, 101)).astype(F32)
-  weights = weights * F32(2.0 ** exponent)
+  weights = weights * F32(2.0**exponent)
   for sparsity in (F32(0.1), F32(0.5), F32(0.95)):
     threshold, mask = run_update_mask(weights, sparsity, method=method)
     expected_threshold, expected_mask = references.threshold_and_mask(
-        np.abs(weights), sparsity, 256, method)
+      np.abs(weights), sparsity, 256, method
+    )
     assert threshold == expected_threshold, (sparsity, threshold, expected_threshold)
     np.testing.assert_array_equal(mask, expected_mask)

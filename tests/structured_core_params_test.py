@@ -28,7 +28,6 @@ from jaxprune.structured._trace import kinds
 # tuple of descriptors, and a leaf; `len()` counts flat values, `unpack()` gives a
 # tuple's parts. `params` finds `pack`/`nones` in the module defining the class.
 class _Tuple:
-
   def __init__(self, *elts):
     self.elts = elts
 
@@ -46,7 +45,6 @@ class _Tuple:
 
 
 class _Leaf:
-
   def __init__(self, val=None):
     self.val = val
 
@@ -100,10 +98,12 @@ def _as_new(eqn, n_consts, n_carry, ft_in=None):
 
 def _scan_eqn():
   """A real scan: 1 const (w), 2 carries, 2 xs, 3 ys, length 4, reversed."""
+
   def fn(w, c0, c1, xs0, xs1):
     def body(c, x):
       a, b = c
       return (a * x[0] + w, b - x[1]), (a * 2.0, b + w, x[0] * b)
+
     return jax.lax.scan(body, (c0, c1), (xs0, xs1), reverse=True)
 
   closed = jax.make_jaxpr(fn)(1.0, jnp.ones(3), 2.0, jnp.ones((4, 3)), jnp.ones(4))
@@ -185,7 +185,11 @@ def test_while_cond_and_calls_are_read_from_the_traced_equations():
   assert loop.cond is eqns['while'].params['cond_jaxpr']
   assert loop.body is eqns['while'].params['body_jaxpr']
   assert params.while_with_consts(eqns['while'], 'c', 'b', 2, 3) == {
-      'cond_jaxpr': 'c', 'body_jaxpr': 'b', 'cond_nconsts': 3, 'body_nconsts': 4}
+    'cond_jaxpr': 'c',
+    'body_jaxpr': 'b',
+    'cond_nconsts': 3,
+    'body_nconsts': 4,
+  }
   assert params.branches(eqns['cond']) == tuple(eqns['cond'].params['branches'])
   assert len(params.branches(eqns['cond'])) == 2
   assert params.cond_with_branches(eqns['cond'], ['a', 'b']) == {'branches': ('a', 'b')}
@@ -237,11 +241,15 @@ def _layout(eqn):
 def _other_form(closed):
   """`closed` with every scan (in sub-jaxprs too) rewritten in the form the installed
   JAX does not write: jax >= 0.11's under jax 0.10, jax 0.10's under jax 0.11."""
+
   def sub(value):
     if isinstance(value, (jcore.Jaxpr, jcore.ClosedJaxpr)):
       return _other_form(value)
-    if isinstance(value, tuple) and value and all(
-        isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr)) for v in value):
+    if (
+      isinstance(value, tuple)
+      and value
+      and all(isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr)) for v in value)
+    ):
       return tuple(_other_form(v) for v in value)
     return value
 
@@ -261,13 +269,17 @@ def _other_form(closed):
 
 def _rnn():
   k = jax.random.split(jax.random.key(0), 4)
-  variables = {'w_in': jax.random.normal(k[0], (5, 8)), 'w_h': jax.random.normal(k[1], (8, 8)),
-               'w_out': jax.random.normal(k[2], (8, 3))}
+  variables = {
+    'w_in': jax.random.normal(k[0], (5, 8)),
+    'w_h': jax.random.normal(k[1], (8, 8)),
+    'w_out': jax.random.normal(k[2], (8, 3)),
+  }
 
   def fn(v, xs):  # xs: (time, batch, 5)
     def step(h, x):
       h = jnp.tanh(x @ v['w_in'] + h @ v['w_h'])
       return h, h @ v['w_out']
+
     return jax.lax.scan(step, jnp.zeros((xs.shape[1], 8)), xs)[1]
 
   return fn, variables, (jax.random.normal(k[3], (4, 2, 5)),)
@@ -306,6 +318,7 @@ def test_a_scanned_model_traces_the_same_from_either_form(make, monkeypatch):
     def run(*x):
       out = traced(*x)
       return (_other_form(out[0]), out[1]) if isinstance(out, tuple) else _other_form(out)
+
     return run
 
   monkeypatch.setattr(jax, 'make_jaxpr', make_other)
@@ -327,16 +340,18 @@ def test_a_scanned_flax_model_prunes_and_runs_on_the_installed_jax():
   class Model(nn.Module):
     @nn.compact
     def __call__(self, x):
-      x, _ = nn.scan(Block, variable_axes={'params': 0}, split_rngs={'params': True},
-                     length=2)(name='blocks')(x, None)
+      x, _ = nn.scan(Block, variable_axes={'params': 0}, split_rngs={'params': True}, length=2)(
+        name='blocks'
+      )(x, None)
       return x
 
   x = jax.random.normal(jax.random.key(1), (3, 4))
   model = Model()
   variables = model.init(jax.random.key(0), x)
   graph = structured.trace(model.apply, variables, x)
-  [hidden] = [g for g in graph.prunable_groups
-              if any(m.leaf.endswith('hidden/kernel') for m in g.members)]
+  [hidden] = [
+    g for g in graph.prunable_groups if any(m.leaf.endswith('hidden/kernel') for m in g.members)
+  ]
   assert hidden.size == 10
   plan = structured.make_plan(graph, {hidden.id: [0, 3, 7]})
   new, pruned = structured.apply_plan(graph, variables, plan)

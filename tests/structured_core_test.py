@@ -17,8 +17,7 @@ def test_equations_walk_sub_jaxprs_with_how_often_each_runs_per_call():
     return jax.lax.cond(x.sum() > 0, jnp.cos, jnp.tan, y)
 
   closed = jax.make_jaxpr(fn)(jnp.ones(3))
-  rows = [(scope, eqn.primitive.name, times) for scope, _, eqn, times in
-          jaxprs.equations(closed)]
+  rows = [(scope, eqn.primitive.name, times) for scope, _, eqn, times in jaxprs.equations(closed)]
   top = [name for scope, name, _ in rows if scope == ()]
   assert top.count('scan') == 1 and top.count('cond') == 1
   scan_index = [i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == 'scan'][0]
@@ -26,7 +25,9 @@ def test_equations_walk_sub_jaxprs_with_how_often_each_runs_per_call():
   # The scan body runs 5 times per call; each of the two branches counts 1/2.
   assert ((scan_index, 0), 'sin', 5.0) in rows
   assert {(scope, times) for scope, name, times in rows if name in ('cos', 'tan')} == {
-      ((cond_index, 0), 0.5), ((cond_index, 1), 0.5)}
+    ((cond_index, 0), 0.5),
+    ((cond_index, 1), 0.5),
+  }
   # Every equation comes before the equations of its sub-jaxprs.
   assert rows.index(((), 'scan', 1.0)) < rows.index(((scan_index, 0), 'sin', 5.0))
 
@@ -57,6 +58,7 @@ def test_with_precision_sets_every_default_product_and_keeps_the_rest():
   def fn(w, x):
     def body(c, _):  # products inside a loop and inside both branches of a cond
       return jax.lax.cond(c.sum() > 0, lambda c: jnp.tanh(c @ w), lambda c: c @ w.T, c), None
+
     y = jax.lax.scan(body, x, None, length=2)[0]
     kept = jnp.dot(y, w, precision=jax.lax.Precision.HIGH)  # chosen by the model: kept
     return jax.lax.conv_general_dilated(kept[None, None], w[None, None], (1, 1), 'SAME')
@@ -65,14 +67,19 @@ def test_with_precision_sets_every_default_product_and_keeps_the_rest():
   closed = jax.make_jaxpr(fn)(w, w)
   highest = jax.lax.Precision.HIGHEST
   new = jaxprs.with_precision(closed, highest)
-  precisions = [eqn.params['precision'] for _, _, eqn, _ in jaxprs.equations(new)
-                if eqn.primitive.name in ('dot_general', 'conv_general_dilated')]
+  precisions = [
+    eqn.params['precision']
+    for _, _, eqn, _ in jaxprs.equations(new)
+    if eqn.primitive.name in ('dot_general', 'conv_general_dilated')
+  ]
   high = jax.lax.Precision.HIGH
   assert sorted(precisions, key=str) == sorted([(highest, highest)] * 3 + [(high, high)], key=str)
   # The original is unchanged, the variables are the same ones, and so are the values.
-  assert all(eqn.params['precision'] in (None, (high, high))
-             for _, _, eqn, _ in jaxprs.equations(closed)
-             if eqn.primitive.name in ('dot_general', 'conv_general_dilated'))
+  assert all(
+    eqn.params['precision'] in (None, (high, high))
+    for _, _, eqn, _ in jaxprs.equations(closed)
+    if eqn.primitive.name in ('dot_general', 'conv_general_dilated')
+  )
   assert new.jaxpr.invars == closed.jaxpr.invars and new.jaxpr.outvars == closed.jaxpr.outvars
   np.testing.assert_array_equal(jcore.jaxpr_as_fun(new)(w, w)[0], fn(w, w))
   assert jax.jit(jcore.jaxpr_as_fun(new)).lower(w, w).as_text().count('HIGHEST') == 6

@@ -44,8 +44,17 @@ def _reference(fn, graph, variables, plan, *args):
   return out
 
 
-@pytest.mark.parametrize('name', ['resnet_projection', 'cnn_bn_train', 'transformer_block',
-                                  'scanned_layers', 'embedding', 'control_flow'])
+@pytest.mark.parametrize(
+  'name',
+  [
+    'resnet_projection',
+    'cnn_bn_train',
+    'transformer_block',
+    'scanned_layers',
+    'embedding',
+    'control_flow',
+  ],
+)
 def test_pruned_callable_runs_at_other_batch_sizes(name):
   fn, variables, args, graph = _traced(name)
   plan = jps.select(graph, variables, ratio=0.5)
@@ -69,8 +78,11 @@ def test_pruned_callable_runs_at_another_sequence_length():
 
 def test_pruned_callable_is_differentiable_at_another_batch():
   k = jax.random.split(jax.random.key(0), 4)
-  params = {'w1': jax.random.normal(k[0], (3, 6)), 'b1': jax.random.normal(k[1], (6,)),
-            'w2': jax.random.normal(k[2], (6, 2))}
+  params = {
+    'w1': jax.random.normal(k[0], (3, 6)),
+    'b1': jax.random.normal(k[1], (6,)),
+    'w2': jax.random.normal(k[2], (6, 2)),
+  }
   fn = lambda p, x: jnp.tanh(x @ p['w1'] + p['b1']) @ p['w2']
   graph = jps.trace(fn, params, jnp.ones((4, 3)))
   new, pruned_fn = jps.apply_plan(graph, params, jps.select(graph, params, ratio=0.5))
@@ -78,8 +90,7 @@ def test_pruned_callable_is_differentiable_at_another_batch():
   grads = jax.grad(lambda v: pruned_fn(v, x).sum())(new)
   # plain jnp code runs at any width, so autodiff of fn on the pruned params is a reference.
   expected = jax.grad(lambda v: fn(v, x).sum())(new)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               grads, expected)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, expected)
 
 
 _RELOAD = """
@@ -100,43 +111,62 @@ def test_export_with_a_symbolic_batch_serialise_and_run_in_a_fresh_process(tmp_p
   params = {'w1': jax.random.normal(k[0], (3, 3, 3, 8)), 'w2': jax.random.normal(k[1], (8, 5))}
 
   def fn(p, x):
-    h = jax.lax.conv_general_dilated(x, p['w1'], (1, 1), 'SAME',
-                                     dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    h = jax.lax.conv_general_dilated(
+      x, p['w1'], (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
+    )
     return jax.nn.relu(h).mean((1, 2)) @ p['w2']
+
   graph = jps.trace(fn, params, jnp.ones((2, 6, 6, 3)))
   plan = jps.make_plan(graph, {graph.leaf_axes['w1'][3][0].group_id: [0, 3, 4]})
   new, pruned_fn = jps.apply_plan(graph, params, plan)
-  b, = jax.export.symbolic_shape('b')
+  (b,) = jax.export.symbolic_shape('b')
   exported = jax.export.export(pruned_fn)(
-      jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), new),
-      jax.ShapeDtypeStruct((b, 6, 6, 3), jnp.float32))
+    jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), new),
+    jax.ShapeDtypeStruct((b, 6, 6, 3), jnp.float32),
+  )
   assert str(exported.in_avals[-1].shape) == '(b, 6, 6, 3)'
   (tmp_path / 'model.bin').write_bytes(exported.serialize())
   np.savez(tmp_path / 'variables.npz', **{k: np.asarray(v) for k, v in new.items()})
   x = np.asarray(jax.random.normal(k[2], (4, 6, 6, 3)))
   np.save(tmp_path / 'x.npy', x)
   run = subprocess.run(
-      [sys.executable, '-c', _RELOAD, str(tmp_path / 'model.bin'), str(tmp_path / 'variables.npz'),
-       str(tmp_path / 'x.npy'), str(tmp_path / 'out')],
-      env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True, check=True,
-      timeout=120)
+    [
+      sys.executable,
+      '-c',
+      _RELOAD,
+      str(tmp_path / 'model.bin'),
+      str(tmp_path / 'variables.npz'),
+      str(tmp_path / 'x.npy'),
+      str(tmp_path / 'out'),
+    ],
+    env=dict(os.environ, JAX_PLATFORMS='cpu'),
+    capture_output=True,
+    text=True,
+    check=True,
+    timeout=120,
+  )
   assert run.stdout.strip() == '[]'  # neither jaxprune nor flax in the fresh process
   kept = [1, 2, 5, 6, 7]
   w1, w2 = np.asarray(params['w1'])[..., kept], np.asarray(params['w2'])[kept]
   for batch in (1, 4):
-    h = jax.lax.conv_general_dilated(x[:batch], w1, (1, 1), 'SAME',
-                                     dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    h = jax.lax.conv_general_dilated(
+      x[:batch], w1, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
+    )
     expected = np.maximum(np.asarray(h), 0).mean((1, 2)) @ w2
-    np.testing.assert_allclose(np.load(tmp_path / f'out_{batch}.npy'), expected, rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+      np.load(tmp_path / f'out_{batch}.npy'), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 def _positional():
   """Learned positions sliced to the sequence length, then a 4-8-2 MLP per token."""
   k = jax.random.split(jax.random.key(2), 4)
-  params = {'pos': jax.random.normal(k[0], (6, 4)), 'w1': jax.random.normal(k[1], (4, 8)),
-            'w2': jax.random.normal(k[2], (8, 2))}
-  fn = lambda p, x: jax.nn.relu((x + p['pos'][:x.shape[1]]) @ p['w1']) @ p['w2']
+  params = {
+    'pos': jax.random.normal(k[0], (6, 4)),
+    'w1': jax.random.normal(k[1], (4, 8)),
+    'w2': jax.random.normal(k[2], (8, 2)),
+  }
+  fn = lambda p, x: jax.nn.relu((x + p['pos'][: x.shape[1]]) @ p['w1']) @ p['w2']
   return fn, params, jax.random.normal(k[3], (2, 6, 4))
 
 
@@ -174,13 +204,19 @@ def test_channels_map_by_identity_not_by_index():
   group1 = next(g for g in graph1.prunable_groups if g.size == 8)
   assert dict(translated.removed).keys() == {group1.id}
   np.testing.assert_array_equal(translated.removed[group1.id], [0, 1])
-  np.testing.assert_array_equal(jps.shrink_variables(graph1, variables, plan)['params']['fc2'][
-      'kernel'], np.asarray(variables['params']['fc2']['kernel'])[:, 2:])
+  np.testing.assert_array_equal(
+    jps.shrink_variables(graph1, variables, plan)['params']['fc2']['kernel'],
+    np.asarray(variables['params']['fc2']['kernel'])[:, 2:],
+  )
 
 
 def test_a_group_another_trace_ties_differently_is_an_error_not_a_swap():
-  params = {'w1': np.ones((5, 8), np.float32), 'w2': np.ones((8, 3), np.float32),
-            'w3': np.ones((5, 8), np.float32), 'w4': np.ones((8, 3), np.float32)}
+  params = {
+    'w1': np.ones((5, 8), np.float32),
+    'w2': np.ones((8, 3), np.float32),
+    'w3': np.ones((5, 8), np.float32),
+    'w4': np.ones((8, 3), np.float32),
+  }
   x = np.ones((2, 5), np.float32)
   separate = lambda p, x: (x @ p['w1']) @ p['w2'] + (x @ p['w3']) @ p['w4']
   tied = lambda p, x: (x @ p['w1'] + x @ p['w3']) @ p['w2'] + (x @ p['w3']) @ p['w4']
@@ -190,8 +226,11 @@ def test_a_group_another_trace_ties_differently_is_an_error_not_a_swap():
   other = jps.trace(tied, params, x)
   # Two 8-channel groups in both graphs, but w1's channels are tied to w3's in the other.
   assert sorted(g.size for g in other.prunable_groups) == [8]
-  with pytest.raises(ValueError, match=r"group \d+ \(w1:1 \(\+1 members\), 8 channels\) is not "
-                                       'a group of this trace'):
+  with pytest.raises(
+    ValueError,
+    match=r'group \d+ \(w1:1 \(\+1 members\), 8 channels\) is not '
+    'a group of this trace',
+  ):
     jps.apply_plan(other, params, plan)
   # a plan without group identity only applies to a graph with the same groups.
   bare = jps.Plan({first: np.array([0])}, {first: 5})
@@ -207,14 +246,16 @@ def test_export_at_a_symbolic_batch_keeps_slices_jnp_turns_into_gathers():
   middle = graph.leaf_axes['w2'][0][0].group_id  # columns 2..5 of w1 (0, 1, 6, 7 are unused)
   plan = jps.make_plan(graph, {middle: [0, 3]})  # columns 2 and 5 of w1
   new, pruned_fn = jps.apply_plan(graph, params, plan)
-  b, = jax.export.symbolic_shape('b')
+  (b,) = jax.export.symbolic_shape('b')
   exported = jax.export.export(pruned_fn)(
-      jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), new),
-      jax.ShapeDtypeStruct((b, 5), jnp.float32))
+    jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), new),
+    jax.ShapeDtypeStruct((b, 5), jnp.float32),
+  )
   x = np.asarray(jax.random.normal(k[2], (3, 5)))
   w1, w2 = np.asarray(params['w1']), np.asarray(params['w2'])
-  np.testing.assert_allclose(exported.call(new, x), np.tanh(x @ w1[:, [3, 4]]) @ w2[[1, 2]],
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    exported.call(new, x), np.tanh(x @ w1[:, [3, 4]]) @ w2[[1, 2]], rtol=1e-5, atol=1e-5
+  )
 
 
 class _LSTMText(nn.Module):
@@ -230,8 +271,9 @@ def test_scanned_model_exports_with_symbolic_batch_and_length():
   ids = jnp.arange(10, dtype=jnp.int32).reshape(2, 5)
   variables = model.init(jax.random.key(0), ids)
   graph = jps.trace(model.apply, variables, ids)
-  plan = jps.select(graph, variables, ratio={'recurrent': 0.25},
-                    constraint=jps.Constraint(round_to=1))
+  plan = jps.select(
+    graph, variables, ratio={'recurrent': 0.25}, constraint=jps.Constraint(round_to=1)
+  )
   (removed,) = [r for r in plan.removed.values() if len(r)]
   assert len(removed) == 3
   new_variables, pruned_fn = jps.apply_plan(graph, variables, plan)
@@ -251,5 +293,6 @@ def test_scanned_model_exports_with_symbolic_batch_and_length():
   zeroed['params']['Dense_0']['kernel'][removed] = 0
   for shape in ((3, 7), (1, 2)):
     x = jnp.arange(np.prod(shape), dtype=jnp.int32).reshape(shape) % 20
-    np.testing.assert_allclose(exported.call(new_variables, x), model.apply(zeroed, x),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+      exported.call(new_variables, x), model.apply(zeroed, x), rtol=1e-5, atol=1e-6
+    )

@@ -51,6 +51,7 @@ def _sub_jaxpr_eqns():
       eqns.append(eqn)
       for sub in jcore.jaxprs_in_params(eqn.params):
         collect(sub)
+
   collect(jax.make_jaxpr(fn)(ones(4)).jaxpr)
   return eqns
 
@@ -64,8 +65,16 @@ def test_sub_jaxprs_are_listed_once_and_match_what_jax_holds():
     if held:
       seen.add(eqn.primitive.name)
       assert primitives.lookup(eqn.primitive.name).shrink is not None, eqn.primitive.name
-  assert seen >= {'jit', 'remat2', 'custom_vjp_call', 'custom_jvp_call', 'composite', 'cond',
-                  'while', 'scan'}
+  assert seen >= {
+    'jit',
+    'remat2',
+    'custom_vjp_call',
+    'custom_jvp_call',
+    'composite',
+    'cond',
+    'while',
+    'scan',
+  }
 
 
 def test_a_group_behind_a_composite_prunes_and_runs():
@@ -79,8 +88,9 @@ def test_a_group_behind_a_composite_prunes_and_runs():
   assert graph.groups[hidden].prunable
   new, pruned_fn = shrink.apply_plan(graph, params, {hidden: [1, 4, 6]})
   kept = [0, 2, 3, 5, 7]
-  expected = 2.0 * (np.asarray(x) @ np.asarray(params['w1'])[:, kept]) @ np.asarray(
-      params['w2'])[kept]
+  expected = (
+    2.0 * (np.asarray(x) @ np.asarray(params['w1'])[:, kept]) @ np.asarray(params['w2'])[kept]
+  )
   np.testing.assert_allclose(pruned_fn(new, x), expected, rtol=1e-5, atol=1e-5)
   assert oracle.verify(graph, params, {hidden: [1, 4, 6]}, x)
 
@@ -91,6 +101,7 @@ def test_flops_of_a_cond_agree_between_the_graph_and_a_plan():
   def fn(p, x):
     h = jax.lax.cond(x[0, 0] > 0, lambda h: h @ p['w2'], lambda h: h * 2.0, x @ p['w1'])
     return h @ p['w3']
+
   graph = structured.trace(fn, params, ones(2, 5))
   # x @ w1: 2*2*5*8 = 160; one branch of two multiplies by w2: (2*2*8*8) / 2 = 128;
   # @ w3: 2*2*8*3 = 96.
@@ -161,8 +172,9 @@ def test_register_primitive_keeps_the_sub_jaxpr_columns(monkeypatch):
   # 2*2*5*8 inside the jit body and 2*2*8*3 outside: the body is still walked.
   assert graph.total_flops == 160 + 96
   with pytest.raises(ValueError, match='not both'):
-    structured.register_primitive('y', trace=structured.elementwise, body='jaxpr',
-                                  subjaxprs=lambda eqn: [])
+    structured.register_primitive(
+      'y', trace=structured.elementwise, body='jaxpr', subjaxprs=lambda eqn: []
+    )
   with pytest.raises(TypeError, match="body for 'y' must be the name of the parameter"):
     structured.register_primitive('y', trace=structured.elementwise, body=3)
   with pytest.raises(TypeError):

@@ -21,8 +21,11 @@ def _mlp(params, x):
 
 def _mlp_params():
   k1, k2 = jax.random.split(jax.random.key(0))
-  return {'w1': jax.random.normal(k1, (6, 16)), 'b1': jnp.linspace(-1, 1, 16),
-          'w2': jax.random.normal(k2, (16, 3))}
+  return {
+    'w1': jax.random.normal(k1, (6, 16)),
+    'b1': jnp.linspace(-1, 1, 16),
+    'w2': jax.random.normal(k2, (16, 3)),
+  }
 
 
 def test_a_function_is_pruned_as_trace_select_apply_plan_prune_it():
@@ -41,30 +44,47 @@ def test_a_function_is_pruned_as_trace_select_apply_plan_prune_it():
   assert result.model is result.pruned_fn
   assert result.check.ok and result.model_check.ok
   zeroed = jps.zero_removed(graph, params, plan)
-  np.testing.assert_allclose(result.model(result.variables, x[:1]), _mlp(zeroed, x[:1]),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    result.model(result.variables, x[:1]), _mlp(zeroed, x[:1]), rtol=1e-5, atol=1e-6
+  )
   assert result.flops_after == pytest.approx(result.flops_before / 2)
   assert 'fewer' in result.summary()
 
 
 def test_a_haiku_model_to_a_flops_target_with_taylor_importance():
-  net = hk.transform_with_state(lambda x, is_training: hk.nets.MobileNetV1(
-      strides=(1, 2), channels=(16, 32), num_classes=10)(x, is_training))
+  net = hk.transform_with_state(
+    lambda x, is_training: hk.nets.MobileNetV1(strides=(1, 2), channels=(16, 32), num_classes=10)(
+      x, is_training
+    )
+  )
   x = jax.random.normal(jax.random.key(1), (4, 16, 16, 3))
   params, state = net.init(jax.random.key(0), x, is_training=True)  # makes the BN averages
   variables = {'params': params, 'state': state}
   fn = lambda v, x: net.apply(v['params'], v['state'], None, x, is_training=False)[0]
   labels = jnp.arange(4) % 10
   loss = lambda logits, batch: optax.softmax_cross_entropy_with_integer_labels(
-      logits, batch[1]).mean()
+    logits, batch[1]
+  ).mean()
 
-  result = jps.prune(fn, x, variables=variables, flops_target=0.6, importance='taylor',
-                     loss_fn=loss, calibration_batches=[(x, labels)], progress=False)
+  result = jps.prune(
+    fn,
+    x,
+    variables=variables,
+    flops_target=0.6,
+    importance='taylor',
+    loss_fn=loss,
+    calibration_batches=[(x, labels)],
+    progress=False,
+  )
   assert result.flops_after <= 0.6 * result.flops_before
   assert result.check.ok and result.model_check.ok
   assert result.model(result.variables, x[:1]).shape == (1, 10)
-  kept = {k: v.shape[-1] for k, v in jax.tree_util.tree_leaves_with_path(result.variables)
-          for k in [jax.tree_util.keystr(k)] if k.endswith("['w']")}
+  kept = {
+    k: v.shape[-1]
+    for k, v in jax.tree_util.tree_leaves_with_path(result.variables)
+    for k in [jax.tree_util.keystr(k)]
+    if k.endswith("['w']")
+  }
   assert min(kept.values()) < 32  # some conv lost channels
 
 
@@ -78,11 +98,14 @@ def test_an_equinox_model_through_partition():
   assert result.model(result.variables, x).shape == (8, 4)
 
 
-@pytest.mark.parametrize('kwargs, match', [
+@pytest.mark.parametrize(
+  'kwargs, match',
+  [
     (dict(apply_kwargs={'train': False}), 'apply_kwargs apply to Flax models'),
     (dict(train_model=object(), train_kwargs={}), 'train_model, train_kwargs apply to Flax'),
     (dict(recalibrate_bn=True, calibration_batches=[1]), 'recalibrate_bn apply to Flax'),
-])
+  ],
+)
 def test_flax_only_arguments_are_refused_for_a_function(kwargs, match):
   with pytest.raises(ValueError, match=match):
     jps.prune(_mlp, jnp.ones((2, 6)), variables=_mlp_params(), ratio=0.5, **kwargs)
@@ -100,6 +123,7 @@ def test_what_prune_cannot_take():
 def test_a_pruned_linen_result_prints_in_one_line_and_its_model_applies():
   """`print(result)` is one line (the fields hold whole models and graphs), and
   `result.model.apply(result.variables, x)` runs the module at the pruned sizes."""
+
   class CNN(nn.Module):
     @nn.compact
     def __call__(self, x):

@@ -46,8 +46,9 @@ def test_ratio_removes_the_dead_channels_and_nothing_else():
   # The dead channels gave exactly 0: only the 2 pointwise channels change the output.
   only_stem = jps.make_plan(graph, {stem.id: dead})
   new_stem, stem_fn = jps.apply_plan(graph, variables, only_stem)
-  np.testing.assert_allclose(stem_fn(new_stem, x), SeparableCNN().apply(variables, x),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    stem_fn(new_stem, x), SeparableCNN().apply(variables, x), rtol=1e-5, atol=1e-6
+  )
 
 
 def test_rounding_up_never_exceeds_the_ratio_and_says_so():
@@ -76,8 +77,9 @@ def test_global_ratio_and_count_are_never_exceeded():
   x, variables, _ = _dead_channels()
   graph = jps.trace(SeparableCNN().apply, variables, x)
   for amount, most in ((0.3, 7), (0.5, 12), (5, 5)):  # of 24 candidate channels
-    kwargs = {'n_channels': amount} if isinstance(amount, int) else {'ratio': amount,
-                                                                     'scope': 'global'}
+    kwargs = (
+      {'n_channels': amount} if isinstance(amount, int) else {'ratio': amount, 'scope': 'global'}
+    )
     assert jps.select(graph, variables, **kwargs).num_removed == most
     rounded = jps.select(graph, variables, constraint=jps.Constraint(round_to=8), **kwargs)
     assert rounded.num_removed <= most

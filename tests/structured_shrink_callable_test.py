@@ -13,14 +13,18 @@ from jaxprune.structured._shrink import verify as oracle
 
 
 def _group_of(graph, leaf, axis):
-  return next(g.id for g in graph.groups
-              if any(m.leaf == leaf and m.axis == axis for m in g.members))
+  return next(
+    g.id for g in graph.groups if any(m.leaf == leaf and m.axis == axis for m in g.members)
+  )
 
 
 def _mlp():
   k = jax.random.split(jax.random.key(0), 4)
-  params = {'w1': jax.random.normal(k[0], (3, 4)), 'b1': jax.random.normal(k[1], (4,)),
-            'w2': jax.random.normal(k[2], (4, 2))}
+  params = {
+    'w1': jax.random.normal(k[0], (3, 4)),
+    'b1': jax.random.normal(k[1], (4,)),
+    'w2': jax.random.normal(k[2], (4, 2)),
+  }
   fn = lambda p, x: jax.nn.relu(x @ p['w1'] + p['b1']) @ p['w2']
   x = jax.random.normal(k[3], (5, 3))
   return fn, params, x, trace(fn, params, x)
@@ -55,15 +59,22 @@ def test_pruned_fn_is_differentiable_and_checks_its_inputs():
     pruned_fn(params, x)
   with pytest.raises(ValueError, match='structure'):
     pruned_fn({'w1': new['w1']}, x)
-  with pytest.raises(ValueError, match=r'does not run on arguments \(float32\[5, 3\], '
-                     r'float32\[5, 3\]\) \(tracing it again raised TypeError'):
+  with pytest.raises(
+    ValueError,
+    match=r'does not run on arguments \(float32\[5, 3\], '
+    r'float32\[5, 3\]\) \(tracing it again raised TypeError',
+  ):
     pruned_fn(new, x, x)
 
 
 def test_scan_cond_and_while_bodies_are_retraced_at_new_shapes():
   k = jax.random.split(jax.random.key(1), 5)
-  v = {'w_in': jax.random.normal(k[0], (3, 6)), 'w_rec': jax.random.normal(k[1], (6, 6)) / 3,
-       'w_x': jax.random.normal(k[2], (3, 6)), 'w_out': jax.random.normal(k[3], (6, 2))}
+  v = {
+    'w_in': jax.random.normal(k[0], (3, 6)),
+    'w_rec': jax.random.normal(k[1], (6, 6)) / 3,
+    'w_x': jax.random.normal(k[2], (3, 6)),
+    'w_out': jax.random.normal(k[3], (6, 2)),
+  }
 
   def fn(v, x):
     h = jnp.tanh(x @ v['w_in'])
@@ -71,10 +82,12 @@ def test_scan_cond_and_while_bodies_are_retraced_at_new_shapes():
     def body(c, xt):
       c = jnp.tanh(c @ v['w_rec'] + xt @ v['w_x'])
       return c, c
+
     c, ys = jax.lax.scan(body, h, jnp.broadcast_to(x, (3,) + x.shape) * 1.5)
     c = jax.lax.cond(x[0, 0] > 0, lambda a: a * 2, lambda a: a - 1, c)
-    _, c = jax.lax.while_loop(lambda s: s[0] < 3,
-                              lambda s: (s[0] + 1, jnp.tanh(s[1] @ v['w_rec'])), (0, c))
+    _, c = jax.lax.while_loop(
+      lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.tanh(s[1] @ v['w_rec'])), (0, c)
+    )
     return c @ v['w_out'] + ys.sum(0) @ v['w_out']
 
   x = jax.random.normal(k[4], (4, 3))

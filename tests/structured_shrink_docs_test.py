@@ -24,6 +24,9 @@ def test_docs_removing_channels_examples_run():
   # the deployed model: batch 3, from a serialised export with a symbolic batch.
   assert str(namespace['restored'].in_avals[-1].shape) == '(b, 32, 32, 3)'
   ones = np.ones((3, 32, 32, 3), np.float32)
-  np.testing.assert_allclose(namespace['served'],
-                             namespace['pruned_fn'](namespace['new_variables'], ones), rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    namespace['served'],
+    namespace['pruned_fn'](namespace['new_variables'], ones),
+    rtol=1e-5,
+    atol=1e-5,
+  )

@@ -22,6 +22,7 @@ EXACT = Constraint(round_to=1)
 
 class WidthCNN(nn.Module):
   """The zoo CNN with its widths as attributes, so it can be rebuilt smaller."""
+
   widths: tuple[int, int] = (8, 16)
 
   @nn.compact
@@ -35,8 +36,9 @@ class WidthCNN(nn.Module):
 def _perturbed(variables):
   """Random BatchNorm statistics and scales, so that removing a channel is not a no-op."""
   rng = np.random.default_rng(7)
-  return jax.tree.map(lambda a: jnp.abs(a + 0.3 * rng.standard_normal(a.shape, np.float32)),
-                      variables)
+  return jax.tree.map(
+    lambda a: jnp.abs(a + 0.3 * rng.standard_normal(a.shape, np.float32)), variables
+  )
 
 
 def test_linen_rebuild_with_new_features_and_eval_shape_check():
@@ -75,10 +77,16 @@ def test_linen_resized_runs_the_unchanged_module():
 def test_linen_resized_attention_heads_and_mlp():
   fn, variables, (x,), _ = ZOO['transformer_block']()
   graph = trace(fn, variables, x)
-  heads = next(g.id for g in graph.groups if any(
-      m.leaf == 'params/attn/query/kernel' and m.axis == 1 for m in g.members))
-  mlp = next(g.id for g in graph.groups if any(
-      m.leaf == 'params/mlp_in/kernel' and m.axis == 1 for m in g.members))
+  heads = next(
+    g.id
+    for g in graph.groups
+    if any(m.leaf == 'params/attn/query/kernel' and m.axis == 1 for m in g.members)
+  )
+  mlp = next(
+    g.id
+    for g in graph.groups
+    if any(m.leaf == 'params/mlp_in/kernel' and m.axis == 1 for m in g.members)
+  )
   # head_dim is left alone: Flax recomputes 1/sqrt(head_dim), the traced jaxpr does not.
   plan = make_plan(graph, {heads: [1], mlp: [0, 5, 7]})
   new, _ = shrink.apply_plan(graph, variables, plan)
@@ -131,10 +139,12 @@ def test_recalibrate_gives_the_mean_of_batch_statistics_for_any_momentum():
   w = np.asarray(variables['params']['fc']['kernel'])
   b = np.asarray(variables['params']['fc']['bias'])
   acts = [np.asarray(x) @ w + b for x in batches]
-  np.testing.assert_allclose(stats['bn']['mean'], np.mean([a.mean(0) for a in acts], 0),
-                             rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(stats['bn']['var'], np.mean([a.var(0) for a in acts], 0),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    stats['bn']['mean'], np.mean([a.mean(0) for a in acts], 0), rtol=1e-4, atol=1e-5
+  )
+  np.testing.assert_allclose(
+    stats['bn']['var'], np.mean([a.var(0) for a in acts], 0), rtol=1e-4, atol=1e-5
+  )
   with pytest.raises(ValueError, match='at least one calibration batch'):
     calibrate.recalibrate(update, variables['batch_stats'], [])
 
@@ -145,25 +155,42 @@ def test_prune_one_line_linen_with_taylor_and_bn_recalibration():
   variables = model.init(jax.random.key(0), x)
   batches = [(_x(4, 8, 8, 3) * (i + 1), jnp.arange(4) % 5) for i in range(2)]
   loss = lambda out, batch: optax.softmax_cross_entropy_with_integer_labels(out, batch[1]).mean()
-  result = api.prune(model, x, variables=variables, ratio=0.5, constraint=EXACT,
-                     importance='taylor', loss_fn=loss, calibration_batches=batches,
-                     recalibrate_bn=True, train_model=CNN(train=True), train_kwargs={},
-                     progress=False)
+  result = api.prune(
+    model,
+    x,
+    variables=variables,
+    ratio=0.5,
+    constraint=EXACT,
+    importance='taylor',
+    loss_fn=loss,
+    calibration_batches=batches,
+    recalibrate_bn=True,
+    train_model=CNN(train=True),
+    train_kwargs={},
+    progress=False,
+  )
   assert result.check.ok
   # conv1 8 -> 4 and conv2 16 -> 8 channels: 2*36*(4*27) + 2*16*(9*4*8) + 2*8*5 FLOPs (4 images).
   dense = 4 * (2 * 64 * 27 * 8 + 2 * 16 * 72 * 16 + 2 * 16 * 5)
   pruned = 4 * (2 * 64 * 27 * 4 + 2 * 16 * 36 * 8 + 2 * 8 * 5)
   assert (result.flops_before, result.flops_after) == (dense, pruned)
-  acts = [np.asarray(nn.Conv(4, (3, 3)).apply({'params': result.variables['params']['conv1']},
-                                              b[0])) for b in batches]
-  np.testing.assert_allclose(result.variables['batch_stats']['bn1']['mean'],
-                             np.mean([a.mean((0, 1, 2)) for a in acts], 0), rtol=1e-4, atol=1e-5)
+  acts = [
+    np.asarray(nn.Conv(4, (3, 3)).apply({'params': result.variables['params']['conv1']}, b[0]))
+    for b in batches
+  ]
+  np.testing.assert_allclose(
+    result.variables['batch_stats']['bn1']['mean'],
+    np.mean([a.mean((0, 1, 2)) for a in acts], 0),
+    rtol=1e-4,
+    atol=1e-5,
+  )
   assert result.apply(result.variables, x).shape == (4, 5)
 
 
 def test_prune_one_line_nnx_to_a_flops_target():
   fn, state, (x,), _ = ZOO['nnx_model']()
   from structured_zoo import NNXNet
+
   model = NNXNet(nnx.Rngs(0))
   model.eval()
   result = api.prune(model, x, flops_target=0.6, constraint=EXACT, progress=False)
@@ -177,8 +204,9 @@ def test_prune_one_line_nnx_to_a_flops_target():
 
 def test_prune_keeps_the_attention_scale_when_head_dim_is_pruned():
   fn, variables, (x,), _ = ZOO['transformer_block']()
-  result = api.prune(TransformerBlock(), x, variables=variables, ratio=0.5, constraint=EXACT,
-                     progress=False)
+  result = api.prune(
+    TransformerBlock(), x, variables=variables, ratio=0.5, constraint=EXACT, progress=False
+  )
   # query/key head_dim 4 -> 2 and value head_dim 4 -> 2, heads 2 -> 1.
   assert result.variables['params']['attn']['query']['kernel'].shape == (6, 1, 2)
   reference = oracle.dense_reference(result.graph, variables, result.plan, x)
@@ -190,8 +218,9 @@ def test_prune_keeps_the_attention_scale_when_head_dim_is_pruned():
 
 class _Attention(nnx.Module):
   def __init__(self, rngs, attention_fn=nnx.dot_product_attention):
-    self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=6, qkv_features=8, decode=False,
-                                       attention_fn=attention_fn, rngs=rngs)
+    self.attn = nnx.MultiHeadAttention(
+      num_heads=2, in_features=6, qkv_features=8, decode=False, attention_fn=attention_fn, rngs=rngs
+    )
     self.fc = nnx.Linear(6, 3, rngs=rngs)
 
   def __call__(self, x):
@@ -207,17 +236,19 @@ def test_prune_nnx_attention_keeps_its_scale_and_a_custom_one_is_refused_unchang
   assert model.attn.head_dim == 2
   reference = oracle.dense_reference(graph, state, result.plan, x)
   np.testing.assert_allclose(model(x), reference, atol=1e-5 * float(np.abs(reference).max()))
-  custom = _Attention(nnx.Rngs(0), attention_fn=lambda q, k, v, **kw: nnx.dot_product_attention(
-      q, k, v, **kw))
+  custom = _Attention(
+    nnx.Rngs(0), attention_fn=lambda q, k, v, **kw: nnx.dot_product_attention(q, k, v, **kw)
+  )
   before = jax.tree.map(np.asarray, nnx.state(custom))
   with pytest.raises(ValueError, match='head_dim was pruned from 4 to 2'):
     api.prune(custom, x, ratio=0.5, constraint=EXACT, progress=False)
   assert custom.attn.head_dim == 4
-  jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray,
-                                                                    nnx.state(custom)))
+  jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, nnx.state(custom)))
 
 
-@pytest.mark.parametrize('kwargs, error, match', [
+@pytest.mark.parametrize(
+  'kwargs, error, match',
+  [
     (dict(ratio=0.5, recalibrate_bn=True), ValueError, 'needs calibration_batches'),
     (dict(ratio=0.5, importance='taylor'), ValueError, 'pass loss_fn'),
     (dict(ratio=0.5, importance='l3'), ValueError, "importance='l3'"),
@@ -226,11 +257,16 @@ def test_prune_nnx_attention_keeps_its_scale_and_a_custom_one_is_refused_unchang
     (dict(ratio=0.5, flops_target=0.5), ValueError, 'exactly one of'),
     (dict(ratio=0.5, constraint={'round_to': 8}), TypeError, 'give a jaxprune.structured'),
     (dict(ratio=0.5, inputs='x'), TypeError, 'inputs must map a batch'),
-    (dict(ratio=0.5, recalibrate_bn=True, calibration_batches=[]), ValueError, 'needs '
-     'calibration_batches'),
-])
+    (
+      dict(ratio=0.5, recalibrate_bn=True, calibration_batches=[]),
+      ValueError,
+      'needs calibration_batches',
+    ),
+  ],
+)
 def test_prune_checks_every_argument_before_changing_the_model(kwargs, error, match):
   from structured_zoo import NNXNet
+
   model = NNXNet(nnx.Rngs(0))
   model.eval()
   before = jax.tree.map(np.asarray, nnx.state(model))
@@ -249,6 +285,7 @@ def test_prune_rejects_what_it_cannot_prune():
 
 class _ShapeBranch(nn.Module):
   """A residual block that projects its input only when the widths differ."""
+
   features: int
 
   @nn.compact
@@ -268,15 +305,20 @@ class _BranchyNet(nn.Module):
     return nn.Dense(3, name='head')(x)
 
 
-@pytest.mark.parametrize('block, flax_error', [
+@pytest.mark.parametrize(
+  'block, flax_error',
+  [
     (16, 'ScopeParamNotFoundError'),  # dense: no proj; pruned 12 != 16 wants one
-    (12, 'TypeError'),                # dense: proj 16 -> 12; pruned 12 == 12 skips it
-])
+    (12, 'TypeError'),  # dense: proj 16 -> 12; pruned 12 == 12 skips it
+  ],
+)
 def test_linen_code_branching_on_shapes_is_explained(block, flax_error):
   model, x = _BranchyNet(block), _x(2, 8)
   variables = model.init(jax.random.key(0), x)
-  explained = (rf'prune: result.apply fails on the pruned model \({flax_error}: .*branches on '
-               r'shapes that pruning changed.*result.pruned_fn\(result.variables, x\)')
+  explained = (
+    rf'prune: result.apply fails on the pruned model \({flax_error}: .*branches on '
+    r'shapes that pruning changed.*result.pruned_fn\(result.variables, x\)'
+  )
   with pytest.raises(RuntimeError, match=explained):
     api.prune(model, x, variables=variables, ratio=0.25, constraint=EXACT)
   result = api.prune(model, x, variables=variables, ratio=0.25, constraint=EXACT, check=False)

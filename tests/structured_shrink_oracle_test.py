@@ -63,10 +63,16 @@ def test_where_products_are_rounded_the_checks_replay_at_full_precision(monkeypa
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   checked = oracle.full_precision_graph(graph)
   highest = (jax.lax.Precision.HIGHEST,) * 2
-  assert [eqn.params['precision'] for _, _, eqn, _ in jaxprs.equations(checked.closed_jaxpr)
-          if eqn.primitive.name == 'dot_general'] == [highest, highest]
-  assert all(eqn.params['precision'] is None for _, _, eqn, _ in jaxprs.equations(
-      graph.closed_jaxpr) if eqn.primitive.name == 'dot_general')  # the user's graph: as traced
+  assert [
+    eqn.params['precision']
+    for _, _, eqn, _ in jaxprs.equations(checked.closed_jaxpr)
+    if eqn.primitive.name == 'dot_general'
+  ] == [highest, highest]
+  assert all(
+    eqn.params['precision'] is None
+    for _, _, eqn, _ in jaxprs.equations(graph.closed_jaxpr)
+    if eqn.primitive.name == 'dot_general'
+  )  # the user's graph: as traced
   result = structured.prune(mlp, x, variables=params, ratio=0.5, progress=False)
   assert result.check.ok and result.check.max_rel_diff < 1e-6
   plan = structured.select(graph, params, ratio=0.5)

@@ -24,25 +24,25 @@ from jaxprune._names import named_leaves
 
 # name -> builder. The full-size models (`_full`) are shapes only: traced and counted.
 ZOO = {
-    'haiku_resnet18': zoo.haiku_resnet18,
-    'haiku_resnet18_train': functools.partial(zoo.haiku_resnet18, train=True),
-    'haiku_resnet50_full': zoo.haiku_resnet50_full,
-    'haiku_mobilenet_v1': zoo.haiku_mobilenet_v1,
-    'equinox_mlp': zoo.equinox_mlp,
-    'equinox_cnn': zoo.equinox_cnn,
-    'equinox_cnn_train': functools.partial(zoo.equinox_cnn, train=True),
-    'hf_resnet': hf.hf_resnet,
-    'hf_regnet': hf.hf_regnet,
-    'hf_vit': hf.hf_vit,
-    'hf_beit': hf.hf_beit,
-    'hf_dinov2': hf.hf_dinov2,
-    'hf_clip': hf.hf_clip,
-    'hf_bert': hf.hf_bert,
-    'hf_gpt2': hf.hf_gpt2,
-    'hf_llama': hf.hf_llama,
-    'keras_mobilenet_v2': zoo.keras_mobilenet_v2,
-    'keras_densenet121_full': zoo.keras_densenet121_full,
-    'keras_resnet50_full': zoo.keras_resnet50_full,
+  'haiku_resnet18': zoo.haiku_resnet18,
+  'haiku_resnet18_train': functools.partial(zoo.haiku_resnet18, train=True),
+  'haiku_resnet50_full': zoo.haiku_resnet50_full,
+  'haiku_mobilenet_v1': zoo.haiku_mobilenet_v1,
+  'equinox_mlp': zoo.equinox_mlp,
+  'equinox_cnn': zoo.equinox_cnn,
+  'equinox_cnn_train': functools.partial(zoo.equinox_cnn, train=True),
+  'hf_resnet': hf.hf_resnet,
+  'hf_regnet': hf.hf_regnet,
+  'hf_vit': hf.hf_vit,
+  'hf_beit': hf.hf_beit,
+  'hf_dinov2': hf.hf_dinov2,
+  'hf_clip': hf.hf_clip,
+  'hf_bert': hf.hf_bert,
+  'hf_gpt2': hf.hf_gpt2,
+  'hf_llama': hf.hf_llama,
+  'keras_mobilenet_v2': zoo.keras_mobilenet_v2,
+  'keras_densenet121_full': zoo.keras_densenet121_full,
+  'keras_resnet50_full': zoo.keras_resnet50_full,
 }
 
 TRACED_BATCH = 2
@@ -52,8 +52,12 @@ EXACT = jps.Constraint(round_to=1)
 PRUNED = sorted(name for name in ZOO if not name.endswith('_full'))
 # Building the keras models (their initialisers compile per shape) and tracing
 # the full-size models take 10-40 s on a busy 2-core machine.
-SLOW = {'haiku_resnet50_full', 'keras_densenet121_full', 'keras_resnet50_full',
-        'keras_mobilenet_v2'}
+SLOW = {
+  'haiku_resnet50_full',
+  'keras_densenet121_full',
+  'keras_resnet50_full',
+  'keras_mobilenet_v2',
+}
 
 
 def _mark(names):
@@ -170,9 +174,10 @@ EXPORTED = [n for n in PRUNED if n != 'equinox_cnn_train']
 
 
 def _symbolic_batch_specs(case, variables):
-  b, = jax.export.symbolic_shape('b')
-  arg_specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct((b, *x.shape[1:]), x.dtype),
-                           case.inputs(TRACED_BATCH))
+  (b,) = jax.export.symbolic_shape('b')
+  arg_specs = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct((b, *x.shape[1:]), x.dtype), case.inputs(TRACED_BATCH)
+  )
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), variables), *arg_specs
 
 
@@ -200,8 +205,13 @@ def reloaded(tmp_path_factory):
     flat = jax.tree.leaves((variables, *case.inputs(5)))
     np.savez(root / name / 'args.npz', **{f'a{i}': np.asarray(x) for i, x in enumerate(flat)})
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  subprocess.run([sys.executable, '-c', _RELOAD, str(root), *EXPORTED], check=True, env=env,
-                 cwd=root, timeout=300)
+  subprocess.run(
+    [sys.executable, '-c', _RELOAD, str(root), *EXPORTED],
+    check=True,
+    env=env,
+    cwd=root,
+    timeout=300,
+  )
   outputs = {}
   for name in EXPORTED:
     with np.load(root / name / 'out.npz') as out:

@@ -10,9 +10,13 @@ import jaxprune.structured as jps
 
 def _variables():
   rng = np.random.default_rng(0)
-  return {'params': {'w1': rng.normal(size=(5, 8)).astype(np.float32),
-                     'w2': rng.normal(size=(8, 3)).astype(np.float32)},
-          'stats': {'ema': np.abs(rng.normal(size=(8,))).astype(np.float32) + 0.5}}
+  return {
+    'params': {
+      'w1': rng.normal(size=(5, 8)).astype(np.float32),
+      'w2': rng.normal(size=(8, 3)).astype(np.float32),
+    },
+    'stats': {'ema': np.abs(rng.normal(size=(8,))).astype(np.float32) + 0.5},
+  }
 
 
 def evaluate(v, x):
@@ -45,8 +49,9 @@ def test_a_variable_the_function_never_reads_is_not_prunable(fn):
   assert [g.size for g in graph.prunable_groups] == [8]
   assert 'unread variables: stats/ema' in graph.summary()
   # a global selection spends its budget on real channels.
-  plan = jps.select(graph, variables, ratio=0.5, scope='global',
-                    constraint=jps.Constraint(round_to=1))
+  plan = jps.select(
+    graph, variables, ratio=0.5, scope='global', constraint=jps.Constraint(round_to=1)
+  )
   assert jps.plan_flops(graph, plan) < graph.total_flops
 
 
@@ -56,7 +61,10 @@ def test_train_entry_point_ties_the_running_average_to_its_channels():
   assert graph.unread == [] and len(graph.entries) == 2
   hidden = graph.groups[graph.leaf_axes['params/w1'][1][0].group_id]
   assert {(m.leaf, m.axis) for m in hidden.members} == {
-      ('params/w1', 1), ('params/w2', 0), ('stats/ema', 0)}
+    ('params/w1', 1),
+    ('params/w2', 0),
+    ('stats/ema', 0),
+  }
   assert [g.size for g in graph.prunable_groups] == [8]
   # FLOPs are those of the first entry point: 2*2*5*8 + 2*2*8*3.
   assert graph.total_flops == 160 + 96
@@ -69,8 +77,9 @@ def test_train_entry_point_ties_the_running_average_to_its_channels():
   h = np.maximum(X @ w1, 0)
   out, state = pruned_train(new, X)
   np.testing.assert_allclose(out, h @ w2, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(state['stats']['ema'],
-                             0.9 * new['stats']['ema'] + 0.1 * h.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(
+    state['stats']['ema'], 0.9 * new['stats']['ema'] + 0.1 * h.mean(0), rtol=1e-5
+  )
   np.testing.assert_allclose(pruned_eval(new, X[:1]), h[:1] @ w2, rtol=1e-5, atol=1e-5)
   # the train entry point also runs at another batch size.
   assert pruned_train(new, np.concatenate([X, X]))[0].shape == (4, 3)

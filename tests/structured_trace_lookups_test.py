@@ -32,6 +32,7 @@ class BlockSparseAttention(nn.Module):
   """Each query block attends to 2 key blocks picked per head (BigBird's random
   blocks): a lookup vmapped over batch and heads, i.e. a gather with
   `operand_batching_dims`. `table=None` takes the block table as an input."""
+
   heads: int = 4
   head_dim: int = 8
   block: int = 4
@@ -44,8 +45,9 @@ class BlockSparseAttention(nn.Module):
       table = np.random.default_rng(0).integers(0, n_blocks, (self.heads, n_blocks, 2))
       table = jnp.broadcast_to(table, (b, *table.shape))
     q, k, v = (nn.DenseGeneral((self.heads, self.head_dim), name=name)(x) for name in 'qkv')
-    blocks = lambda t: t.reshape(b, n // self.block, self.block, self.heads,
-                                 self.head_dim).transpose(0, 3, 1, 2, 4)
+    blocks = lambda t: t.reshape(
+      b, n // self.block, self.block, self.heads, self.head_dim
+    ).transpose(0, 3, 1, 2, 4)
     look = jax.vmap(jax.vmap(lambda t, i: t[i]))
     keys, values = look(blocks(k), table), look(blocks(v), table)
     scores = jnp.einsum('bhnqk,bhnrsk->bhnqrs', blocks(q), keys)
@@ -75,12 +77,14 @@ def test_per_head_block_lookup_prunes_heads_and_runs():
     zeroed['params'][name]['kernel'][:, 1:3] = 0
     zeroed['params'][name]['bias'][1:3] = 0
   zeroed['params']['o']['kernel'][1:3] = 0
-  np.testing.assert_allclose(pruned_fn(new_variables, x), model.apply(zeroed, x),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    pruned_fn(new_variables, x), model.apply(zeroed, x), rtol=1e-5, atol=1e-5
+  )
   # At another batch and another sequence length too (the table is re-drawn).
   x2 = jax.random.normal(jax.random.key(2), (3, 24, 8))
-  np.testing.assert_allclose(pruned_fn(new_variables, x2), model.apply(zeroed, x2),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    pruned_fn(new_variables, x2), model.apply(zeroed, x2), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_per_head_table_given_as_input_keeps_heads_whole():
@@ -193,7 +197,7 @@ def _rotary(x, interleaved):
   if interleaved:  # RoFormer, GPT-J, CodeGen
     x1, x2 = x[..., ::2], x[..., 1::2]
     return jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).reshape(x.shape)
-  x1, x2 = x[..., :d // 2], x[..., d // 2:]  # Llama
+  x1, x2 = x[..., : d // 2], x[..., d // 2 :]  # Llama
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
@@ -227,8 +231,9 @@ def test_interleaved_rotary_keeps_query_key_head_dim():
       zeroed['params'][name]['kernel'][..., pairs[1]] = 0
       zeroed['params'][name]['bias'][..., pairs[1]] = 0
     assert new_variables['params']['q']['kernel'].shape == (16, 2, 6)
-    np.testing.assert_allclose(pruned_fn(new_variables, x), model.apply(zeroed, x),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+      pruned_fn(new_variables, x), model.apply(zeroed, x), rtol=1e-5, atol=1e-5
+    )
 
 
 class SigmoidMoE(nn.Module):
@@ -253,8 +258,12 @@ def test_expert_axis_has_its_own_kind():
   assert _group_of(graph, 'params/w_in', 2).kind == 'channels'
   plan = jps.select(graph, variables, ratio={'experts': 0.5}, constraint=EXACT)
   assert {g: len(r) for g, r in plan.removed.items() if len(r)} == {experts.id: 2}
-  assert not any(len(r) for r in jps.select(graph, variables, ratio={'head_dim': 0.5},
-                                            constraint=EXACT).removed.values())
+  assert not any(
+    len(r)
+    for r in jps.select(
+      graph, variables, ratio={'head_dim': 0.5}, constraint=EXACT
+    ).removed.values()
+  )
 
 
 def test_summary_names_the_weight_axes_a_rule_blocked():
@@ -268,6 +277,8 @@ def test_summary_names_the_weight_axes_a_rule_blocked():
   variables = Sorted().init(jax.random.key(0), x)
   summary = _trace(Sorted().apply, variables, x).summary()
   # The 8 hidden units, on both sides of the sort, are lost to the sort.
-  assert ("weight axes blocked by a rule: params/inner/kernel:1, params/inner/bias:0 "
-          "(blocked by primitive 'sort'); params/outer/kernel:0 (blocked by primitive "
-          "'sort')") in summary
+  assert (
+    'weight axes blocked by a rule: params/inner/kernel:1, params/inner/bias:0 '
+    "(blocked by primitive 'sort'); params/outer/kernel:0 (blocked by primitive "
+    "'sort')"
+  ) in summary

@@ -53,8 +53,13 @@ def _expect(found, members, size, reason, positions=None):
 
 def test_rev_pairs_channel_c_with_row_7_minus_c():
   graph, found = groups('rev')
-  _expect(found, {('w1', 1), ('w2', 0)}, 8, None,
-          {('w1', 1): plain(8), ('w2', 0): [7, 6, 5, 4, 3, 2, 1, 0]})
+  _expect(
+    found,
+    {('w1', 1), ('w2', 0)},
+    8,
+    None,
+    {('w1', 1): plain(8), ('w2', 0): [7, 6, 5, 4, 3, 2, 1, 0]},
+  )
   _expect(found, {('w1', 0)}, 5, INPUT)
   _expect(found, {('w2', 1)}, 3, OUTPUT)
   assert len(found) == 3
@@ -103,8 +108,10 @@ def test_reduce_window_passes_channels_and_blocks_windows():
   jaxpr = graph.closed_jaxpr.jaxpr
   pooled_in = next(e for e in jaxpr.eqns if e.primitive.name == 'reduce_window_max').invars[0]
   spatial = [graph.groups[p.group_id] for a in (1, 2) for p in graph.var_axes[((), pooled_in)][a]]
-  assert {g.reason for g in spatial} == {'reaches model input 0 axis 1',
-                                         'reaches model input 0 axis 2'}
+  assert {g.reason for g in spatial} == {
+    'reaches model input 0 axis 1',
+    'reaches model input 0 axis 2',
+  }
 
 
 def test_bitcast_same_width_is_elementwise_narrower_blocks():
@@ -115,8 +122,10 @@ def test_bitcast_same_width_is_elementwise_narrower_blocks():
   assert len(found) == 5
 
 
-@pytest.mark.parametrize('name, reason', [('top_k', "blocked by primitive 'top_k'"),
-                                          ('argmax', "reduced over by 'argmax'")])
+@pytest.mark.parametrize(
+  'name, reason',
+  [('top_k', "blocked by primitive 'top_k'"), ('argmax', "reduced over by 'argmax'")],
+)
 def test_selection_over_the_batch_keeps_channels_over_channels_blocks(name, reason):
   _, found = groups(name)
   _expect(found, {('w1', 1), ('w2', 0)}, 8, None)
@@ -128,8 +137,9 @@ def test_selection_over_the_batch_keeps_channels_over_channels_blocks(name, reas
 
 def test_unstack_of_rows_keeps_channels_of_channels_blocks():
   _, found = groups('unstack')
-  _expect(found, {('w1', 1), ('w2', 0), ('w2b', 0)}, 8, None,
-          {('w2', 0): plain(8), ('w2b', 0): plain(8)})
+  _expect(
+    found, {('w1', 1), ('w2', 0), ('w2b', 0)}, 8, None, {('w2', 0): plain(8), ('w2b', 0): plain(8)}
+  )
   _expect(found, {('w3', 1)}, 4, "axis split by 'unstack'")
   assert len(found) == 4
 
@@ -161,20 +171,28 @@ def test_every_case_shrinks_and_passes_the_oracle(name):
 
 # Rules whose hand-worked case is a plain function in structured_trace_rules_test.
 _COVERED_ELSEWHERE = {
-    'cumsum': 'test_position_mixing_primitives_block_their_axis',
-    'sort': 'test_position_mixing_primitives_block_their_axis',
-    'slice': 'test_slice_joins_the_kept_range_and_blocks_a_picked_position',
-    'pad': 'test_pad_offsets_positions',
-    'dynamic_slice': 'test_full_dynamic_slice_passes_channels_through',
-    'tile': 'test_tile_copies_stack_and_composite',
-    'stack': 'test_tile_copies_stack_and_composite',
-    'random_bits': 'test_dropout_in_train_mode_does_not_block',
-    'conv_general_dilated': 'test_group_norm_keeps_whole_norm_groups_and_conv_transpose_maps_'
-                            'features',
+  'cumsum': 'test_position_mixing_primitives_block_their_axis',
+  'sort': 'test_position_mixing_primitives_block_their_axis',
+  'slice': 'test_slice_joins_the_kept_range_and_blocks_a_picked_position',
+  'pad': 'test_pad_offsets_positions',
+  'dynamic_slice': 'test_full_dynamic_slice_passes_channels_through',
+  'tile': 'test_tile_copies_stack_and_composite',
+  'stack': 'test_tile_copies_stack_and_composite',
+  'random_bits': 'test_dropout_in_train_mode_does_not_block',
+  'conv_general_dilated': 'test_group_norm_keeps_whole_norm_groups_and_conv_transpose_maps_'
+  'features',
 }
 # Rules with no hand-worked case: printing and placement, which carry no channel values.
-_NO_CASE = {'debug_print', 'debug_callback', 'optimization_barrier', 'sharding_constraint',
-            'layout_constraint', 'with_memory_space_constraint', 'reshard', 'device_put'}
+_NO_CASE = {
+  'debug_print',
+  'debug_callback',
+  'optimization_barrier',
+  'sharding_constraint',
+  'layout_constraint',
+  'with_memory_space_constraint',
+  'reshard',
+  'device_put',
+}
 
 
 def _primitives_used(jaxpr, found):
@@ -197,20 +215,28 @@ def test_every_rule_of_the_table_has_a_hand_worked_case():
   rules_with_entries = {}
   for name, entry in primitives.TABLE.items():
     rules_with_entries.setdefault(entry.trace, set()).add(name)
-  missing = sorted(min(names) for rule, names in rules_with_entries.items()
-                   if rule not in reached and not names <= _NO_CASE)
+  missing = sorted(
+    min(names)
+    for rule, names in rules_with_entries.items()
+    if rule not in reached and not names <= _NO_CASE
+  )
   assert not missing, f'trace rules with no hand-worked case: {missing}'
 
 
 def test_a_scan_in_neither_form_is_refused_naming_both():
   # jax < 0.11 writes num_consts/num_carry, jax >= 0.11 ft_in/ft_out (both read by
   # `_core/params.py`); a scan with neither is a clear error, not a KeyError.
-  closed = jax.make_jaxpr(lambda x: jax.lax.scan(lambda c, _: (c * 2.0, None), x, None,
-                                                 length=3)[0])(jnp.ones(2))
+  closed = jax.make_jaxpr(
+    lambda x: jax.lax.scan(lambda c, _: (c * 2.0, None), x, None, length=3)[0]
+  )(jnp.ones(2))
   [eqn] = [e for e in closed.jaxpr.eqns if e.primitive.name == 'scan']
-  neither = eqn.replace(params={k: v for k, v in eqn.params.items()
-                                if k not in ('num_consts', 'ft_in')})
-  with pytest.raises(NotImplementedError, match=r'num_consts/num_carry \(jax<0\.11\) or '
-                                                r'ft_in/ft_out \(jax>=0\.11\)'):
+  neither = eqn.replace(
+    params={k: v for k, v in eqn.params.items() if k not in ('num_consts', 'ft_in')}
+  )
+  with pytest.raises(
+    NotImplementedError,
+    match=r'num_consts/num_carry \(jax<0\.11\) or '
+    r'ft_in/ft_out \(jax>=0\.11\)',
+  ):
     control.scan_subjaxprs(neither)
   assert control.scan_subjaxprs(eqn)[0][2] == 3.0  # this jax's scan reads

@@ -34,25 +34,40 @@ def test_group_table(graph):
   lines = text.splitlines()
   assert lines[0].endswith('8 channels, prunable, 80 FLOPs/channel')
   rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
-  assert rows == {'params/fc2/bias': ['0', '8', '1', '0'],
-                  'params/fc2/kernel': ['1', '8', '1', '0'],
-                  'params/fc3/kernel': ['0', '8', '1', '0']}
+  assert rows == {
+    'params/fc2/bias': ['0', '8', '1', '0'],
+    'params/fc2/kernel': ['1', '8', '1', '0'],
+    'params/fc3/kernel': ['0', '8', '1', '0'],
+  }
 
 
 def test_leaf_table(graph):
   lines = graph.leaf_table('params/fc2/kernel').splitlines()
   assert lines[0] == 'params/fc2/kernel (16, 8)'
-  assert lines[3].split() == ['0', '16', f'{_group(graph, "params/fc1/kernel", 1)}', '(16)',
-                              'prunable']
-  assert lines[4].split() == ['1', '8', f'{_group(graph, "params/fc2/kernel", 1)}', '(8)',
-                              'prunable']
+  assert lines[3].split() == [
+    '0',
+    '16',
+    f'{_group(graph, "params/fc1/kernel", 1)}',
+    '(16)',
+    'prunable',
+  ]
+  assert lines[4].split() == [
+    '1',
+    '8',
+    f'{_group(graph, "params/fc2/kernel", 1)}',
+    '(8)',
+    'prunable',
+  ]
 
 
 def test_unprunable_table(graph):
   lines = graph.unprunable_table().splitlines()
   reasons = sorted(line.split(None, 2)[2].split('  ')[0] for line in lines[2:])
-  assert reasons == ['reaches model input 0 axis 0', 'reaches model input 0 axis 1',
-                     'reaches model output 0 axis 1']
+  assert reasons == [
+    'reaches model input 0 axis 0',
+    'reaches model input 0 axis 1',
+    'reaches model output 0 axis 1',
+  ]
 
 
 def test_bad_names_are_errors(graph):

@@ -23,8 +23,9 @@ def test_resnet50_groups_and_flops():
   expected = [64] + [64] * 6 + [128] * 8 + [256] * 12 + [512] * 6 + [256, 512, 1024, 2048]
   assert sorted(g.size for g in graph.prunable_groups) == sorted(expected)
   stream = graph.groups[graph.leaf_axes['params/Dense_0/kernel'][0][0].group_id]
-  conv_axes = sorted(m.axis for m in stream.members if m.leaf.endswith('kernel')
-                     and 'Conv' in m.leaf)
+  conv_axes = sorted(
+    m.axis for m in stream.members if m.leaf.endswith('kernel') and 'Conv' in m.leaf
+  )
   # Last stage: the last conv of its 3 blocks and the projection write the
   # stream (out axis 3); the first conv of blocks 2 and 3 read it (in axis 2).
   assert conv_axes == [2, 2, 3, 3, 3, 3]

@@ -53,7 +53,8 @@ def test_heads_times_head_dim_merge_and_kept_positions():
   axis_parts = graph.leaf_axes['wo'][0]
   np.testing.assert_array_equal(graph.kept_positions(axis_parts, 6, {heads: [1]}), [0, 1, 2])
   np.testing.assert_array_equal(
-      graph.kept_positions(axis_parts, 6, {heads: [1], dims: [0]}), [1, 2])
+    graph.kept_positions(axis_parts, 6, {heads: [1], dims: [0]}), [1, 2]
+  )
   assert graph.new_shape((6, 5), graph.leaf_axes['wo'], {heads: [1], dims: [0]}) == (2, 5)
   assert graph.new_shape((6, 2, 3), graph.leaf_axes['wq'], {dims: [0, 2]}) == (6, 2, 1)
 
@@ -64,6 +65,7 @@ def test_flatten_then_unflatten_ties_the_factors_back():
   def fn(p, x):
     h = (x[:, None, None] * p['c']).reshape(2, 12).reshape(2, 3, 4) * p['b'][:, None]
     return jnp.einsum('nij,ijk->nk', h, p['w'])
+
   graph = trace(fn, params, ones(2))
   rows = graph.groups[graph.leaf_axes['c'][0][0].group_id]
   assert {(m.leaf, m.axis) for m in rows.members} == {('c', 0), ('b', 0), ('w', 0)}
@@ -117,8 +119,10 @@ def test_reduction_over_channels_blocks_them():
   assert group.reason == "reduced over by 'reduce_sum'"
 
 
-@pytest.mark.parametrize('op, name', [(lambda h: jnp.cumsum(h, axis=-1), 'cumsum'),
-                                      (lambda h: jnp.sort(h, axis=-1), 'sort')])
+@pytest.mark.parametrize(
+  'op, name',
+  [(lambda h: jnp.cumsum(h, axis=-1), 'cumsum'), (lambda h: jnp.sort(h, axis=-1), 'sort')],
+)
 def test_position_mixing_primitives_block_their_axis(op, name):
   params = {'w1': ones(5, 8), 'w2': ones(8, 3)}
   graph = trace(lambda p, x: op(x @ p['w1']) @ p['w2'], params, ones(2, 5))
@@ -139,8 +143,12 @@ def test_full_dynamic_slice_passes_channels_through():
 def test_constants_tie_nothing_and_are_cut_per_use():
   offset = np.arange(8.0, dtype=np.float32)  # captured: one constvar used by two layers
   k = jax.random.split(jax.random.key(0), 5)
-  params = {'a1': jax.random.normal(k[0], (5, 8)), 'a2': jax.random.normal(k[1], (8, 3)),
-            'b1': jax.random.normal(k[2], (5, 8)), 'b2': jax.random.normal(k[3], (8, 3))}
+  params = {
+    'a1': jax.random.normal(k[0], (5, 8)),
+    'a2': jax.random.normal(k[1], (8, 3)),
+    'b1': jax.random.normal(k[2], (5, 8)),
+    'b2': jax.random.normal(k[3], (8, 3)),
+  }
 
   def fn(p, x):
     # computed from no variable and no input: a (layers, channels) constant,
@@ -149,6 +157,7 @@ def test_constants_tie_nothing_and_are_cut_per_use():
     h1 = (x @ p['a1'] + offset) * mask[0]
     h2 = (x @ p['b1'] + offset) * mask[1]
     return h1 @ p['a2'] + h2 @ p['b2']
+
   x = jax.random.normal(k[4], (2, 5))
   graph = trace(fn, params, x)
   first = graph.groups[graph.leaf_axes['a1'][1][0].group_id]
@@ -162,7 +171,8 @@ def test_constants_tie_nothing_and_are_cut_per_use():
   p = {name: np.asarray(v) for name, v in params.items()}
   xs = np.asarray(x)
   expected = ((xs @ p['a1'][:, a] + offset[a]) * 1.0) @ p['a2'][a] + (
-      (xs @ p['b1'][:, b] + offset[b]) * 2.0) @ p['b2'][b]
+    (xs @ p['b1'][:, b] + offset[b]) * 2.0
+  ) @ p['b2'][b]
   np.testing.assert_allclose(pruned_fn(new, x), expected, rtol=1e-5, atol=1e-5)
   assert oracle.verify(graph, params, plan, x)
 
@@ -178,22 +188,31 @@ class _GroupNormThenTranspose(nn.Module):
 def test_group_norm_keeps_whole_norm_groups_and_conv_transpose_maps_features():
   model = _GroupNormThenTranspose()
   x = ones(1, 2, 2, 4)
-  variables = jax.tree.map(lambda s: ones(*s.shape),
-                           jax.eval_shape(model.init, jax.random.key(0), x))
+  variables = jax.tree.map(
+    lambda s: ones(*s.shape), jax.eval_shape(model.init, jax.random.key(0), x)
+  )
   graph = trace(model.apply, variables, x)
-  conv_out = {tuple(map(tuple, v)): graph.groups[g]
-              for g, v in parts(graph, 'params/conv/kernel', 3).items()}
+  conv_out = {
+    tuple(map(tuple, v)): graph.groups[g] for g, v in parts(graph, 'params/conv/kernel', 3).items()
+  }
   # GroupNorm(2) on 8 channels: statistics per half, so a whole half may go,
   # but one channel of every half may not (it changes the halves' means).
   whole = conv_out[((0, 1, 2, 3), (4, 5, 6, 7))]
   assert whole.prunable
   assert {(m.leaf, m.axis) for m in whole.members} == {
-      ('params/conv/kernel', 3), ('params/conv/bias', 0), ('params/gn/scale', 0),
-      ('params/gn/bias', 0), ('params/up/kernel', 2)}
+    ('params/conv/kernel', 3),
+    ('params/conv/bias', 0),
+    ('params/gn/scale', 0),
+    ('params/gn/bias', 0),
+    ('params/up/kernel', 2),
+  }
   assert conv_out[((0, 4), (1, 5), (2, 6), (3, 7))].reason == "reduced over by 'reduce_sum'"
   up = graph.groups[graph.leaf_axes['params/up/kernel'][3][0].group_id]
   assert {(m.leaf, m.axis) for m in up.members} == {
-      ('params/up/kernel', 3), ('params/up/bias', 0), ('params/head/kernel', 0)}
+    ('params/up/kernel', 3),
+    ('params/up/bias', 0),
+    ('params/head/kernel', 0),
+  }
 
 
 def test_register_rule_validates_its_arguments():
@@ -208,6 +227,7 @@ def test_a_rule_joining_unequal_lengths_is_an_error(monkeypatch):
 
   def bad_rule(ctx, eqn):
     ctx.join(ctx.ids(eqn.invars[0], 1), ctx.ids(eqn.invars[0], 1)[:2])
+
   structured.register_rule('tanh', bad_rule)
   with pytest.raises(ValueError, match="rule for 'tanh' joined 8 ids with 2"):
     structured.trace(lambda p, x: jnp.tanh(x @ p['w']), {'w': ones(5, 8)}, ones(2, 5))
@@ -222,13 +242,23 @@ class _Dropout(nn.Module):
 
 def test_dropout_in_train_mode_does_not_block():
   model = _Dropout()
-  variables = {'params': {'fc1': {'kernel': ones(5, 8), 'bias': ones(8)},
-                          'fc2': {'kernel': ones(8, 3), 'bias': ones(3)}}}
-  graph = trace(functools.partial(model.apply, train=True, rngs={'dropout': jax.random.key(1)}),
-                variables, ones(2, 5))
+  variables = {
+    'params': {
+      'fc1': {'kernel': ones(5, 8), 'bias': ones(8)},
+      'fc2': {'kernel': ones(8, 3), 'bias': ones(3)},
+    }
+  }
+  graph = trace(
+    functools.partial(model.apply, train=True, rngs={'dropout': jax.random.key(1)}),
+    variables,
+    ones(2, 5),
+  )
   group = graph.groups[graph.leaf_axes['params/fc1/kernel'][1][0].group_id]
   assert {(m.leaf, m.axis) for m in group.members} == {
-      ('params/fc1/kernel', 1), ('params/fc1/bias', 0), ('params/fc2/kernel', 0)}
+    ('params/fc1/kernel', 1),
+    ('params/fc1/bias', 0),
+    ('params/fc2/kernel', 0),
+  }
   assert group.prunable and graph.blocked_primitives == {}
 
 
@@ -239,6 +269,7 @@ def test_tile_copies_stack_and_composite():
   def fn(p, x):
     h = double(x @ p['w1'])
     return jnp.tile(h, (1, 2)) @ p['w2'] + jnp.stack([h, h]).sum(0) @ p['w3']
+
   graph = trace(fn, params, ones(2, 5))
   channels = graph.leaf_axes['w1'][1][0].group_id
   # tile (1, 2): channel c sits at c and 8 + c of the tiled axis.
@@ -252,12 +283,14 @@ def test_a_gather_with_a_constant_start_is_a_slice():
   # what jnp turns x[:, 2:6] into when a shape is symbolic (jax.export).
   k = jax.random.split(jax.random.key(5), 3)
   params = {'w1': jax.random.normal(k[0], (5, 8)), 'w2': jax.random.normal(k[1], (4, 3))}
-  dnums = jax.lax.GatherDimensionNumbers(offset_dims=(0, 1), collapsed_slice_dims=(),
-                                         start_index_map=(1,))
+  dnums = jax.lax.GatherDimensionNumbers(
+    offset_dims=(0, 1), collapsed_slice_dims=(), start_index_map=(1,)
+  )
 
   def fn(p, x):
     h = jnp.tanh(x @ p['w1'])
     return jax.lax.gather(h, jnp.array([2]), dnums, (2, 4), mode='promise_in_bounds') @ p['w2']
+
   x = jax.random.normal(k[2], (2, 5))
   graph = trace(fn, params, x)
   by_rows = {tuple(map(tuple, v)): g for g, v in parts(graph, 'w1', 1).items()}

@@ -24,8 +24,13 @@ D, N_IN, N_OUT, HIDDEN, EPS = 8, 6, 3, 12, 1e-6
 def _params(seed=0):
   rng = np.random.default_rng(seed)
   draw = lambda *shape: jnp.asarray(rng.normal(size=shape).astype(np.float32))
-  return {'embed': draw(N_IN, D), 'scale': draw(D), 'bias': draw(D), 'up': draw(D, HIDDEN),
-          'head': draw(HIDDEN, N_OUT)}
+  return {
+    'embed': draw(N_IN, D),
+    'scale': draw(D),
+    'bias': draw(D),
+    'up': draw(D, HIDDEN),
+    'head': draw(HIDDEN, N_OUT),
+  }
 
 
 def _rms(p, x):
@@ -117,8 +122,12 @@ def test_approximate_groups_are_left_whole_unless_asked_for():
   graph = jps.trace(_ln_two_pass, p, x, norms='exact')
   width = _width(graph)
   mlp = [g for g in graph.prunable_groups if g.kind == 'channels'][0]
-  for kwargs in (dict(ratio=0.5), dict(ratio=0.5, scope='global'), dict(flops_target=0.3),
-                 dict(ratio={'width': 0.5})):
+  for kwargs in (
+    dict(ratio=0.5),
+    dict(ratio=0.5, scope='global'),
+    dict(flops_target=0.3),
+    dict(ratio={'width': 0.5}),
+  ):
     with warnings.catch_warnings():
       warnings.simplefilter('ignore')  # 0.3 of the FLOPs cannot be reached without the width
       plan = jps.select(graph, p, constraint=EXACT, **kwargs)
@@ -129,8 +138,10 @@ def test_approximate_groups_are_left_whole_unless_asked_for():
   assert report.ok and report.approximate == (width.id,)
   assert report.bound == jps.APPROXIMATE_RTOL and report.frozen_rel_diff < 1e-5
   assert report.max_rel_diff > 1e-3  # the statistics did change
-  assert f'approximate (selected only with Constraint(allow_approximate=True)): [{width.id}]' \
-      in graph.summary()
+  assert (
+    f'approximate (selected only with Constraint(allow_approximate=True)): [{width.id}]'
+    in graph.summary()
+  )
 
 
 def test_frozen_statistics_catch_a_wrong_channel_mapping(monkeypatch):
@@ -179,6 +190,7 @@ def test_activation_importance_wants_the_traced_shapes():
 
 # --- HF Flax transformers (tests/thirdparty_zoo_hf.py) ---
 
+
 def _hf_trace(builder, norms):
   case = builder()
   args = case.inputs(2)
@@ -198,8 +210,13 @@ def test_llama_rmsnorm_width_passes_the_exact_oracle(llama):
   assert width.size == 32 and not width.approximate
   leaves = {m.leaf for m in width.members}
   # The stream runs from the token embedding through every RMSNorm to the final norm and LM head.
-  assert {'model/embed_tokens/embedding', 'model/norm/weight', 'lm_head/kernel',
-          'model/layers/1/input_layernorm/weight', 'model/layers/1/mlp/down_proj/kernel'} <= leaves
+  assert {
+    'model/embed_tokens/embedding',
+    'model/norm/weight',
+    'lm_head/kernel',
+    'model/layers/1/input_layernorm/weight',
+    'model/layers/1/mlp/down_proj/kernel',
+  } <= leaves
   # The hand count of tests/thirdparty_zoo_hf.py plus the width.
   assert len(graph.prunable_groups) == case.prunable + 1
   kinds = [g.kind for g in graph.prunable_groups]
@@ -216,13 +233,14 @@ def test_llama_rmsnorm_width_passes_the_exact_oracle(llama):
 def test_per_kind_ratios_and_one_flops_target_on_llama(llama):
   case, _, graph = llama
   sizes = {g.id: (g.kind, g.size) for g in graph.prunable_groups}
-  plan = jps.select(graph, case.variables, ratio={'heads': 0.5, 'channels': 0.25},
-                    constraint=EXACT)
+  plan = jps.select(graph, case.variables, ratio={'heads': 0.5, 'channels': 0.25}, constraint=EXACT)
   # heads groups: 2 key/value heads and 2 query heads per key/value head -> 1 each;
   # MLP 64 -> 16; width and head_dim untouched.
   assert {gid: len(r) for gid, r in plan.removed.items()} == {
-      gid: (1 if kind == 'heads' else 16) for gid, (kind, _) in sizes.items()
-      if kind in ('heads', 'channels')}
+    gid: (1 if kind == 'heads' else 16)
+    for gid, (kind, _) in sizes.items()
+    if kind in ('heads', 'channels')
+  }
   dense = jps.plan_flops(graph, jps.make_plan(graph, {}))
   plan = jps.select(graph, case.variables, flops_target=0.4, constraint=EXACT)
   assert jps.plan_flops(graph, plan) <= 0.4 * dense
@@ -237,8 +255,12 @@ def test_vit_renormalised_width_slices_cls_token_and_positions():
   case, args, graph = _hf_trace(hf.hf_vit, 'renormalise')
   width = _width(graph)
   assert width.approximate
-  assert {'vit/embeddings/cls_token', 'vit/embeddings/position_embeddings',
-          'vit/layernorm/scale', 'classifier/kernel'} <= {m.leaf for m in width.members}
+  assert {
+    'vit/embeddings/cls_token',
+    'vit/embeddings/position_embeddings',
+    'vit/layernorm/scale',
+    'classifier/kernel',
+  } <= {m.leaf for m in width.members}
   assert width.id not in jps.select(graph, case.variables, ratio=0.3, constraint=EXACT).removed
   plan = jps.select(graph, case.variables, ratio=0.3, constraint=APPROX)
   new, _ = jps.apply_plan(graph, case.variables, plan)
@@ -256,7 +278,10 @@ def test_docs_width_example_runs_as_written():
     exec(compile(blocks[0], 'docs/guides/width.md', 'exec'), namespace)  # noqa: S102
   # MLP 128 and width 64; 64 - 16 = 48 kept; group 1 approximate.
   assert out.getvalue().splitlines() == [
-      "[(128, 'channels', False), (64, 'width', False)]", '(100, 48)', '(1,) True']
+    "[(128, 'channels', False), (64, 'width', False)]",
+    '(100, 48)',
+    '(1,) True',
+  ]
 
 
 def test_prune_takes_the_norms_option():
@@ -275,8 +300,15 @@ def test_prune_takes_the_norms_option():
   stream = lambda result: result.variables['params']['Dense_0']['kernel'].shape[1]
   kept = jps.prune(Block(), x, variables=variables, ratio=0.5, constraint=APPROX, progress=False)
   assert stream(kept) == 16  # the residual stream stays whole by default
-  cut = jps.prune(Block(), x, variables=variables, ratio=0.5, constraint=APPROX,
-                  norms='renormalise', progress=False)
+  cut = jps.prune(
+    Block(),
+    x,
+    variables=variables,
+    ratio=0.5,
+    constraint=APPROX,
+    norms='renormalise',
+    progress=False,
+  )
   assert stream(cut) == 8
   assert cut.variables['params']['LayerNorm_0']['scale'].shape == (8,)
   assert cut.variables['params']['Dense_3']['kernel'].shape == (8, 3)

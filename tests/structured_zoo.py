@@ -35,12 +35,12 @@ def _fill(tree):
     else:
       data = 0.3 * rng.normal(size=shape)
     return jnp.asarray(data.astype(dtype))
+
   return jax.tree_util.tree_map_with_path(value, tree)
 
 
 def _init(model: nn.Module, *args, **kwargs):
-  return _fill(jax.eval_shape(
-      functools.partial(model.init, **kwargs), jax.random.key(0), *args))
+  return _fill(jax.eval_shape(functools.partial(model.init, **kwargs), jax.random.key(0), *args))
 
 
 def _x(*shape: int) -> jax.Array:
@@ -88,6 +88,7 @@ def cnn_bn_train():
 
 class BasicBlock(nn.Module):
   """ResNet basic block (He et al. 2016); projection shortcut when shapes change."""
+
   features: int
   strides: int = 1
 
@@ -198,7 +199,8 @@ class TransformerBlock(nn.Module):
   @nn.compact
   def __call__(self, x):
     y = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, name='attn')(
-        nn.LayerNorm(name='ln1')(x))
+      nn.LayerNorm(name='ln1')(x)
+    )
     x = x + y
     y = nn.Dense(12, name='mlp_in')(nn.LayerNorm(name='ln2')(x))
     return x + nn.Dense(6, name='mlp_out')(nn.gelu(y))
@@ -219,8 +221,9 @@ class ScanLayer(nn.Module):
 class ScannedStack(nn.Module):
   @nn.compact
   def __call__(self, x):
-    stack = nn.scan(ScanLayer, variable_axes={'params': 0}, split_rngs={'params': True},
-                    length=3)(name='layers')
+    stack = nn.scan(ScanLayer, variable_axes={'params': 0}, split_rngs={'params': True}, length=3)(
+      name='layers'
+    )
     x, _ = stack(x, None)
     return x
 
@@ -271,6 +274,7 @@ def nnx_model_train():
   def fn(state, x):
     model = nnx.merge(graphdef, state)
     return model(x), nnx.state(model)
+
   return fn, _fill(state), (_x(2, 5),), 'Flax NNX in train mode, returning its new state'
 
 
@@ -294,12 +298,16 @@ def custom_primitive():
 
 def control_flow():
   """A plain params function through jit, checkpoint, custom_vjp, cond and while."""
-  params = {'w1': np.ones((5, 8), np.float32), 'b1': np.zeros((8,), np.float32),
-            'w2': np.ones((8, 3), np.float32)}
+  params = {
+    'w1': np.ones((5, 8), np.float32),
+    'b1': np.zeros((8,), np.float32),
+    'w2': np.ones((8, 3), np.float32),
+  }
 
   @jax.custom_vjp
   def scale(h):
     return 2.0 * h
+
   scale.defvjp(lambda h: (scale(h), None), lambda _, g: (2.0 * g,))
 
   def fn(p, x):
@@ -308,10 +316,28 @@ def control_flow():
     h = jax.lax.cond(x[0, 0] > 0, lambda h: h * 2.0, jax.nn.relu, h)
     h = jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 0.5), (0, h))[1]
     return h @ p['w2']
+
   return fn, params, (_x(2, 5),), 'jit, checkpoint, custom_vjp, cond and while_loop'
 
 
-ZOO = {f.__name__: f for f in (
-    mlp, cnn_bn_eval, cnn_bn_train, resnet_projection, resnet_identity, depthwise_separable,
-    grouped_conv, concat, glu_split, transformer_block, scanned_layers, embedding, nnx_model,
-    nnx_model_train, custom_primitive, control_flow)} | PRIMITIVE_CASES
+ZOO = {
+  f.__name__: f
+  for f in (
+    mlp,
+    cnn_bn_eval,
+    cnn_bn_train,
+    resnet_projection,
+    resnet_identity,
+    depthwise_separable,
+    grouped_conv,
+    concat,
+    glu_split,
+    transformer_block,
+    scanned_layers,
+    embedding,
+    nnx_model,
+    nnx_model_train,
+    custom_primitive,
+    control_flow,
+  )
+} | PRIMITIVE_CASES

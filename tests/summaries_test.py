@@ -14,9 +14,12 @@ import jaxprune
 
 def _pruned_state():
   params = tiny_models.mlp_params()
-  tx = optax.chain(optax.adam(1e-3), jaxprune.pruning(
-      'target_sparsity=0.75,pruning_frequency=1,sparsity_function_end_step=1,'
-      'threshold_method=exact'))
+  tx = optax.chain(
+    optax.adam(1e-3),
+    jaxprune.pruning(
+      'target_sparsity=0.75,pruning_frequency=1,sparsity_function_end_step=1,threshold_method=exact'
+    ),
+  )
   state = tx.init(params)
   grads = jax.tree.map(jnp.zeros_like, params)
   update = jax.jit(tx.update)
@@ -28,8 +31,13 @@ def _pruned_state():
 def test_an_optimizer_state_without_pruning_is_an_error():
   # Before: get_weight_sparsity(adam state) measured mu and nu: "1.0 sparse".
   state = optax.adam(1e-3).init(tiny_models.mlp_params())
-  for accessor in (jaxprune.get_weight_sparsity, jaxprune.get_masks, jaxprune.get_thresholds,
-                   jaxprune.summaries, lambda s: jaxprune.apply_masks(tiny_models.mlp_params(), s)):
+  for accessor in (
+    jaxprune.get_weight_sparsity,
+    jaxprune.get_masks,
+    jaxprune.get_thresholds,
+    jaxprune.summaries,
+    lambda s: jaxprune.apply_masks(tiny_models.mlp_params(), s),
+  ):
     with pytest.raises(ValueError, match='found 0: pass the state of optax.chain'):
       accessor(state)
 
@@ -48,7 +56,8 @@ def test_shapes_masks_as_a_tree_reports_by_leaf_name():
   masked = jaxprune.apply_masks(params, state)
   # The same meaning for params: the zeros the masks put there.
   assert {k: float(v) for k, v in jaxprune.get_weight_sparsity(masked).items()} == {
-      n: 0.75 for n in pruned}
+    n: 0.75 for n in pruned
+  }
   assert int(np.sum(masks['Dense_0']['kernel'])) == 8
 
 
@@ -57,10 +66,14 @@ def _outlier_run(method):
   rng = np.random.default_rng(0)
   w = (0.02 * rng.standard_normal((512, 512))).astype(np.float32)
   w[0, 0] = 50.0
-  params = {'Dense_0': {'kernel': jnp.asarray(w)},
-            'Dense_1': {'kernel': jnp.asarray(rng.standard_normal((64, 64)), jnp.float32)}}
-  hparams = jaxprune.parse_hparams('target_sparsity=0.5,pruning_frequency=1,'
-                                   f'sparsity_function_end_step=1,threshold_method={method}')
+  params = {
+    'Dense_0': {'kernel': jnp.asarray(w)},
+    'Dense_1': {'kernel': jnp.asarray(rng.standard_normal((64, 64)), jnp.float32)},
+  }
+  hparams = jaxprune.parse_hparams(
+    'target_sparsity=0.5,pruning_frequency=1,'
+    f'sparsity_function_end_step=1,threshold_method={method}'
+  )
   tx = jaxprune.pruned(optax.sgd(0.0), hparams)
   state = tx.init(params)
 
@@ -78,8 +91,11 @@ def test_a_leaf_left_dense_by_an_outlier_is_named_with_the_remedy():
   """TF's histogram puts every weight but the outlier in the lowest of 256 bins: the
   threshold is 0 and the kernel stays dense. The summaries say so, naming the leaf."""
   state, hparams = _outlier_run('histogram')
-  with pytest.warns(UserWarning, match=r"Dense_0/kernel 0.0% \(target 50.0%\).*"
-                                        r"threshold_method='exact'") as record:
+  with pytest.warns(
+    UserWarning,
+    match=r'Dense_0/kernel 0.0% \(target 50.0%\).*'
+    r"threshold_method='exact'",
+  ) as record:
     out = jaxprune.summaries(state, hparams)
   assert float(out['Dense_0/kernel/sparsity']) == 0.0
   assert all('Dense_1' not in str(r.message) for r in record)

@@ -36,9 +36,12 @@ def test_docs_thirdparty_recipes_run():
   assert run(equinox_block) == ['2', '(32,', '16)']
   reloaded = jax.export.deserialize(namespace['blob'])
   x = namespace['x'][:3]
-  np.testing.assert_allclose(reloaded.call(namespace['leaves'], x),
-                             namespace['pruned_fn'](namespace['new_params'], x),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    reloaded.call(namespace['leaves'], x),
+    namespace['pruned_fn'](namespace['new_params'], x),
+    rtol=1e-6,
+    atol=1e-6,
+  )
 
   # BERT, 2 layers: heads, query/key head_dim, value/output head_dim and MLP
   # units per layer (4 x 2), and the pooler's units.

@@ -30,8 +30,12 @@ def _bert():
 def _heads_groups(graph, layer):
   """Groups of 4 channels that own 8 positions each (one head) of a layer's query kernel."""
   query = f'bert/encoder/layer/{layer}/attention/self/query/kernel'
-  return [g for g in graph.prunable_groups if g.size == 4 and any(
-      m.leaf == query and m.axis == 1 and m.indices.shape == (4, 8) for m in g.members)]
+  return [
+    g
+    for g in graph.prunable_groups
+    if g.size == 4
+    and any(m.leaf == query and m.axis == 1 and m.indices.shape == (4, 8) for m in g.members)
+  ]
 
 
 def test_bert_has_one_heads_group_per_layer():
@@ -59,8 +63,9 @@ def test_a_head_of_one_layer_goes_alone():
   assert jps.verify(graph, case.variables, plan, *case.inputs(2))
 
 
-@pytest.mark.parametrize('builder', [hf.hf_bert, zoo.haiku_resnet18],
-                         ids=['hf_bert', 'haiku_resnet18'])
+@pytest.mark.parametrize(
+  'builder', [hf.hf_bert, zoo.haiku_resnet18], ids=['hf_bert', 'haiku_resnet18']
+)
 def test_a_plan_applies_to_a_trace_at_another_batch(builder):
   case = builder()
   graph = _trace(case.fn, case.variables, *case.inputs(2))
@@ -70,13 +75,17 @@ def test_a_plan_applies_to_a_trace_at_another_batch(builder):
   carried, pruned_fn = jps.apply_plan(other, case.variables, plan)
   jax.tree.map(np.testing.assert_array_equal, carried, expected)
   # the same plan made on the other trace removes the same channels.
-  again, _ = jps.apply_plan(other, case.variables, jps.select(
-      other, case.variables, ratio=0.3, scope='global', constraint=EXACT))
+  again, _ = jps.apply_plan(
+    other,
+    case.variables,
+    jps.select(other, case.variables, ratio=0.3, scope='global', constraint=EXACT),
+  )
   jax.tree.map(np.testing.assert_array_equal, again, expected)
 
 
-@pytest.mark.parametrize('builder', [hf.hf_bert, hf.hf_gpt2, hf.hf_llama],
-                         ids=['hf_bert', 'hf_gpt2', 'hf_llama'])
+@pytest.mark.parametrize(
+  'builder', [hf.hf_bert, hf.hf_gpt2, hf.hf_llama], ids=['hf_bert', 'hf_gpt2', 'hf_llama']
+)
 def test_text_models_run_at_another_sequence_length(builder):
   case = builder()
   graph = _trace(case.fn, case.variables, *case.inputs(2))

@@ -42,6 +42,7 @@ class Case:
     unread: variables leaves the function never reads (they must not be pruned).
     symbolic_batch: the function itself traces at a symbolic batch size.
   """
+
   library: str
   fn: Callable[..., Any]
   variables: PyTree
@@ -109,14 +110,17 @@ def _haiku(net: Callable[[], Any], image: int, train: bool, values: bool = True)
 
   transformed = hk.transform_with_state(lambda x, is_training: net()(x, is_training))
   # haiku creates the BatchNorm moving averages on their first update (train mode).
-  params, state = jax.eval_shape(functools.partial(transformed.init, is_training=True),
-                                 jax.random.key(0), jax.ShapeDtypeStruct((1, image, image, 3),
-                                                                         jnp.float32))
+  params, state = jax.eval_shape(
+    functools.partial(transformed.init, is_training=True),
+    jax.random.key(0),
+    jax.ShapeDtypeStruct((1, image, image, 3), jnp.float32),
+  )
   variables = {'params': params, 'state': state}
 
   def fn(variables, x):
-    out, new_state = transformed.apply(variables['params'], variables['state'], None, x,
-                                       is_training=train)
+    out, new_state = transformed.apply(
+      variables['params'], variables['state'], None, x, is_training=train
+    )
     return (out, {'state': new_state}) if train else out
 
   return fn, random_like(variables) if values else variables
@@ -124,8 +128,9 @@ def _haiku(net: Callable[[], Any], image: int, train: bool, values: bool = True)
 
 def _haiku_unread(variables: PyTree) -> tuple[str, ...]:
   """haiku's BatchNorm EMA `hidden` and `counter`: eval mode reads only `average`."""
-  return tuple(name for name, _ in named_leaves(variables)
-               if name.endswith(('/hidden', '/counter')))
+  return tuple(
+    name for name, _ in named_leaves(variables) if name.endswith(('/hidden', '/counter'))
+  )
 
 
 def haiku_resnet18(train: bool = False, width: int = 16, image: int | None = None) -> Case:
@@ -141,16 +146,24 @@ def haiku_resnet18(train: bool = False, width: int = 16, image: int | None = Non
   """
   import haiku as hk
 
-  config = dict(hk.nets.ResNet.CONFIGS[18],
-                channels_per_group=tuple(width * m for m in (1, 2, 4, 8)))
-  net = lambda: hk.nets.ResNet(**config, num_classes=10,
-                               initial_conv_config={'output_channels': width})
+  config = dict(
+    hk.nets.ResNet.CONFIGS[18], channels_per_group=tuple(width * m for m in (1, 2, 4, 8))
+  )
+  net = lambda: hk.nets.ResNet(
+    **config, num_classes=10, initial_conv_config={'output_channels': width}
+  )
   # Train mode normalises with batch statistics: 64x64 images leave stage 4 with
   # 2x2 positions per image, not 1x1 (statistics of two numbers amplify rounding).
   image = image or (64 if train else 32)
   fn, variables = _haiku(net, image, train)
-  return Case('dm-haiku', fn, variables, lambda b: (normal(b, image, image, 3),), 12,
-              () if train else _haiku_unread(variables))
+  return Case(
+    'dm-haiku',
+    fn,
+    variables,
+    lambda b: (normal(b, image, image, 3),),
+    12,
+    () if train else _haiku_unread(variables),
+  )
 
 
 def haiku_resnet50_full() -> Case:
@@ -163,13 +176,21 @@ def haiku_resnet50_full() -> Case:
   import haiku as hk
 
   fn, variables = _haiku(lambda: hk.nets.ResNet50(1000), 224, False, values=False)
-  return Case('dm-haiku', fn, variables,
-              lambda b: (jax.ShapeDtypeStruct((b, 224, 224, 3), jnp.float32),), 37,
-              _haiku_unread(variables))
+  return Case(
+    'dm-haiku',
+    fn,
+    variables,
+    lambda b: (jax.ShapeDtypeStruct((b, 224, 224, 3), jnp.float32),),
+    37,
+    _haiku_unread(variables),
+  )
 
 
-def haiku_mobilenet_v1(channels: tuple[int, ...] = (16, 32, 32, 64),
-                       strides: tuple[int, ...] = (1, 2, 1, 2), image: int = 32) -> Case:
+def haiku_mobilenet_v1(
+  channels: tuple[int, ...] = (16, 32, 32, 64),
+  strides: tuple[int, ...] = (1, 2, 1, 2),
+  image: int = 32,
+) -> Case:
   """`hk.nets.MobileNetV1` with four blocks (16-32-32-64 channels), 32x32 images.
 
   A depthwise conv ties its input and output channels, so each pointwise
@@ -181,8 +202,14 @@ def haiku_mobilenet_v1(channels: tuple[int, ...] = (16, 32, 32, 64),
 
   net = lambda: hk.nets.MobileNetV1(strides=strides, channels=channels, num_classes=10)
   fn, variables = _haiku(net, image, False)
-  return Case('dm-haiku', fn, variables, lambda b: (normal(b, image, image, 3),),
-              len(channels) + 1, _haiku_unread(variables))
+  return Case(
+    'dm-haiku',
+    fn,
+    variables,
+    lambda b: (normal(b, image, image, 3),),
+    len(channels) + 1,
+    _haiku_unread(variables),
+  )
 
 
 # -- equinox ------------------------------------------------------------------
@@ -198,8 +225,7 @@ def equinox_mlp() -> Case:
   model = eqx.nn.MLP(16, 4, 32, 3, key=jax.random.key(0))
   params, static = eqx.partition(model, eqx.is_array)
   fn = lambda params, x: jax.vmap(eqx.combine(params, static))(x)
-  return Case('equinox', fn, random_like(params, out_first=True),
-              lambda b: (normal(b, 16),), 3)
+  return Case('equinox', fn, random_like(params, out_first=True), lambda b: (normal(b, 16),), 3)
 
 
 def equinox_cnn(train: bool = False, widths: tuple[int, ...] = (16, 32), image: int = 16) -> Case:
@@ -221,10 +247,13 @@ def equinox_cnn(train: bool = False, widths: tuple[int, ...] = (16, 32), image: 
     def __init__(self, key):
       keys = jax.random.split(key, len(widths) + 1)
       sizes = (3, *widths)
-      self.convs = tuple(eqx.nn.Conv2d(n, m, 3, padding=1, key=k)
-                         for n, m, k in zip(sizes, widths, keys, strict=False))
-      self.norms = tuple(eqx.nn.BatchNorm(c, 'batch', mode='batch', inference=not train)
-                         for c in widths)
+      self.convs = tuple(
+        eqx.nn.Conv2d(n, m, 3, padding=1, key=k)
+        for n, m, k in zip(sizes, widths, keys, strict=False)
+      )
+      self.norms = tuple(
+        eqx.nn.BatchNorm(c, 'batch', mode='batch', inference=not train) for c in widths
+      )
       self.head = eqx.nn.Linear(widths[-1], 10, key=keys[-1])
 
     def __call__(self, x, state):
@@ -239,12 +268,19 @@ def equinox_cnn(train: bool = False, widths: tuple[int, ...] = (16, 32), image: 
 
   def fn(variables, x):
     model = eqx.combine(variables['params'], static)
-    out, new_state = jax.vmap(model, in_axes=(0, None), out_axes=(0, None),
-                              axis_name='batch')(x, variables['state'])
+    out, new_state = jax.vmap(model, in_axes=(0, None), out_axes=(0, None), axis_name='batch')(
+      x, variables['state']
+    )
     return (out, {'state': new_state}) if train else out
 
-  return Case('equinox', fn, variables, lambda b: (normal(b, 3, image, image),), len(widths),
-              symbolic_batch=not train)
+  return Case(
+    'equinox',
+    fn,
+    variables,
+    lambda b: (normal(b, 3, image, image),),
+    len(widths),
+    symbolic_batch=not train,
+  )
 
 
 # -- keras 3 on JAX -----------------------------------------------------------
@@ -258,8 +294,10 @@ def _keras(build: Callable[[], Any], image: int, prunable: int, values: bool = T
   import keras
 
   if keras.backend.backend() != 'jax':
-    raise RuntimeError(f'keras runs on {keras.backend.backend()!r}; set KERAS_BACKEND=jax '
-                       'before keras is first imported.')
+    raise RuntimeError(
+      f'keras runs on {keras.backend.backend()!r}; set KERAS_BACKEND=jax '
+      'before keras is first imported.'
+    )
   model = build()
   variables = {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.variables}
   if values:
@@ -267,12 +305,16 @@ def _keras(build: Callable[[], Any], image: int, prunable: int, values: bool = T
 
   def fn(variables, x):
     values = lambda vs: [variables[v.path] for v in vs]
-    out, _ = model.stateless_call(values(model.trainable_variables),
-                                  values(model.non_trainable_variables), x, training=False)
+    out, _ = model.stateless_call(
+      values(model.trainable_variables), values(model.non_trainable_variables), x, training=False
+    )
     return out
 
-  inputs = ((lambda b: (normal(b, image, image, 3),)) if values else
-            (lambda b: (jax.ShapeDtypeStruct((b, image, image, 3), jnp.float32),)))
+  inputs = (
+    (lambda b: (normal(b, image, image, 3),))
+    if values
+    else (lambda b: (jax.ShapeDtypeStruct((b, image, image, 3), jnp.float32),))
+  )
   return Case('keras', fn, variables, inputs, prunable)
 
 
@@ -288,8 +330,9 @@ def keras_mobilenet_v2(alpha: float = 0.35, image: int = 32) -> Case:
   """
   import keras
 
-  build = lambda: keras.applications.MobileNetV2(input_shape=(image, image, 3), alpha=alpha,
-                                                 weights=None, classes=10)
+  build = lambda: keras.applications.MobileNetV2(
+    input_shape=(image, image, 3), alpha=alpha, weights=None, classes=10
+  )
   return _keras(build, image, 25)
 
 

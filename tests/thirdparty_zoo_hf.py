@@ -32,8 +32,12 @@ def _hf_image(model_class: Any, config: Any, prunable: int) -> Case:
   return Case('transformers', fn, params, lambda b: (normal(b, 3, size, size),), prunable)
 
 
-def hf_resnet(embedding: int = 16, hidden_sizes: tuple[int, ...] = (32, 64, 128, 256),
-              depths: tuple[int, ...] = (1, 1, 2, 1), image: int = 32) -> Case:
+def hf_resnet(
+  embedding: int = 16,
+  hidden_sizes: tuple[int, ...] = (32, 64, 128, 256),
+  depths: tuple[int, ...] = (1, 1, 2, 1),
+  image: int = 32,
+) -> Case:
   """`FlaxResNetForImageClassification`, bottleneck layers, 16-stem, 32-64-128-256
   stage widths with 1-1-2-1 layers, 32x32 images.
 
@@ -43,14 +47,24 @@ def hf_resnet(embedding: int = 16, hidden_sizes: tuple[int, ...] = (32, 64, 128,
   """
   from transformers import FlaxResNetForImageClassification, ResNetConfig
 
-  config = ResNetConfig(embedding_size=embedding, hidden_sizes=list(hidden_sizes),
-                        depths=list(depths), layer_type='bottleneck', num_labels=10,
-                        image_size=image)
+  config = ResNetConfig(
+    embedding_size=embedding,
+    hidden_sizes=list(hidden_sizes),
+    depths=list(depths),
+    layer_type='bottleneck',
+    num_labels=10,
+    image_size=image,
+  )
   return _hf_image(FlaxResNetForImageClassification, config, 1 + 2 * sum(depths) + len(depths))
 
 
-def hf_regnet(embedding: int = 16, hidden_sizes: tuple[int, ...] = (16, 32),
-              depths: tuple[int, ...] = (1, 2), groups_width: int = 8, image: int = 32) -> Case:
+def hf_regnet(
+  embedding: int = 16,
+  hidden_sizes: tuple[int, ...] = (16, 32),
+  depths: tuple[int, ...] = (1, 2),
+  groups_width: int = 8,
+  image: int = 32,
+) -> Case:
   """`FlaxRegNetForImageClassification`, RegNetY layers (1x1 conv, grouped 3x3 conv,
   squeeze-excitation, 1x1 conv), 16-stem, 16-32 stage widths with 1-2 layers,
   conv groups 8 wide, 32x32 images.
@@ -65,9 +79,14 @@ def hf_regnet(embedding: int = 16, hidden_sizes: tuple[int, ...] = (16, 32),
   """
   from transformers import FlaxRegNetForImageClassification, RegNetConfig
 
-  config = RegNetConfig(embedding_size=embedding, hidden_sizes=list(hidden_sizes),
-                        depths=list(depths), groups_width=groups_width, layer_type='y',
-                        num_labels=10)
+  config = RegNetConfig(
+    embedding_size=embedding,
+    hidden_sizes=list(hidden_sizes),
+    depths=list(depths),
+    groups_width=groups_width,
+    layer_type='y',
+    num_labels=10,
+  )
   config.image_size = image
   prunable = 1 + 4 * sum(depths) + len(depths)
   return _hf_image(FlaxRegNetForImageClassification, config, prunable)
@@ -83,15 +102,22 @@ VOCAB = 100
 _PER_LAYER = 4
 
 
-def hf_vit(hidden: int = 32, layers: int = 2, heads: int = 4, image: int = 32,
-           patch: int = 8) -> Case:
+def hf_vit(
+  hidden: int = 32, layers: int = 2, heads: int = 4, image: int = 32, patch: int = 8
+) -> Case:
   """`FlaxViTForImageClassification`: 2 layers, hidden 32, 4 heads, MLP 2 x hidden,
   8x8 patches of 32x32 images. 2 layers x 4 = 8 groups."""
   from transformers import FlaxViTForImageClassification, ViTConfig
 
-  config = ViTConfig(image_size=image, patch_size=patch, hidden_size=hidden,
-                     num_hidden_layers=layers, num_attention_heads=heads,
-                     intermediate_size=2 * hidden, num_labels=10)
+  config = ViTConfig(
+    image_size=image,
+    patch_size=patch,
+    hidden_size=hidden,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    intermediate_size=2 * hidden,
+    num_labels=10,
+  )
   return _hf_image(FlaxViTForImageClassification, config, layers * _PER_LAYER)
 
 
@@ -101,9 +127,16 @@ def hf_beit() -> Case:
   the layer's heads), layer scale, mean pooling: 2 layers x 4 = 8 groups."""
   from transformers import BeitConfig, FlaxBeitForImageClassification
 
-  config = BeitConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, intermediate_size=64, num_labels=10,
-                      use_relative_position_bias=True)
+  config = BeitConfig(
+    image_size=32,
+    patch_size=8,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    num_labels=10,
+    use_relative_position_bias=True,
+  )
   return _hf_image(FlaxBeitForImageClassification, config, 2 * _PER_LAYER)
 
 
@@ -113,8 +146,15 @@ def hf_dinov2() -> Case:
   groups. Its `mask_token` is read only with a patch mask, never here."""
   from transformers import Dinov2Config, FlaxDinov2ForImageClassification
 
-  config = Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, mlp_ratio=2, num_labels=10)
+  config = Dinov2Config(
+    image_size=32,
+    patch_size=8,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    mlp_ratio=2,
+    num_labels=10,
+  )
   case = _hf_image(FlaxDinov2ForImageClassification, config, 2 * _PER_LAYER)
   return dataclasses.replace(case, unread=('dinov2/embeddings/mask_token',))
 
@@ -129,10 +169,22 @@ def hf_clip() -> Case:
   """
   from transformers import CLIPConfig, FlaxCLIPModel
 
-  text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=4, max_position_embeddings=16)
-  vision = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64,
-                num_hidden_layers=2, num_attention_heads=4)
+  text = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=16,
+  )
+  vision = dict(
+    image_size=32,
+    patch_size=8,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+  )
   config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
   model, params = _hf(FlaxCLIPModel, config)
   fn = lambda params, ids, pixels: model(ids, pixels, params=params, train=False).logits_per_image
@@ -145,8 +197,9 @@ def _hf_text(model_class: Any, config: Any, prunable: int, length: int = 8) -> C
   which makes the attention mask, positions (and BERT's head mask) itself."""
   model, params = _hf(model_class, config)
   fn = lambda params, ids: model(ids, params=params, train=False).logits
-  return Case('transformers', fn, params, lambda b: (token_ids(b, length, config.vocab_size),),
-              prunable)
+  return Case(
+    'transformers', fn, params, lambda b: (token_ids(b, length, config.vocab_size),), prunable
+  )
 
 
 def hf_bert(hidden: int = 32, layers: int = 2, heads: int = 4, length: int = 8) -> Case:
@@ -159,9 +212,15 @@ def hf_bert(hidden: int = 32, layers: int = 2, heads: int = 4, length: int = 8) 
   """
   from transformers import BertConfig, FlaxBertForSequenceClassification
 
-  config = BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
-                      num_attention_heads=heads, intermediate_size=2 * hidden,
-                      max_position_embeddings=max(16, length), num_labels=3)
+  config = BertConfig(
+    vocab_size=VOCAB,
+    hidden_size=hidden,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    intermediate_size=2 * hidden,
+    max_position_embeddings=max(16, length),
+    num_labels=3,
+  )
   return _hf_text(FlaxBertForSequenceClassification, config, layers * _PER_LAYER + 1, length)
 
 
@@ -175,8 +234,9 @@ def hf_gpt2() -> Case:
   return _hf_text(FlaxGPT2LMHeadModel, config, 2 * _PER_LAYER)
 
 
-def hf_llama(hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-             length: int = 8) -> Case:
+def hf_llama(
+  hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2, length: int = 8
+) -> Case:
   """`FlaxLlamaForCausalLM`: 2 layers, hidden 32, 4 query heads sharing 2 key/value
   heads (GQA), rotary position embeddings, SwiGLU MLP 64, RMSNorm.
 
@@ -190,7 +250,13 @@ def hf_llama(hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 
   """
   from transformers import FlaxLlamaForCausalLM, LlamaConfig
 
-  config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
-                       num_hidden_layers=layers, num_attention_heads=heads,
-                       num_key_value_heads=kv_heads, max_position_embeddings=max(16, length))
+  config = LlamaConfig(
+    vocab_size=VOCAB,
+    hidden_size=hidden,
+    intermediate_size=2 * hidden,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    num_key_value_heads=kv_heads,
+    max_position_embeddings=max(16, length),
+  )
   return _hf_text(FlaxLlamaForCausalLM, config, layers * (_PER_LAYER + 1), length)

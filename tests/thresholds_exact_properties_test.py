@@ -56,8 +56,7 @@ def test_decay_blends_thresholds(data):
   weights = data.draw(cs.weights((6, 10), families=cs.TIE_FREE))
   sparsity = data.draw(cs.sparsities(weights.size))
   old = F32(data.draw(st.floats(0.0, 10.0, width=32)))
-  threshold, mask = cs.run_update_mask(weights, sparsity, method='exact', decay=0.5,
-                                       threshold=old)
+  threshold, mask = cs.run_update_mask(weights, sparsity, method='exact', decay=0.5, threshold=old)
   current, _ = references.threshold_and_mask(np.abs(weights), sparsity, 256, 'exact')
   expected = current * F32(0.5) + old * F32(0.5)
   np.testing.assert_allclose(threshold, expected, rtol=1e-6, atol=1e-30)
@@ -74,8 +73,9 @@ def test_special_inputs_keep_previous_mask_and_threshold(method, bad):
   else:
     weights[2, 3] = bad
   previous = np.arange(60).reshape(6, 10) % 3 == 0
-  threshold, mask = cs.run_update_mask(weights, F32(0.5), method=method, threshold=1.25,
-                                       previous_mask=previous)
+  threshold, mask = cs.run_update_mask(
+    weights, F32(0.5), method=method, threshold=1.25, previous_mask=previous
+  )
   assert threshold == F32(1.25)
   np.testing.assert_array_equal(mask, previous)
 

@@ -41,8 +41,11 @@ def _weights(kind: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.
 
 @functools.cache
 def _jitted(method, nbins, plan):
-  return jax.jit(lambda w, s: jaxprune.update_mask(w, 0.0, s, threshold_method=method,
-                                                   nbins=nbins, mask_search=plan))
+  return jax.jit(
+    lambda w, s: jaxprune.update_mask(
+      w, 0.0, s, threshold_method=method, nbins=nbins, mask_search=plan
+    )
+  )
 
 
 def _update(w, sparsity, method, nbins, plan):
@@ -50,15 +53,17 @@ def _update(w, sparsity, method, nbins, plan):
 
 
 @pytest.mark.parametrize('kind', ['normal', 'integers', 'linspace', 'wide', 'outlier'])
-@pytest.mark.parametrize('method, nbins', [('histogram', 256), ('histogram', 7),
-                                           ('histogram', 100_000), ('exact', 256)])
+@pytest.mark.parametrize(
+  'method, nbins', [('histogram', 256), ('histogram', 7), ('histogram', 100_000), ('exact', 256)]
+)
 def test_update_mask_is_the_reference_on_both_plans(kind, method, nbins):
   rng = np.random.default_rng(len(kind) * 7 + nbins)
   for shape in [(10, 10), (1024, 96)]:
     w = _weights(kind, shape, rng)
     for sparsity in (0.0, 0.1, 0.5, 0.9, 0.999):
       expected_threshold, expected_mask = references.threshold_and_mask(
-          np.abs(w), sparsity, nbins, method)
+        np.abs(w), sparsity, nbins, method
+      )
       for plan in PLANS:
         threshold, mask = _update(w, sparsity, method, nbins, plan)
         assert float(threshold) == float(expected_threshold), (plan, shape, sparsity)
@@ -66,9 +71,16 @@ def test_update_mask_is_the_reference_on_both_plans(kind, method, nbins):
 
 
 def _params(rng, stacked=False):
-  layers = [{'attn': {'kernel': (scale * rng.standard_normal((16, 24))).astype(F32)},
-             'mlp': {'kernel': (scale * rng.standard_normal((24, 32))).astype(F32),
-                     'bias': rng.standard_normal(32).astype(F32)}} for scale in (0.5, 1.0, 2.0)]
+  layers = [
+    {
+      'attn': {'kernel': (scale * rng.standard_normal((16, 24))).astype(F32)},
+      'mlp': {
+        'kernel': (scale * rng.standard_normal((24, 32))).astype(F32),
+        'bias': rng.standard_normal(32).astype(F32),
+      },
+    }
+    for scale in (0.5, 1.0, 2.0)
+  ]
   head = {'kernel': rng.standard_normal((32, 10)).astype(F32)}
   if stacked:
     return {'h': jax.tree.map(lambda *xs: np.stack(xs), *layers), 'head': head}
@@ -76,17 +88,17 @@ def _params(rng, stacked=False):
 
 
 CONFIGS = {
-    'histogram': {},
-    'exact': {'threshold_method': 'exact'},
-    'decay': {'threshold_decay': 0.5},
-    'blocks': {'block_dims_map': ['mlp/kernel:4x2'], 'block_pooling_function': 'MAX'},
-    'maps': {'weight_sparsity_map': ['attn:0.6', 'mlp:0.8'], 'nbins': 64},
-    'global': {'global_pruning': True},
-    'global_exact': {'global_pruning': True, 'threshold_method': 'exact'},
-    'nm': {'nm_sparsity_map': ['attn/kernel:2:4']},
-    'stacked': {'layer_axes_map': ['h/.*kernel:1']},
-    'stacked_exact': {'layer_axes_map': ['h/.*kernel:1'], 'threshold_method': 'exact'},
-    'params_source': {'mask_source': 'params'},
+  'histogram': {},
+  'exact': {'threshold_method': 'exact'},
+  'decay': {'threshold_decay': 0.5},
+  'blocks': {'block_dims_map': ['mlp/kernel:4x2'], 'block_pooling_function': 'MAX'},
+  'maps': {'weight_sparsity_map': ['attn:0.6', 'mlp:0.8'], 'nbins': 64},
+  'global': {'global_pruning': True},
+  'global_exact': {'global_pruning': True, 'threshold_method': 'exact'},
+  'nm': {'nm_sparsity_map': ['attn/kernel:2:4']},
+  'stacked': {'layer_axes_map': ['h/.*kernel:1']},
+  'stacked_exact': {'layer_axes_map': ['h/.*kernel:1'], 'threshold_method': 'exact'},
+  'params_source': {'mask_source': 'params'},
 }
 
 
@@ -94,8 +106,15 @@ def _train(overrides, plan, form, steps=6):
   rng = np.random.default_rng(0)
   params = jax.tree.map(jnp.asarray, _params(rng, stacked='layer_axes_map' in overrides))
   hparams = jaxprune.get_pruning_hparams()
-  hparams.update(dict(pruning_frequency=2, sparsity_function_end_step=4, target_sparsity=0.7,
-                      mask_search=plan, **overrides))
+  hparams.update(
+    dict(
+      pruning_frequency=2,
+      sparsity_function_end_step=4,
+      target_sparsity=0.7,
+      mask_search=plan,
+      **overrides,
+    )
+  )
   if form == 'pruned':
     tx = jaxprune.pruned(optax.adam(0.05), hparams)
   else:
@@ -129,13 +148,20 @@ def test_a_pooled_leaf_shaped_like_another_is_not_stacked_with_it():
   """b's 2x2 blocks pool its (16, 16) to (8, 8), a's shape: the fixed plan stacks leaves of
   one shape, and must not put raw weights and pooled scores in one stack."""
   rng = np.random.default_rng(0)
-  params = {'a': {'kernel': jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
-            'b': {'kernel': jnp.asarray(rng.standard_normal((16, 16)), jnp.float32)}}
+  params = {
+    'a': {'kernel': jnp.asarray(rng.standard_normal((8, 8)), jnp.float32)},
+    'b': {'kernel': jnp.asarray(rng.standard_normal((16, 16)), jnp.float32)},
+  }
   masks = {}
   for plan in PLANS:
-    tx = jaxprune.pruned(optax.sgd(0.0), target_sparsity=0.5, pruning_frequency=1,
-                         sparsity_function_end_step=1, block_dims_map=['b/kernel:2x2'],
-                         mask_search=plan)
+    tx = jaxprune.pruned(
+      optax.sgd(0.0),
+      target_sparsity=0.5,
+      pruning_frequency=1,
+      sparsity_function_end_step=1,
+      block_dims_map=['b/kernel:2x2'],
+      mask_search=plan,
+    )
     state = tx.init(params)
     for _ in range(2):
       _, state = jax.jit(tx.update)(params, state, params)
@@ -144,16 +170,18 @@ def test_a_pooled_leaf_shaped_like_another_is_not_stacked_with_it():
     np.testing.assert_array_equal(a, b)
   a = np.abs(np.asarray(params['a']['kernel']))
   pooled = np.abs(np.asarray(params['b']['kernel'])).reshape(8, 2, 8, 2).mean(axis=(1, 3))
-  kept = [int(references.threshold_and_mask(a, 0.5, 256, 'histogram')[1].sum()),
-          4 * int(references.threshold_and_mask(pooled.astype(F32), 0.5, 256,
-                                                'histogram')[1].sum())]
+  kept = [
+    int(references.threshold_and_mask(a, 0.5, 256, 'histogram')[1].sum()),
+    4 * int(references.threshold_and_mask(pooled.astype(F32), 0.5, 256, 'histogram')[1].sum()),
+  ]
   assert [int(m.sum()) for m in masks['fixed']] == kept
 
 
 def _control_flow(form, leaves, overrides):
   """(conditionals, while loops) in the compiled update step of `leaves` pruned leaves."""
-  params = {f'layer_{i}': {'kernel': jnp.ones((8 + i, 16)), 'bias': jnp.ones(16)}
-            for i in range(leaves)}
+  params = {
+    f'layer_{i}': {'kernel': jnp.ones((8 + i, 16)), 'bias': jnp.ones(16)} for i in range(leaves)
+  }
   hparams = jaxprune.get_pruning_hparams()
   hparams.update(dict(mask_search='fixed', **overrides))
   if form == 'chained':
@@ -166,10 +194,17 @@ def _control_flow(form, leaves, overrides):
   return len(re.findall(r' conditional\(', text)), len(re.findall(r' while\(', text))
 
 
-@pytest.mark.parametrize('overrides', [
-    {}, {'threshold_method': 'exact'}, {'global_pruning': True},
-    {'block_dims_map': ['layer_1:2x2']}, {'nm_sparsity_map': ['layer_0:2:4']},
-], ids=['histogram', 'exact', 'global', 'blocks', 'nm'])
+@pytest.mark.parametrize(
+  'overrides',
+  [
+    {},
+    {'threshold_method': 'exact'},
+    {'global_pruning': True},
+    {'block_dims_map': ['layer_1:2x2']},
+    {'nm_sparsity_map': ['layer_0:2:4']},
+  ],
+  ids=['histogram', 'exact', 'global', 'blocks', 'nm'],
+)
 @pytest.mark.parametrize('form', ['chained', 'pruned', 'pruned_params'])
 def test_fixed_plan_step_holds_at_most_four_conditionals_and_loops(form, overrides):
   """On a GPU every conditional and loop iteration waits for the device: the accelerator
@@ -216,8 +251,13 @@ print('ok')
 def test_plans_agree_on_sharded_params():
   """Leaves sharded along different axes are stacked by the fixed plan: the same bits, and
   the params keep their shardings (8 simulated CPU devices)."""
-  result = subprocess.run([sys.executable, '-c', _SHARDED], capture_output=True, text=True,
-                          env=cpu_devices.env(8), timeout=600)
+  result = subprocess.run(
+    [sys.executable, '-c', _SHARDED],
+    capture_output=True,
+    text=True,
+    env=cpu_devices.env(8),
+    timeout=600,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.strip().endswith('ok')
 
@@ -231,18 +271,29 @@ def test_keep_count_is_exact_for_every_size():
 
   tfmot's float32 product is off by one weight or more for most N above 2**24."""
   rng = np.random.default_rng(0)
-  totals = np.concatenate([rng.integers(1, 2 ** 31 - 1, 400), rng.integers(1, 2 ** 26, 400),
-                           [13, 11, 3, 5, 2 ** 31 - 1, 2 ** 24 - 3, 2 ** 25 + 1, 1, 7]])
-  sparsities = np.concatenate([rng.random(400), 10.0 ** -rng.uniform(0, 40, 400),
-                               [0.5, 0.5, 0.5, 0.5, 0.5, 0.1, 0.9, 0.0, 0.0]]).astype(F32)
+  totals = np.concatenate(
+    [
+      rng.integers(1, 2**31 - 1, 400),
+      rng.integers(1, 2**26, 400),
+      [13, 11, 3, 5, 2**31 - 1, 2**24 - 3, 2**25 + 1, 1, 7],
+    ]
+  )
+  sparsities = np.concatenate(
+    [
+      rng.random(400),
+      10.0 ** -rng.uniform(0, 40, 400),
+      [0.5, 0.5, 0.5, 0.5, 0.5, 0.1, 0.9, 0.0, 0.0],
+    ]
+  ).astype(F32)
   got = np.asarray(jax.jit(lambda s: thresholds.keep_count(totals, s))(sparsities))
   expected = [_keep_count_reference(int(n), s) for n, s in zip(totals, sparsities, strict=True)]
   np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('shape', [(2 ** 24 - 3,), (2 ** 24 - 3, 1), (2 ** 25 + 1,),
-                                   (753, 44_561)], ids=str)
+@pytest.mark.parametrize(
+  'shape', [(2**24 - 3,), (2**24 - 3, 1), (2**25 + 1,), (753, 44_561)], ids=str
+)
 def test_exact_rule_is_a_sort_at_llm_sizes(shape):
   """The threshold is the k-th largest magnitude and the mask keeps what a sort keeps, at
   sizes where float32 can hold neither N nor k (at s = 0.1 tfmot's float32 count is off by
@@ -251,8 +302,10 @@ def test_exact_rule_is_a_sort_at_llm_sizes(shape):
   w = np.random.default_rng(size).standard_normal(shape).astype(F32)
   a = np.abs(w).ravel()
   # The fixed plan (15 candidates a pass) is slow on 2 CPU cores: once, at 2**24 - 3.
-  runs = {(2 ** 24 - 3,): [('adaptive', 0.1), ('fixed', 0.1)],
-          (2 ** 25 + 1,): [('adaptive', 0.1), ('adaptive', 0.9)]}.get(shape, [('adaptive', 0.1)])
+  runs = {
+    (2**24 - 3,): [('adaptive', 0.1), ('fixed', 0.1)],
+    (2**25 + 1,): [('adaptive', 0.1), ('adaptive', 0.9)],
+  }.get(shape, [('adaptive', 0.1)])
   for plan, sparsity in runs:
     kept = _keep_count_reference(size, sparsity)
     expected = np.partition(a, size - kept)[size - kept]

@@ -18,8 +18,15 @@ SETTINGS = settings(max_examples=30)
 # (shape, nbins): each pair is one jit compile; the data and sparsity vary freely.
 # The two large shapes hold >= 4096 elements in every 16th row, so the search
 # starts from an estimate on that sample; the small ones bisect directly.
-CONFIGS = [((1,), 256), ((17,), 7), ((6, 10), 100), ((3, 5, 7), 256), ((64,), 2),
-           ((1024, 64), 256), ((40, 2048), 10)]
+CONFIGS = [
+  ((1,), 256),
+  ((17,), 7),
+  ((6, 10), 100),
+  ((3, 5, 7), 256),
+  ((64,), 2),
+  ((1024, 64), 256),
+  ((40, 2048), 10),
+]
 
 
 @pytest.mark.parametrize('shape,nbins', CONFIGS)
@@ -31,7 +38,8 @@ def test_equals_reference(shape, nbins, data):
   sparsity = data.draw(cs.sparsities(weights.size, nbins))
   threshold, mask = cs.run_update_mask(weights, sparsity, nbins=nbins)
   expected_threshold, expected_mask = references.threshold_and_mask(
-      np.abs(weights), sparsity, nbins, 'histogram')
+    np.abs(weights), sparsity, nbins, 'histogram'
+  )
   assert threshold == expected_threshold
   np.testing.assert_array_equal(mask, expected_mask)
 

@@ -17,14 +17,24 @@ LINSPACE = np.linspace(1, 100, 100).astype(np.float32)
 
 def test_default_schedule():
   hp = jaxprune.get_pruning_hparams()
-  expected = [(0, 0.0), (10, 0.1355), (25, 0.289062), (50, 0.4375), (75, 0.492188),
-              (90, 0.4995), (100, 0.5), (110, 0.5)]
+  expected = [
+    (0, 0.0),
+    (10, 0.1355),
+    (25, 0.289062),
+    (50, 0.4375),
+    (75, 0.492188),
+    (90, 0.4995),
+    (100, 0.5),
+    (110, 0.5),
+  ]
   for step, sparsity in expected:
     assert float(jaxprune.sparsity_at(hp, step)) == pytest.approx(sparsity, abs=1e-6), step
 
 
-@pytest.mark.parametrize('sparsity, threshold, nonzero', [
-    (0.5, 50.0, 50), (0.95, 94.921875, 6), (0.9, 89.84375, 11), (0.33, 32.8125, 68)])
+@pytest.mark.parametrize(
+  'sparsity, threshold, nonzero',
+  [(0.5, 50.0, 50), (0.95, 94.921875, 6), (0.9, 89.84375, 11), (0.33, 32.8125, 68)],
+)
 def test_histogram_threshold_on_linspace(sparsity, threshold, nonzero):
   new_threshold, mask = jaxprune.update_mask(LINSPACE, 0.0, sparsity, nbins=256)
   assert float(new_threshold) == threshold
@@ -48,10 +58,12 @@ def test_histogram_cdf_values_above_range_land_in_last_bin():
 
 def test_update_gating_with_external_sparsity():
   hp = jaxprune.parse_hparams(
-      'pruning_frequency=2,begin_pruning_step=1,end_pruning_step=6,nbins=100')
+    'pruning_frequency=2,begin_pruning_step=1,end_pruning_step=6,nbins=100'
+  )
   schedule = jnp.asarray(np.linspace(0, 0.9, 10), jnp.float32)
-  tx = jaxprune.pruning(hp, sparsity_fn=lambda step: schedule[step],
-                        prune_filter=lambda name, leaf: True)
+  tx = jaxprune.pruning(
+    hp, sparsity_fn=lambda step: schedule[step], prune_filter=lambda name, leaf: True
+  )
   params = {'w': jnp.asarray(LINSPACE)}
   state = tx.init(params)
   update = jax.jit(tx.update)
@@ -76,27 +88,38 @@ def test_threshold_decay():
 BLOCK_ROWS = [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
 
 
-@pytest.mark.parametrize('pooling, weights', [
-    ('MAX', [[.1, 0, .2, 0], [0, -.1, 0, -.2], [.3, 0, .4, 0], [0, -.3, 0, -.4]]),
-    ('AVG', [[.1, .1, .2, .2], [.1, .1, .2, .2], [.3, .3, .4, .4], [.3, .3, .4, .4]]),
-])
+@pytest.mark.parametrize(
+  'pooling, weights',
+  [
+    ('MAX', [[0.1, 0, 0.2, 0], [0, -0.1, 0, -0.2], [0.3, 0, 0.4, 0], [0, -0.3, 0, -0.4]]),
+    (
+      'AVG',
+      [[0.1, 0.1, 0.2, 0.2], [0.1, 0.1, 0.2, 0.2], [0.3, 0.3, 0.4, 0.4], [0.3, 0.3, 0.4, 0.4]],
+    ),
+  ],
+)
 @pytest.mark.parametrize('leading_one', [False, True])
 def test_block_masks(pooling, weights, leading_one):
   weights = np.asarray(weights, np.float32)
   if leading_one:
     weights = weights[None]
-  _, mask = jaxprune.update_mask(weights, 0.0, 0.5, block_dims=(2, 2),
-                                 block_pooling_function=pooling)
+  _, mask = jaxprune.update_mask(
+    weights, 0.0, 0.5, block_dims=(2, 2), block_pooling_function=pooling
+  )
   assert mask.shape == weights.shape
   np.testing.assert_array_equal(np.asarray(mask).reshape(4, 4), BLOCK_ROWS)
 
 
 def _train_three_layers(map_text, method):
   hp = jaxprune.parse_hparams(
-      f'target_sparsity=0.5,pruning_frequency=1,threshold_method={method},'
-      f'weight_sparsity_map=[{map_text}]')
-  params = {'layer1': {'weights': LINSPACE}, 'layer2': {'weights': LINSPACE},
-            'layer3': {'kernel': LINSPACE}}
+    f'target_sparsity=0.5,pruning_frequency=1,threshold_method={method},'
+    f'weight_sparsity_map=[{map_text}]'
+  )
+  params = {
+    'layer1': {'weights': LINSPACE},
+    'layer2': {'weights': LINSPACE},
+    'layer3': {'kernel': LINSPACE},
+  }
   tx = jaxprune.pruning(hp, prune_filter=lambda name, leaf: True)
   state = tx.init(params)
   update = jax.jit(tx.update)
@@ -109,8 +132,9 @@ def _train_three_layers(map_text, method):
 # The dense params are fed at every step (the weights TF's reference masks in its graph),
 # so pruned weights are never zeroed and the moved-weights check warns, as it should.
 @pytest.mark.filterwarnings('ignore:jaxprune.*no longer zero:UserWarning')
-@pytest.mark.parametrize('method, expected', [
-    ('histogram', [0.59, 0.75, 0.59]), ('exact', [0.6, 0.75, 0.6])])
+@pytest.mark.parametrize(
+  'method, expected', [('histogram', [0.59, 0.75, 0.59]), ('exact', [0.6, 0.75, 0.6])]
+)
 def test_weight_specific_targets(method, expected):
   sparsity = _train_three_layers('layer1:0.6,layer2/weights:0.75,.*kernel:0.6', method)
   got = [float(sparsity[k]) for k in ('layer1/weights', 'layer2/weights', 'layer3/kernel')]
@@ -119,14 +143,18 @@ def test_weight_specific_targets(method, expected):
 
 def test_per_layer_block_dims():
   hp = jaxprune.parse_hparams(
-      'target_sparsity=0.5,block_dims_map=[layer1/weights:1x1,layer2/weights:1x2]')
-  params = {'layer1': {'weights': jnp.float32([[-.1, .1], [-.2, .2]])},
-            'layer2': {'weights': jnp.float32([[.1, .1, .3, .3], [.2, .2, .4, .4]])}}
+    'target_sparsity=0.5,block_dims_map=[layer1/weights:1x1,layer2/weights:1x2]'
+  )
+  params = {
+    'layer1': {'weights': jnp.float32([[-0.1, 0.1], [-0.2, 0.2]])},
+    'layer2': {'weights': jnp.float32([[0.1, 0.1, 0.3, 0.3], [0.2, 0.2, 0.4, 0.4]])},
+  }
   specs = jaxprune._specs.leaf_specs(params, hp, lambda name, leaf: True)
   masks = {}
   for layer, spec in specs.items():
-    _, mask = jaxprune.update_mask(params[layer]['weights'], 0.0, 0.5,
-                                   block_dims=spec['weights'].block_dims)
+    _, mask = jaxprune.update_mask(
+      params[layer]['weights'], 0.0, 0.5, block_dims=spec['weights'].block_dims
+    )
     masks[layer] = np.asarray(mask).astype(int).tolist()
   assert masks['layer1'] == [[0, 0], [1, 1]]
   assert masks['layer2'] == [[0, 0, 1, 1], [0, 0, 1, 1]]

@@ -12,11 +12,16 @@ from jaxprune import _thresholds as thresholds
 LINSPACE = np.linspace(1, 100, 100, dtype=np.float32).reshape(10, 10)
 
 
-@pytest.mark.parametrize('total, sparsity, kept', [
+@pytest.mark.parametrize(
+  'total, sparsity, kept',
+  [
     (3, 0.9, 1),  # round(0.3) = 0: at least one is kept
     (100, 0.999, 1),  # round(0.1) = 0
-    (100, 0.5, 50), (13, 0.5, 6), (10, 0.0, 10),
-])
+    (100, 0.5, 50),
+    (13, 0.5, 6),
+    (10, 0.0, 10),
+  ],
+)
 def test_keep_count_keeps_at_least_one(total, sparsity, kept):
   assert int(thresholds.keep_count(total, jnp.float32(sparsity))) == kept
 
@@ -30,8 +35,9 @@ def test_exact_rule_keeps_the_largest_when_the_count_rounds_to_zero():
   mask is `a >= max` either way. `keep_count` itself is tested above.
   """
   w = jnp.asarray([[0.5, -3.0, 2.0]], jnp.float32)
-  threshold, mask = jax.jit(
-      lambda w: jaxprune.update_mask(w, 0.0, 0.9, threshold_method='exact'))(w)
+  threshold, mask = jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.9, threshold_method='exact'))(
+    w
+  )
   assert float(threshold) == 3.0
   np.testing.assert_array_equal(mask, [[False, True, False]])
 
@@ -59,8 +65,9 @@ def test_exact_rule_on_a_large_tensor_uses_the_full_count():
   rng = np.random.default_rng(3)
   w = rng.standard_normal((1024, 1024)).astype(np.float32)
   w[::16] *= 10
-  threshold, mask = jax.jit(lambda w: jaxprune.update_mask(
-      w, 0.0, 0.5, threshold_method='exact'))(w)
+  threshold, mask = jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.5, threshold_method='exact'))(
+    w
+  )
   assert threshold == references.exact_rule(np.abs(w), 0.5)
   assert int(mask.sum()) == 524_288
 
@@ -73,8 +80,9 @@ def test_keep_count_rounds_half_to_even(size, kept):
   assert int(mask.sum()) == kept
 
 
-@pytest.mark.parametrize('kept, expected', [(3, np.float32(2e-35)), (4, np.float32(1e-35)),
-                                            (6, np.float32(0.0))])
+@pytest.mark.parametrize(
+  'kept, expected', [(3, np.float32(2e-35)), (4, np.float32(1e-35)), (6, np.float32(0.0))]
+)
 def test_exact_answer_far_below_the_maximum(kept, expected):
   # The k-th largest magnitude is below 2**-100 of the largest: counted by the
   # search's comparison path, it must still be the element itself.

@@ -38,9 +38,11 @@ class _State(NamedTuple):
 
 def _state(scale):
   params = {'Dense_0': {'kernel': jnp.arange(6.0).reshape(2, 3) * scale, 'bias': jnp.ones(3)}}
-  inner = _Inner(jnp.int32(4), {'Dense_0': {'kernel': jnp.array([[True, False, True]] * 2),
-                                            'bias': None}},
-                 {'Dense_0': {'kernel': jnp.float32(0.25), 'bias': None}})
+  inner = _Inner(
+    jnp.int32(4),
+    {'Dense_0': {'kernel': jnp.array([[True, False, True]] * 2), 'bias': None}},
+    {'Dense_0': {'kernel': jnp.float32(0.25), 'bias': None}},
+  )
   return _State(jnp.int32(7), params, (inner, ()))
 
 
@@ -121,9 +123,11 @@ def test_arrays_that_do_not_match_their_checksums_fall_back_to_the_previous(tmp_
   reopened = checkpoints.Checkpointer(str(tmp_path), max_to_keep=3)
   with pytest.raises(DamagedCheckpointError) as err:
     reopened.restore(3, _state(0.0))
-  assert str(err.value) == (f'the checkpoint {directory / "3"} is damaged: array '
-                            ".params['Dense_0']['kernel'] does not match the checksum written "
-                            'with it')
+  assert str(err.value) == (
+    f'the checkpoint {directory / "3"} is damaged: array '
+    ".params['Dense_0']['kernel'] does not match the checksum written "
+    'with it'
+  )
   with pytest.warns(UserWarning) as warned:
     step, restored, meta = reopened.restore_newest(_state(0.0), _no_check)
   assert step == 1 and meta == {'scale': 1.0}
@@ -131,12 +135,13 @@ def test_arrays_that_do_not_match_their_checksums_fall_back_to_the_previous(tmp_
   messages = [str(w.message) for w in warned]
   damaged = tmp_path / 'damaged_checkpoints'
   assert messages == [
-      f'the checkpoint {directory / "3"} is damaged: array .params[\'Dense_0\'][\'kernel\'] '
-      f'does not match the checksum written with it; moved it to {damaged / "3"} and resumed '
-      'from the checkpoint of step 1.',
-      f'the checkpoint {directory / "2"} is damaged: array .params[\'Dense_0\'][\'kernel\'] '
-      f'does not match the checksum written with it; moved it to {damaged / "2"} and resumed '
-      'from the checkpoint of step 1.']
+    f"the checkpoint {directory / '3'} is damaged: array .params['Dense_0']['kernel'] "
+    f'does not match the checksum written with it; moved it to {damaged / "3"} and resumed '
+    'from the checkpoint of step 1.',
+    f"the checkpoint {directory / '2'} is damaged: array .params['Dense_0']['kernel'] "
+    f'does not match the checksum written with it; moved it to {damaged / "2"} and resumed '
+    'from the checkpoint of step 1.',
+  ]
   assert sorted(os.listdir(directory)) == ['1'] and sorted(os.listdir(damaged)) == ['2', '3']
   # The run saves its new checkpoints of those steps in their place.
   reopened.save(2, _state(2.0), {})
@@ -166,8 +171,10 @@ def test_when_no_checkpoint_is_good_nothing_is_moved(tmp_path):
   with pytest.raises(DamagedCheckpointError) as err:
     checkpoints.Checkpointer(str(tmp_path)).restore_newest(_state(0.0), _no_check)
   message = str(err.value)
-  assert message.startswith(f'no checkpoint in {directory} can be read back intact (the '
-                            f'checkpoint {directory / "2"} is damaged: array')
+  assert message.startswith(
+    f'no checkpoint in {directory} can be read back intact (the '
+    f'checkpoint {directory / "2"} is damaged: array'
+  )
   assert f'the checkpoint {directory / "1"} is damaged' in message
   assert message.endswith('Restore them from a backup, or move the directory away to start over.')
   assert sorted(os.listdir(directory)) == ['1', '2']
@@ -217,9 +224,10 @@ def test_a_full_disk_during_a_save_keeps_the_older_checkpoints(tmp_path, monkeyp
   with pytest.raises(StorageError) as err:
     ckpt.save(2, _state(2.0), {})
   assert str(err.value) == (
-      f'cannot write the checkpoint of step 2 to {tmp_path / "checkpoints"}: No space left on '
-      'device [errno 28]; older checkpoints are intact (the newest is step 1); free some space, '
-      'then run the same command to resume.')
+    f'cannot write the checkpoint of step 2 to {tmp_path / "checkpoints"}: No space left on '
+    'device [errno 28]; older checkpoints are intact (the newest is step 1); free some space, '
+    'then run the same command to resume.'
+  )
   monkeypatch.undo()
   reopened = checkpoints.Checkpointer(str(tmp_path))
   step, restored, _ = reopened.restore_newest(_state(0.0), _no_check)

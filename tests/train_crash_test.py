@@ -58,8 +58,11 @@ def reference(tmp_path_factory):
   """The uninterrupted 60-step run: final arrays, metrics, report."""
   workdir = str(tmp_path_factory.mktemp('reference'))
   result = loop.train(train_faults.tiny_config(), workdir)
-  return {'arrays': _arrays(result.state), 'metrics': read_metrics(workdir),
-          'report': _read(os.path.join(workdir, loop.REPORT_FILE))}
+  return {
+    'arrays': _arrays(result.state),
+    'metrics': read_metrics(workdir),
+    'report': _read(os.path.join(workdir, loop.REPORT_FILE)),
+  }
 
 
 def _assert_same_run(workdir, arrays, reference):
@@ -72,10 +75,16 @@ def _assert_same_run(workdir, arrays, reference):
 
 def _kill(workdir, fault, cache, num_steps=60):
   """Runs the tiny config in a subprocess that `fault` kills (SIGKILL) part way."""
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
-  result = subprocess.run([sys.executable, FAULTS, workdir, fault, str(num_steps)],
-                          capture_output=True, text=True, timeout=600, env=env)
+  env = dict(
+    os.environ, JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0'
+  )
+  result = subprocess.run(
+    [sys.executable, FAULTS, workdir, fault, str(num_steps)],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=env,
+  )
   assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
 
 
@@ -86,19 +95,20 @@ def _resume(workdir, reference):
 
 
 def _committed(workdir):
-  return sorted(name for name in os.listdir(os.path.join(workdir, 'checkpoints'))
-                if name.isdigit())
+  return sorted(name for name in os.listdir(os.path.join(workdir, 'checkpoints')) if name.isdigit())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('point, at, left', [
-    ('commit', 2, ['20']),    # step 40's arrays are written, not renamed into place
-    ('item', 2, ['20']),      # one of its two items is committed inside the temporary directory
+@pytest.mark.parametrize(
+  'point, at, left',
+  [
+    ('commit', 2, ['20']),  # step 40's arrays are written, not renamed into place
+    ('item', 2, ['20']),  # one of its two items is committed inside the temporary directory
     ('renamed', 2, ['20', '40']),  # committed; killed before the save returned
-    ('commit', 1, []),        # the first checkpoint: nothing to fall back to
-])
-def test_a_kill_inside_a_checkpoint_save(tmp_path, compilation_cache, reference, point, at,
-                                         left):
+    ('commit', 1, []),  # the first checkpoint: nothing to fall back to
+  ],
+)
+def test_a_kill_inside_a_checkpoint_save(tmp_path, compilation_cache, reference, point, at, left):
   workdir = str(tmp_path / 'run')
   _kill(workdir, f'kill-checkpoint:{point}:{at}', compilation_cache)
   assert _committed(workdir) == left
@@ -106,8 +116,9 @@ def test_a_kill_inside_a_checkpoint_save(tmp_path, compilation_cache, reference,
 
 
 @pytest.mark.slow
-def test_a_kill_while_metrics_are_appended_and_then_rewritten(tmp_path, compilation_cache,
-                                                              reference):
+def test_a_kill_while_metrics_are_appended_and_then_rewritten(
+  tmp_path, compilation_cache, reference
+):
   workdir = str(tmp_path / 'run')
   # Writes: the (empty) file, then the records of step 10, dense accuracy at 10,
   # step 20 (train, test; then the checkpoint), step 30: that 6th write is cut.
@@ -125,8 +136,9 @@ def test_a_kill_while_metrics_are_appended_and_then_rewritten(tmp_path, compilat
 
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['config.json', 'report.txt'])
-def test_a_kill_while_a_file_is_replaced_keeps_the_old_one(tmp_path, compilation_cache,
-                                                           reference, name):
+def test_a_kill_while_a_file_is_replaced_keeps_the_old_one(
+  tmp_path, compilation_cache, reference, name
+):
   workdir = str(tmp_path / 'run')
   loop.train(train_faults.tiny_config(40), workdir)
   before = _read(os.path.join(workdir, name))
@@ -146,11 +158,14 @@ def _train_recording_warnings(config, workdir):
   return result, [str(w.message) for w in warned]
 
 
-@pytest.mark.parametrize('name, at', [
-    ('metrics.jsonl', 6),   # an append after the checkpoint of step 20: the line is cut short
-    ('config.json', 1),     # replaced atomically before training
-    ('report.txt', 1),      # replaced atomically after training
-])
+@pytest.mark.parametrize(
+  'name, at',
+  [
+    ('metrics.jsonl', 6),  # an append after the checkpoint of step 20: the line is cut short
+    ('config.json', 1),  # replaced atomically before training
+    ('report.txt', 1),  # replaced atomically after training
+  ],
+)
 def test_a_full_disk_half_way_through_a_write(tmp_path, reference, name, at):
   workdir = str(tmp_path / 'run')
   with train_faults.fail_writes(name, at), pytest.raises(StorageError) as err:
@@ -183,8 +198,10 @@ def test_a_cut_or_damaged_metrics_line_is_dropped_on_resume(tmp_path, reference)
   damaged, cut = [m for m in messages if 'metrics.jsonl' in m]
   assert damaged.startswith(f'{path}: line 3 is damaged (')
   assert damaged.endswith(r"""); dropped it: b'{"ste\x00garbage'""")
-  assert cut == (f"{path}: line {len(lines) + 1} is cut short by an interrupted write; dropped "
-                 "it: b'{\"step\": 40, \"lo'")
+  assert cut == (
+    f'{path}: line {len(lines) + 1} is cut short by an interrupted write; dropped '
+    'it: b\'{"step": 40, "lo\''
+  )
   # The damaged record is gone; the rest of the history is the uninterrupted run's.
   assert read_metrics(workdir) == reference['metrics'][:2] + reference['metrics'][3:]
   for name, value in _arrays(result.state).items():
@@ -204,14 +221,19 @@ def _damage(path, mode):
 
 
 def _files(directory):
-  return sorted(os.path.relpath(os.path.join(root, f), directory)
-                for root, _, names in os.walk(directory) for f in names)
+  return sorted(
+    os.path.relpath(os.path.join(root, f), directory)
+    for root, _, names in os.walk(directory)
+    for f in names
+  )
 
 
 def _data_file(checkpoint):
   """The file of a checkpoint that holds its arrays' values: the largest OCDBT data file."""
-  return max((name for name in _files(checkpoint) if name.startswith('state/ocdbt.process_0/d/')),
-             key=lambda name: os.path.getsize(os.path.join(checkpoint, name)))
+  return max(
+    (name for name in _files(checkpoint) if name.startswith('state/ocdbt.process_0/d/')),
+    key=lambda name: os.path.getsize(os.path.join(checkpoint, name)),
+  )
 
 
 @pytest.mark.slow
@@ -246,8 +268,10 @@ def test_every_file_of_the_newest_checkpoint_flipped_or_cut(tmp_path):
         # come and go; exactly one names the damage.
         [message] = [str(w.message) for w in warned if 'is damaged' in str(w.message)]
         assert message.startswith(f'the checkpoint {workdir}/checkpoints/40 is damaged: ')
-        assert message.endswith(f'moved it to {workdir}/damaged_checkpoints/40 and resumed from '
-                                'the checkpoint of step 20.')
+        assert message.endswith(
+          f'moved it to {workdir}/damaged_checkpoints/40 and resumed from '
+          'the checkpoint of step 20.'
+        )
   data = _data_file(newest)
   assert {(data, 'flip'), (data, 'cut')} <= caught, sorted(caught)
 
@@ -260,14 +284,18 @@ def test_a_flipped_byte_in_the_newest_checkpoint_resumes_from_the_previous(tmp_p
   _damage(os.path.join(newest, _data_file(newest)), 'flip')
   result, messages = _train_recording_warnings(train_faults.tiny_config(), workdir)
   assert [m for m in messages if 'is damaged' in m] == [
-      m for m in messages if m.startswith(f'the checkpoint {newest} is damaged: ')
-      and m.endswith('and resumed from the checkpoint of step 20.')]
+    m
+    for m in messages
+    if m.startswith(f'the checkpoint {newest} is damaged: ')
+    and m.endswith('and resumed from the checkpoint of step 20.')
+  ]
   assert len([m for m in messages if 'is damaged' in m]) == 1
   _assert_same_run(workdir, _arrays(result.state), reference)
 
 
 def test_ctrl_c_during_the_checkpoint_where_pruning_begins_keeps_the_dense_accuracy(
-    tmp_path, reference, monkeypatch):
+  tmp_path, reference, monkeypatch
+):
   # The dense accuracy is measured at begin_pruning_step (10), just before that
   # step's checkpoint; Ctrl-C inside that save makes the job save step 9.
   workdir = str(tmp_path / 'run')
@@ -305,11 +333,14 @@ def test_a_cut_array_file_is_named_in_one_short_line(tmp_path):
   assert step == 20
   [message] = [str(w.message) for w in warned if 'is damaged' in str(w.message)]
   # Tensorstore's root error names the array and the file; its spec repr is left out.
-  assert message.startswith(f'the checkpoint {newest} is damaged: its state cannot be read: '
-                            'ValueError: OUT_OF_RANGE: Error reading "'), message
+  assert message.startswith(
+    f'the checkpoint {newest} is damaged: its state cannot be read: '
+    'ValueError: OUT_OF_RANGE: Error reading "'
+  ), message
   assert 'in OCDBT database at local file "state/": Requested byte range' in message
-  assert message.endswith(f'moved it to {workdir}/damaged_checkpoints/40 and resumed from the '
-                          'checkpoint of step 20.')
+  assert message.endswith(
+    f'moved it to {workdir}/damaged_checkpoints/40 and resumed from the checkpoint of step 20.'
+  )
   assert 'TensorStore' not in message
   assert len(message.replace(workdir, 'W')) < 400
 
@@ -334,7 +365,8 @@ def default_sigint():
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 @pytest.mark.parametrize('where', ['in the save', 'in a finalizer'])
 def test_ctrl_c_during_a_checkpoint_stops_after_it_and_is_never_lost(
-    tmp_path, reference, monkeypatch, default_sigint, where):
+  tmp_path, reference, monkeypatch, default_sigint, where
+):
   workdir = str(tmp_path / 'run')
   real_save = checkpoints.Checkpointer.save
 
@@ -358,7 +390,8 @@ def test_ctrl_c_during_a_checkpoint_stops_after_it_and_is_never_lost(
 
 
 def test_a_full_disk_for_the_event_file_is_one_error_not_a_second_one_on_close(
-    tmp_path, monkeypatch):
+  tmp_path, monkeypatch
+):
   from jaxprune.train import _metrics as metrics
 
   def full(*args, **kwargs):
@@ -382,43 +415,58 @@ def test_a_full_disk_for_the_event_file_is_one_error_not_a_second_one_on_close(
   with pytest.raises(StorageError) as err:
     loop.train(config, workdir)
   assert str(err.value) == (
-      f'cannot write the metrics to {workdir}/metrics.jsonl: No space left on device '
-      '[errno 28]; no checkpoint was written yet; free some space, then run the same command '
-      'to resume.')
+    f'cannot write the metrics to {workdir}/metrics.jsonl: No space left on device '
+    '[errno 28]; no checkpoint was written yet; free some space, then run the same command '
+    'to resume.'
+  )
 
 
 def _can_mount_tmpfs():
-  probe = subprocess.run(['unshare', '-rm', 'sh', '-c', 'mount -t tmpfs -o size=4k tmpfs /mnt'],
-                         capture_output=True)
+  probe = subprocess.run(
+    ['unshare', '-rm', 'sh', '-c', 'mount -t tmpfs -o size=4k tmpfs /mnt'], capture_output=True
+  )
   return probe.returncode == 0
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which('unshare') is None or not _can_mount_tmpfs(),
-                    reason='needs a private tmpfs (unshare -rm, mount)')
+@pytest.mark.skipif(
+  shutil.which('unshare') is None or not _can_mount_tmpfs(),
+  reason='needs a private tmpfs (unshare -rm, mount)',
+)
 def test_a_truly_full_disk_is_one_line_and_the_run_resumes_once_there_is_space(tmp_path):
   """A 200 kB tmpfs fills up in the first checkpoint, with TensorBoard and plots on (closing
   the event file failed again: 196 lines); grown to 4 MB, the same command finishes the run."""
   size_kb = 200
   disk = tmp_path / 'disk'
   disk.mkdir()
-  command = [os.path.join(os.path.dirname(sys.executable), 'jaxprune-train'),
-             f'--workdir={disk}/run', '--config.num_steps=60', '--config.checkpoint_every=30',
-             '--config.progress_bar=False', '--config.model.features=(32, 16)',
-             '--config.pruning.begin_pruning_step=10',
-             '--config.pruning.sparsity_function_begin_step=10',
-             '--config.pruning.end_pruning_step=40',
-             '--config.pruning.sparsity_function_end_step=40',
-             '--config.pruning.pruning_frequency=10']
+  command = [
+    os.path.join(os.path.dirname(sys.executable), 'jaxprune-train'),
+    f'--workdir={disk}/run',
+    '--config.num_steps=60',
+    '--config.checkpoint_every=30',
+    '--config.progress_bar=False',
+    '--config.model.features=(32, 16)',
+    '--config.pruning.begin_pruning_step=10',
+    '--config.pruning.sparsity_function_begin_step=10',
+    '--config.pruning.end_pruning_step=40',
+    '--config.pruning.sparsity_function_end_step=40',
+    '--config.pruning.pruning_frequency=10',
+  ]
   run = ' '.join(f"'{arg}'" for arg in command)
-  script = (f'mount -t tmpfs -o size={size_kb}k tmpfs {disk} && cd {tmp_path} && '
-            f'{run} >/dev/null 2>first.err; echo "first $?"; '
-            f'mount -o remount,size=4m {disk} && {run} >/dev/null 2>second.err; echo "second $?"')
+  script = (
+    f'mount -t tmpfs -o size={size_kb}k tmpfs {disk} && cd {tmp_path} && '
+    f'{run} >/dev/null 2>first.err; echo "first $?"; '
+    f'mount -o remount,size=4m {disk} && {run} >/dev/null 2>second.err; echo "second $?"'
+  )
   env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE='false')
-  result = subprocess.run(['unshare', '-rm', 'sh', '-c', script], capture_output=True,
-                          text=True, timeout=600, env=env)
-  assert result.stdout.split() == ["first", "1", "second", "0"], (
-      result.stdout, (tmp_path / "first.err").read_text(), (tmp_path / "second.err").read_text())
+  result = subprocess.run(
+    ['unshare', '-rm', 'sh', '-c', script], capture_output=True, text=True, timeout=600, env=env
+  )
+  assert result.stdout.split() == ['first', '1', 'second', '0'], (
+    result.stdout,
+    (tmp_path / 'first.err').read_text(),
+    (tmp_path / 'second.err').read_text(),
+  )
   first = (tmp_path / 'first.err').read_text().splitlines()
   assert len(first) == 1, first
   assert first[0].startswith('jaxprune-train: cannot write the ')

@@ -87,8 +87,12 @@ def _save(tmp_path, **arrays):
 
 def _arrays():
   rng = np.random.default_rng(0)
-  return {'x_train': rng.normal(size=(20, 4, 4)), 'y_train': np.arange(20) % 3,
-          'x_test': rng.normal(size=(6, 4, 4)), 'y_test': np.arange(6) % 5}
+  return {
+    'x_train': rng.normal(size=(20, 4, 4)),
+    'y_train': np.arange(20) % 3,
+    'x_test': rng.normal(size=(6, 4, 4)),
+    'y_test': np.arange(6) % 5,
+  }
 
 
 def test_npz_round_trip(tmp_path):
@@ -112,12 +116,15 @@ def test_npz_missing_keys(tmp_path):
     data.load_npz(_save(tmp_path, **arrays))
 
 
-@pytest.mark.parametrize('key, value, message', [
+@pytest.mark.parametrize(
+  'key, value, message',
+  [
     ('y_train', np.arange(19) % 3, r'x_train has shape \(20, 4, 4\) but y_train has shape \(19,\)'),
     ('x_test', np.zeros((6, 4, 5)), r'x_train has input shape \(4, 4\) but x_test has \(4, 5\)'),
     ('y_test', np.eye(6), 'not one-hot'),
     ('y_test', np.linspace(0, 1, 6), 'integer class ids'),
-])
+  ],
+)
 def test_npz_bad_shapes(tmp_path, key, value, message):
   arrays = _arrays()
   arrays[key] = value
@@ -130,10 +137,13 @@ def test_unknown_dataset_name():
     data.load_dataset('mnist')
 
 
-@pytest.mark.parametrize('content, kind', [
+@pytest.mark.parametrize(
+  'content, kind',
+  [
     (b'hello, these are not arrays\n', 'is not a .npz file'),
     (b'\x93NUMPY\x01\x00v\x00', 'is a single .npy array'),
-])
+  ],
+)
 def test_a_file_that_is_no_npz_says_so(tmp_path, content, kind):
   path = tmp_path / 'data.txt'
   path.write_bytes(content)
@@ -149,7 +159,7 @@ def test_a_damaged_npz_and_object_arrays_are_named(tmp_path):
   with open(good, 'rb') as f:
     blob = f.read()
   damaged = tmp_path / 'cut.npz'
-  damaged.write_bytes(blob[:len(blob) // 2])
+  damaged.write_bytes(blob[: len(blob) // 2])
   with pytest.raises(ValueError, match=r"data.path='.*cut.npz' cannot be read as a .npz file"):
     data.load_npz(str(damaged))
   arrays = _arrays()
@@ -171,12 +181,15 @@ def test_a_directory_and_non_finite_inputs_are_named(tmp_path):
     data.load_npz(_save(tmp_path, **arrays))
 
 
-@pytest.mark.parametrize('label, dtype', [
-    (2**16, np.int64),         # one past the largest class id allowed (65,535)
-    (50_000_000, np.int64),    # an output layer of 50M logits: killed for memory before
-    (2**40, np.int64),         # int32 would wrap it silently
-    (2**63 + 5, np.uint64),    # beyond int64
-])
+@pytest.mark.parametrize(
+  'label, dtype',
+  [
+    (2**16, np.int64),  # one past the largest class id allowed (65,535)
+    (50_000_000, np.int64),  # an output layer of 50M logits: killed for memory before
+    (2**40, np.int64),  # int32 would wrap it silently
+    (2**63 + 5, np.uint64),  # beyond int64
+  ],
+)
 def test_labels_beyond_the_class_limit_are_named(tmp_path, label, dtype):
   arrays = _arrays()
   arrays['y_train'] = (np.arange(20) % 3).astype(dtype)
@@ -185,9 +198,10 @@ def test_labels_beyond_the_class_limit_are_named(tmp_path, label, dtype):
   with pytest.raises(ValueError) as err:
     data.load_npz(path)
   assert str(err.value) == (
-      f'data.path={path!r}: y_train holds the class id {label}, so the model would need '
-      f'{label + 1:,} outputs (at most 65,536); labels are class indices 0..num_classes-1: '
-      'relabel them, e.g. with numpy.unique(y, return_inverse=True).')
+    f'data.path={path!r}: y_train holds the class id {label}, so the model would need '
+    f'{label + 1:,} outputs (at most 65,536); labels are class indices 0..num_classes-1: '
+    'relabel them, e.g. with numpy.unique(y, return_inverse=True).'
+  )
 
 
 def test_the_largest_class_id_allowed_loads(tmp_path):

@@ -30,8 +30,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def tiny_config(num_steps: int = 60, prune_steps: tuple[int, int] = (10, 40),
-                eval_every: int = 20, mesh_shape: tuple[int, ...] = ()) -> Any:
+def tiny_config(
+  num_steps: int = 60,
+  prune_steps: tuple[int, int] = (10, 40),
+  eval_every: int = 20,
+  mesh_shape: tuple[int, ...] = (),
+) -> Any:
   """A 32-16 MLP on digits, pruned to 80% over `prune_steps` (a mask update every
   third of it), checkpointed every 20 steps: the crash and sharding tests' model."""
   from jaxprune.train import _defaults as defaults
@@ -52,9 +56,14 @@ def tiny_config(num_steps: int = 60, prune_steps: tuple[int, int] = (10, 40),
   config.plots = False
   config.mesh_shape = mesh_shape
   config.pruning = defaults.pruning_config(
-      config.pruning, begin_pruning_step=begin, end_pruning_step=end,
-      pruning_frequency=frequency, sparsity_function_begin_step=begin,
-      sparsity_function_end_step=end, target_sparsity=0.8)
+    config.pruning,
+    begin_pruning_step=begin,
+    end_pruning_step=end,
+    pruning_frequency=frequency,
+    sparsity_function_begin_step=begin,
+    sparsity_function_end_step=end,
+    target_sparsity=0.8,
+  )
   return config
 
 
@@ -65,6 +74,7 @@ def _kill() -> None:
 def _enospc(path: str) -> Callable[[], None]:
   def fail() -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
   return fail
 
 
@@ -75,7 +85,7 @@ class _HalfWriter:
     self._file, self._fault = file, fault
 
   def write(self, data: Any) -> int:
-    self._file.write(data[:len(data) // 2])
+    self._file.write(data[: len(data) // 2])
     self._file.flush()
     self._fault()
     raise AssertionError('the fault returned')
@@ -91,8 +101,9 @@ class _HalfWriter:
 
 
 @contextlib.contextmanager
-def fail_writes(basename: str, at: int = 1, fault: Callable[[], None] | None = None
-                ) -> Iterator[list[int]]:
+def fail_writes(
+  basename: str, at: int = 1, fault: Callable[[], None] | None = None
+) -> Iterator[list[int]]:
   """Makes the `at`-th write to a file named `basename` (or `basename.tmp`) fail half-way.
 
   Args:
@@ -157,6 +168,7 @@ def _kill_in_checkpoint(point: str, at: int) -> None:
       if made['n'] == 3 * (at - 1) + 1:
         _kill()
       return path
+
     atomicity._create_tmp_directory = create
     return
   real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
@@ -167,12 +179,14 @@ def _kill_in_checkpoint(point: str, at: int) -> None:
     finalized['n'] += 1
     position = (finalized['n'] - 1) % 3
     save = (finalized['n'] - 1) // 3 + 1
-    if save == at and ((point == 'commit' and position == 0)
-                       or (point == 'item' and position == 1)):
+    if save == at and (
+      (point == 'commit' and position == 0) or (point == 'item' and position == 1)
+    ):
       _kill()
     await real_finalize(self)
     if save == at and point == 'renamed' and position == 2:
       _kill()
+
   atomicity.AtomicRenameTemporaryPath.finalize = finalize
 
 

@@ -30,9 +30,16 @@ def _config(**pruning):
   config.checkpoint_every = 100
   config.progress_bar = False
   config.pruning = defaults.pruning_config(
-      config.pruning, begin_pruning_step=60, end_pruning_step=200, pruning_frequency=20,
-      sparsity_function_begin_step=60, sparsity_function_end_step=200,
-      target_sparsity=0.8, threshold_method='exact', **pruning)
+    config.pruning,
+    begin_pruning_step=60,
+    end_pruning_step=200,
+    pruning_frequency=20,
+    sparsity_function_begin_step=60,
+    sparsity_function_end_step=200,
+    target_sparsity=0.8,
+    threshold_method='exact',
+    **pruning,
+  )
   return config
 
 
@@ -67,8 +74,16 @@ def finished(tmp_path_factory, compilation_cache):
 
 def test_outputs_exist(finished):
   names = set(os.listdir(finished.workdir))
-  assert {'config.json', 'metrics.jsonl', 'report.txt', 'checkpoints', 'tensorboard',
-          'sparsity.png', 'accuracy.png', 'layer_sparsity.png'} <= names
+  assert {
+    'config.json',
+    'metrics.jsonl',
+    'report.txt',
+    'checkpoints',
+    'tensorboard',
+    'sparsity.png',
+    'accuracy.png',
+    'layer_sparsity.png',
+  } <= names
   assert sorted(os.listdir(os.path.join(finished.workdir, 'checkpoints'))) == ['200', '300']
   with open(os.path.join(finished.workdir, 'config.json')) as f:
     assert json.load(f)['pruning']['target_sparsity'] == 0.8
@@ -128,6 +143,7 @@ def test_interrupted_and_resumed_runs_equal_the_uninterrupted_one(finished, tmp_
       del state
       if step == step_to_crash:
         raise error
+
     return on_step
 
   # A crash at step 170: the newest checkpoint is step 100 and is kept.
@@ -205,23 +221,33 @@ def test_global_and_nm_runs_report_their_own_rules():
   assert kept['Dense_0/kernel'] + kept['Dense_1/kernel'] == 512
   assert kept['Dense_2/kernel'] == 80
   assert [(leaf.target, leaf.pattern) for leaf in result.report.leaves] == [
-      (0.8, '1x1'), (0.8, '1x1'), (0.5, '2:4')]
+    (0.8, '1x1'),
+    (0.8, '1x1'),
+    (0.5, '2:4'),
+  ]
   assert result.report.global_target == 0.8
   text = format_report(result.report)
   assert 'global pruning: one threshold across the pruned leaves; the target 0.800' in text
 
 
-@pytest.mark.parametrize('log_every, found', [
+@pytest.mark.parametrize(
+  'log_every, found',
+  [
     # Found when the loss is logged (step 50), before the checkpoint of step 60.
     (10, 'at step 50 the training loss is nan'),
     # Nothing is logged before step 60: found when that checkpoint is about to be written.
     (100, 'at step 60 the params or the optimizer state hold NaN or Inf values'),
-])
+  ],
+)
 def test_a_diverging_run_never_checkpoints_non_finite_state(tmp_path, log_every, found):
   digits = data.load_digits()
   path = str(tmp_path / 'digits.npz')
-  splits = {'x_train': digits.x_train, 'y_train': digits.y_train, 'x_test': digits.x_test,
-            'y_test': digits.y_test}
+  splits = {
+    'x_train': digits.x_train,
+    'y_train': digits.y_train,
+    'x_test': digits.x_test,
+    'y_test': digits.y_test,
+  }
   np.savez(path, **splits)
   config = _config()
   config.data.name, config.data.path = 'npz', path
@@ -235,10 +261,11 @@ def test_a_diverging_run_never_checkpoints_non_finite_state(tmp_path, log_every,
   with pytest.raises(DivergedError) as err:
     loop.train(config, workdir)
   assert str(err.value) == (
-      f'training diverged: {found} (all finite at step 40); '
-      'config.optimizer.learning_rate=0.01 is likely too high. Nothing non-finite was saved: '
-      'the newest checkpoint (step 40) is from before. Train again with a lower learning rate '
-      'and a new --workdir.')
+    f'training diverged: {found} (all finite at step 40); '
+    'config.optimizer.learning_rate=0.01 is likely too high. Nothing non-finite was saved: '
+    'the newest checkpoint (step 40) is from before. Train again with a lower learning rate '
+    'and a new --workdir.'
+  )
   # Step 40 is still the newest checkpoint, and it is the good state.
   checkpointer = checkpoints.Checkpointer(workdir)
   assert checkpointer.steps() == [20, 40]

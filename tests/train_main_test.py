@@ -19,11 +19,17 @@ pytestmark = pytest.mark.usefixtures('subprocess_compilation_cache')
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), 'jaxprune-train')
 # A short schedule: dense until step 20, pruned to the target by step 100.
-SHORT = ['--config.num_steps=120', '--config.eval_every=60', '--config.checkpoint_every=60',
-         '--config.progress_bar=False', '--config.pruning.begin_pruning_step=20',
-         '--config.pruning.sparsity_function_begin_step=20',
-         '--config.pruning.end_pruning_step=100', '--config.pruning.sparsity_function_end_step=100',
-         '--config.pruning.pruning_frequency=10']
+SHORT = [
+  '--config.num_steps=120',
+  '--config.eval_every=60',
+  '--config.checkpoint_every=60',
+  '--config.progress_bar=False',
+  '--config.pruning.begin_pruning_step=20',
+  '--config.pruning.sparsity_function_begin_step=20',
+  '--config.pruning.end_pruning_step=100',
+  '--config.pruning.sparsity_function_end_step=100',
+  '--config.pruning.pruning_frequency=10',
+]
 
 
 def _run(args, cwd=REPO):
@@ -43,17 +49,29 @@ def _config_json(workdir):
 
 def test_config_file_and_field_overrides(tmp_path):
   workdir = str(tmp_path / 'digits')
-  result = _run([SCRIPT, '--config', 'configs/digits_mlp.py', '--workdir', workdir, *SHORT,
-                 '--config.pruning.target_sparsity=0.95',
-                 "--config.pruning.weight_sparsity_map=['Dense_0/kernel:0.5']"])
+  result = _run(
+    [
+      SCRIPT,
+      '--config',
+      'configs/digits_mlp.py',
+      '--workdir',
+      workdir,
+      *SHORT,
+      '--config.pruning.target_sparsity=0.95',
+      "--config.pruning.weight_sparsity_map=['Dense_0/kernel:0.5']",
+    ]
+  )
   assert result.returncode == 0, result.stderr
   pruning = _config_json(workdir)['pruning']
   assert pruning['target_sparsity'] == 0.95
   assert pruning['weight_sparsity_map'] == ['Dense_0/kernel:0.5']
   # The default's exact threshold keeps round(N * (1 - s)) weights:
   # 19,200 * 0.5, 30,000 * 0.05 and 1,000 * 0.05.
-  assert _report_rows(workdir) == {'Dense_0/kernel': 9600, 'Dense_1/kernel': 1500,
-                                   'Dense_2/kernel': 50}
+  assert _report_rows(workdir) == {
+    'Dense_0/kernel': 9600,
+    'Dense_1/kernel': 1500,
+    'Dense_2/kernel': 50,
+  }
   assert f'Outputs in {workdir}' in result.stdout
   assert 'test accuracy: dense at start of pruning (step 20)' in result.stdout
   # The same workdir with another seed is refused, naming the field.
@@ -65,15 +83,27 @@ def test_config_file_and_field_overrides(tmp_path):
 
 def test_tf_hparams_string_goes_on_top_of_the_config(tmp_path):
   workdir = str(tmp_path / 'tf')
-  result = _run([sys.executable, '-m', 'jaxprune.train', '--workdir', workdir, *SHORT,
-                 '--config.pruning.target_sparsity=0.5',
-                 '--pruning_hparams=target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]'])
+  result = _run(
+    [
+      sys.executable,
+      '-m',
+      'jaxprune.train',
+      '--workdir',
+      workdir,
+      *SHORT,
+      '--config.pruning.target_sparsity=0.5',
+      '--pruning_hparams=target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]',
+    ]
+  )
   assert result.returncode == 0, result.stderr
   pruning = _config_json(workdir)['pruning']
   assert pruning['target_sparsity'] == 0.9
   assert pruning['weight_sparsity_map'] == ['Dense_1:0.95']
-  assert _report_rows(workdir) == {'Dense_0/kernel': 1920, 'Dense_1/kernel': 1500,
-                                   'Dense_2/kernel': 100}
+  assert _report_rows(workdir) == {
+    'Dense_0/kernel': 1920,
+    'Dense_1/kernel': 1500,
+    'Dense_2/kernel': 100,
+  }
 
 
 def test_help_lists_every_config_field_and_exits_0():
@@ -83,19 +113,24 @@ def test_help_lists_every_config_field_and_exits_0():
   for flag in ('  --config: ', '  --workdir: ', '  --pruning_hparams: '):
     assert any(line.startswith(flag) for line in lines), flag
   assert 'Config fields, with the values of the defaults:' in lines
-  fields = {line.split()[0]: line.split(None, 1)[1:] for line in lines
-            if line.startswith('  --config.')}
+  fields = {
+    line.split()[0]: line.split(None, 1)[1:] for line in lines if line.startswith('  --config.')
+  }
   assert fields['--config.num_steps=3000'] == [
-      'training steps in all; rerun with a larger value to extend a run']
+    'training steps in all; rerun with a larger value to extend a run'
+  ]
   assert fields["--config.optimizer.name='adam'"] == ["'adam', 'adamw' or 'sgd'"]
   # Every pruning hparam, with the default config's value and its meaning.
   assert fields['--config.pruning.target_sparsity=0.9'] == [
-      'sparsity at and after sparsity_function_end_step, in [0, 1)']
+    'sparsity at and after sparsity_function_end_step, in [0, 1)'
+  ]
   assert fields["--config.pruning.threshold_method='exact'"] == [
-      "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)"]
+    "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)"
+  ]
   # An empty map, as the flag that sets it (the hparams store it as ('',)).
   assert fields['--config.pruning.weight_sparsity_map="[]"'] == [
-      'per-leaf targets, e.g. "[\'Dense_0/kernel:0.5\']"']
+    'per-leaf targets, e.g. "[\'Dense_0/kernel:0.5\']"'
+  ]
   pruning = [f for f in fields if f.startswith('--config.pruning.')]
   assert len(pruning) == len(jaxprune.get_pruning_hparams())
   assert all(fields[f] for f in pruning)
@@ -117,54 +152,87 @@ def _one_line_error(args, cwd=REPO):
 def test_bad_values_are_clear_errors(tmp_path):
   workdir = f'--workdir={tmp_path / "bad"}'
   assert _one_line_error([workdir, '--config.pruning.target_sparsity=1.5']) == (
-      'jaxprune-train: target_sparsity=1.5: must be in [0, 1).')
-  assert _one_line_error([workdir, '--pruning_hparams=target_sparsity=0.9,no_such_field=1']
-                         ).startswith(
-      "jaxprune-train: parse_hparams: unknown hyperparameter 'no_such_field'")
+    'jaxprune-train: target_sparsity=1.5: must be in [0, 1).'
+  )
+  assert _one_line_error(
+    [workdir, '--pruning_hparams=target_sparsity=0.9,no_such_field=1']
+  ).startswith("jaxprune-train: parse_hparams: unknown hyperparameter 'no_such_field'")
   assert not os.path.exists(tmp_path / 'bad')
 
 
-@pytest.mark.parametrize('args, message', [
-    (['--config', 'nope.py'],
-     f'--config=nope.py: no such file (relative to {REPO}); give a config file such as '
-     'configs/digits_cnn.py, or leave --config out for the default'),
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (
+      ['--config', 'nope.py'],
+      f'--config=nope.py: no such file (relative to {REPO}); give a config file such as '
+      'configs/digits_cnn.py, or leave --config out for the default',
+    ),
     (['--config='], '--config is empty; give a config file such as configs/digits_cnn.py'),
-    (['--config.prune=False', '--config.pruning.target_sparsity=0.5'],
-     '--config.pruning.target_sparsity=0.5 has no effect: config.prune=False trains the dense '
-     'model only; drop the pruning flags, or set --config.prune=True.'),
-    (['--config.prune=False', '--config.channels.enabled=True'],
-     'config.channels.enabled=True prunes whole channels, but config.prune=False trains the '
-     'dense model only; set one of them the other way.'),
-    (['--config.num_step=5'],
-     "--config.num_step=5: the config has no field 'num_step'; did you mean 'num_steps'?"),
-    (['--config', 'configs/digits_cnn.py', '--config.pruning.target_sparisty=0.5'],
-     "--config.pruning.target_sparisty=0.5: config.pruning has no field 'target_sparisty'; did "
-     "you mean 'target_sparsity'?"),
-    (['--config.num_steps=abc'],
-     "--config.num_steps=abc: invalid literal for int() with base 10: 'abc'; the field takes an "
-     'integer, e.g. 3000'),
+    (
+      ['--config.prune=False', '--config.pruning.target_sparsity=0.5'],
+      '--config.pruning.target_sparsity=0.5 has no effect: config.prune=False trains the dense '
+      'model only; drop the pruning flags, or set --config.prune=True.',
+    ),
+    (
+      ['--config.prune=False', '--config.channels.enabled=True'],
+      'config.channels.enabled=True prunes whole channels, but config.prune=False trains the '
+      'dense model only; set one of them the other way.',
+    ),
+    (
+      ['--config.num_step=5'],
+      "--config.num_step=5: the config has no field 'num_step'; did you mean 'num_steps'?",
+    ),
+    (
+      ['--config', 'configs/digits_cnn.py', '--config.pruning.target_sparisty=0.5'],
+      "--config.pruning.target_sparisty=0.5: config.pruning has no field 'target_sparisty'; did "
+      "you mean 'target_sparsity'?",
+    ),
+    (
+      ['--config.num_steps=abc'],
+      "--config.num_steps=abc: invalid literal for int() with base 10: 'abc'; the field takes an "
+      'integer, e.g. 3000',
+    ),
     (['--workdirr=x'], "Unknown command line flag 'workdirr'. Did you mean: workdir ?"),
-    (['stray'], "unexpected arguments ['stray']; flags take the form --name=value "
-                '(jaxprune-train --help lists them).'),
-    (['--config.max_checkpoints_to_keep=0'],
-     'config.max_checkpoints_to_keep=0: must be an integer >= 1, or no checkpoint is kept to '
-     'resume from (the default is 2).'),
-    (['--config.optimizer.learning_rate=nan'],
-     'config.optimizer.learning_rate=nan: must be a finite number > 0 (the default is 0.001).'),
-    (['--config.num_steps=3000000000'],
-     'config.num_steps=3000000000: must be an integer in [1, 2147483647] (the default is 3000).'),
-    (['--config.batch_size=2000'],
-     'batch_size=2000: must be between 1 and the number of training examples (1348).'),
-    (['--config.mesh_shape=(2,4)'],
-     'mesh_shape=(2, 4) uses 8 devices but 1 are available; make the product of the sizes equal '
-     'the device count, or use () for one device.'),
-    (['--config.data.name=npz', '--config.data.path=README.md'],
-     "data.path='README.md' is not a .npz file (a .npz file is a zip archive); pass the path of a "
-     '.npz file with arrays x_train, y_train, x_test, y_test, e.g. written by numpy.savez.'),
-    (['--config.data.name=npz', '--config.data.path=absent.npz'],
-     "data.path='absent.npz': no such file; pass the path of a .npz file with arrays x_train, "
-     'y_train, x_test, y_test, e.g. written by numpy.savez.'),
-])
+    (
+      ['stray'],
+      "unexpected arguments ['stray']; flags take the form --name=value "
+      '(jaxprune-train --help lists them).',
+    ),
+    (
+      ['--config.max_checkpoints_to_keep=0'],
+      'config.max_checkpoints_to_keep=0: must be an integer >= 1, or no checkpoint is kept to '
+      'resume from (the default is 2).',
+    ),
+    (
+      ['--config.optimizer.learning_rate=nan'],
+      'config.optimizer.learning_rate=nan: must be a finite number > 0 (the default is 0.001).',
+    ),
+    (
+      ['--config.num_steps=3000000000'],
+      'config.num_steps=3000000000: must be an integer in [1, 2147483647] (the default is 3000).',
+    ),
+    (
+      ['--config.batch_size=2000'],
+      'batch_size=2000: must be between 1 and the number of training examples (1348).',
+    ),
+    (
+      ['--config.mesh_shape=(2,4)'],
+      'mesh_shape=(2, 4) uses 8 devices but 1 are available; make the product of the sizes equal '
+      'the device count, or use () for one device.',
+    ),
+    (
+      ['--config.data.name=npz', '--config.data.path=README.md'],
+      "data.path='README.md' is not a .npz file (a .npz file is a zip archive); pass the path of a "
+      '.npz file with arrays x_train, y_train, x_test, y_test, e.g. written by numpy.savez.',
+    ),
+    (
+      ['--config.data.name=npz', '--config.data.path=absent.npz'],
+      "data.path='absent.npz': no such file; pass the path of a .npz file with arrays x_train, "
+      'y_train, x_test, y_test, e.g. written by numpy.savez.',
+    ),
+  ],
+)
 def test_each_user_error_is_one_line_without_a_traceback(tmp_path, args, message):
   workdir = str(tmp_path / 'run')
   assert _one_line_error([*args, f'--workdir={workdir}']) == f'jaxprune-train: {message}'
@@ -175,18 +243,21 @@ def test_config_files_that_do_not_load_and_unusable_workdirs(tmp_path):
   broken = tmp_path / 'broken.py'
   broken.write_text('def get_config():\n  return {"a": 1\n')
   assert _one_line_error(['--config', str(broken)]) == (
-      f"jaxprune-train: --config={broken}: loading it failed ('{{' was never closed at line 2); "
-      'a config file defines get_config() returning an ml_collections.ConfigDict')
+    f"jaxprune-train: --config={broken}: loading it failed ('{{' was never closed at line 2); "
+    'a config file defines get_config() returning an ml_collections.ConfigDict'
+  )
   raising = tmp_path / 'raising.py'
   raising.write_text('def get_config():\n  raise KeyError("no such preset")\n')
   assert _one_line_error(['--config', str(raising)]) == (
-      f"jaxprune-train: --config={raising}: loading it failed (KeyError: 'no such preset'); "
-      'a config file defines get_config() returning an ml_collections.ConfigDict')
+    f"jaxprune-train: --config={raising}: loading it failed (KeyError: 'no such preset'); "
+    'a config file defines get_config() returning an ml_collections.ConfigDict'
+  )
   (tmp_path / 'file').write_text('')
   workdir = tmp_path / 'file' / 'run'
   assert _one_line_error([f'--workdir={workdir}', '--config.num_steps=10']) == (
-      f"jaxprune-train: --workdir='{workdir}' cannot be used (Not a directory: "
-      f"'{workdir}'); pick a directory you can write to.")
+    f"jaxprune-train: --workdir='{workdir}' cannot be used (Not a directory: "
+    f"'{workdir}'); pick a directory you can write to."
+  )
 
 
 @pytest.mark.slow
@@ -216,8 +287,13 @@ def test_a_refused_run_writes_no_config(tmp_path):
 @pytest.mark.slow
 def test_a_second_run_in_the_same_workdir_is_refused(tmp_path):
   workdir = str(tmp_path / 'run')
-  first = subprocess.Popen([SCRIPT, '--workdir', workdir, *SHORT, '--config.num_steps=1000000'],
-                           cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  first = subprocess.Popen(
+    [SCRIPT, '--workdir', workdir, *SHORT, '--config.num_steps=1000000'],
+    cwd=REPO,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   try:
     metrics = os.path.join(workdir, 'metrics.jsonl')
     for _ in range(600):  # the first run is training once it has written a record
@@ -226,9 +302,11 @@ def test_a_second_run_in_the_same_workdir_is_refused(tmp_path):
       assert first.poll() is None, first.stderr.read()
       time.sleep(0.1)
     message = _one_line_error(['--workdir', workdir, *SHORT])
-    assert message == (f'jaxprune-train: --workdir={workdir!r} is in use by another '
-                       f'jaxprune-train run (pid {first.pid}); wait for it to end, or give this '
-                       'run another --workdir.')
+    assert message == (
+      f'jaxprune-train: --workdir={workdir!r} is in use by another '
+      f'jaxprune-train run (pid {first.pid}); wait for it to end, or give this '
+      'run another --workdir.'
+    )
   finally:
     first.kill()
     first.wait()
@@ -248,25 +326,38 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(tmp_path):
   # Without the shared compilation cache: a cache entry cut short by the file
   # size limit would be read (and warned about) by the other tests' runs.
   env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE='false')
-  result = subprocess.run([SCRIPT, '--workdir', workdir, *SHORT], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, preexec_fn=small_files, env=env)
+  result = subprocess.run(
+    [SCRIPT, '--workdir', workdir, *SHORT],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    preexec_fn=small_files,
+    env=env,
+  )
   assert result.returncode == 1
   assert result.stderr.splitlines() == [
-      f'jaxprune-train: cannot write the checkpoint of step 60 to {workdir}/checkpoints: File '
-      'too large [errno 27]; free some space, then run the same command.']
+    f'jaxprune-train: cannot write the checkpoint of step 60 to {workdir}/checkpoints: File '
+    'too large [errno 27]; free some space, then run the same command.'
+  ]
   result = _run([SCRIPT, '--workdir', workdir, *SHORT])
   assert result.returncode == 0, result.stderr
-  assert _report_rows(workdir) == {'Dense_0/kernel': 1920, 'Dense_1/kernel': 3000,
-                                   'Dense_2/kernel': 100}
+  assert _report_rows(workdir) == {
+    'Dense_0/kernel': 1920,
+    'Dense_1/kernel': 3000,
+    'Dense_2/kernel': 100,
+  }
 
 
 def test_a_diverging_run_stops_with_one_line_and_saves_nothing_non_finite(tmp_path):
   workdir = str(tmp_path / 'run')
   message = _one_line_error(['--workdir', workdir, *SHORT, '--config.optimizer.learning_rate=1e30'])
   assert message.startswith('jaxprune-train: training diverged: at step 20 the training loss is ')
-  assert message.endswith('(all finite at step 0); config.optimizer.learning_rate=1e+30 is likely '
-                          'too high. Nothing non-finite was saved: no checkpoint was written. '
-                          'Train again with a lower learning rate and a new --workdir.')
+  assert message.endswith(
+    '(all finite at step 0); config.optimizer.learning_rate=1e+30 is likely '
+    'too high. Nothing non-finite was saved: no checkpoint was written. '
+    'Train again with a lower learning rate and a new --workdir.'
+  )
   assert os.listdir(os.path.join(workdir, 'checkpoints')) == []
   assert not os.path.exists(os.path.join(workdir, 'report.txt'))
 
@@ -276,10 +367,11 @@ def test_a_short_run_is_warned_about(tmp_path):
   assert result.returncode == 0, result.stderr
   # Updates at 20, 30, 40, 50: s(50) = 0.9 * (1 - (1 - 30 / 80) ** 3) = 0.6803.
   assert result.stderr.splitlines() == [
-      'jaxprune-train: warning: config.num_steps=60 stops the mask updates at step 50, where the '
-      'schedule is at 68.0% sparsity, short of target_sparsity=0.9 (reached at '
-      'sparsity_function_end_step=100, by the update at step 100); set num_steps above 100, or '
-      'end the schedule earlier.']
+    'jaxprune-train: warning: config.num_steps=60 stops the mask updates at step 50, where the '
+    'schedule is at 68.0% sparsity, short of target_sparsity=0.9 (reached at '
+    'sparsity_function_end_step=100, by the update at step 100); set num_steps above 100, or '
+    'end the schedule earlier.'
+  ]
 
 
 @pytest.mark.slow
@@ -288,8 +380,11 @@ def test_default_run_with_no_flags_meets_the_goal(tmp_path):
   result = _run([SCRIPT], cwd=str(tmp_path))
   assert result.returncode == 0, result.stderr
   workdir = tmp_path / 'runs' / 'digits_mlp'
-  assert _report_rows(str(workdir)) == {'Dense_0/kernel': 1920, 'Dense_1/kernel': 3000,
-                                        'Dense_2/kernel': 100}
+  assert _report_rows(str(workdir)) == {
+    'Dense_0/kernel': 1920,
+    'Dense_1/kernel': 3000,
+    'Dense_2/kernel': 100,
+  }
   with open(workdir / 'metrics.jsonl') as f:
     records = [json.loads(line) for line in f]
   [dense] = [r['dense_test_accuracy'] for r in records if 'dense_test_accuracy' in r]
@@ -305,16 +400,22 @@ def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
   import io
 
   from jaxprune.train import _main as main
+
   out = io.StringIO()
   stderr = main._WithoutClosedLoopTracebacks(out)
   # As tensorstore's threads print it, piece by piece, once per aborted write.
-  for piece in ('Traceback (most recent call last):\n',
-                '  File "asyncio/base_events.py", line 806, in call_soon_threadsafe\n',
-                '    self._check_closed()\n', 'RuntimeError: Event loop is closed\n'):
+  for piece in (
+    'Traceback (most recent call last):\n',
+    '  File "asyncio/base_events.py", line 806, in call_soon_threadsafe\n',
+    '    self._check_closed()\n',
+    'RuntimeError: Event loop is closed\n',
+  ):
     stderr.write(piece)
   stderr.write('jaxprune-train: cannot write the checkpoint\n')
-  bug = ('Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
-         'KeyError: \'a bug keeps its traceback\'\n')
+  bug = (
+    'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+    "KeyError: 'a bug keeps its traceback'\n"
+  )
   stderr.write(bug)
   assert out.getvalue() == 'jaxprune-train: cannot write the checkpoint\n' + bug
 
@@ -334,35 +435,59 @@ def test_warnings_are_one_line_each_and_abandoned_writes_are_not_shown(capsys):
     gc.collect()
     warnings.warn('a warning of the job\nover two lines', RuntimeWarning, stacklevel=1)
   assert capsys.readouterr().err == (
-      'jaxprune-train: warning: a warning of the job; over two lines\n')
+    'jaxprune-train: warning: a warning of the job; over two lines\n'
+  )
 
 
 def test_each_warning_is_shown_once_in_one_line(tmp_path):
   """The hparams are validated once (no de-duplication in the job): a warning of the
   hparams string, one of the spec and one of the config each print one line, once."""
-  result = _run([SCRIPT, '--workdir', str(tmp_path / 'run'), *SHORT, '--config.num_steps=30',
-                 '--pruning_hparams=end_pruning_step=60,weight_name_regex=weight$'])
+  result = _run(
+    [
+      SCRIPT,
+      '--workdir',
+      str(tmp_path / 'run'),
+      *SHORT,
+      '--config.num_steps=30',
+      '--pruning_hparams=end_pruning_step=60,weight_name_regex=weight$',
+    ]
+  )
   assert result.returncode == 0, result.stderr
   lines = result.stderr.splitlines()
   fields = [re.match(r'jaxprune-train: warning: (?:jaxprune: )?([\w.]+)=', line) for line in lines]
   assert [m and m.group(1) for m in fields] == [
-      'end_pruning_step', 'weight_name_regex', 'config.num_steps'], lines
+    'end_pruning_step',
+    'weight_name_regex',
+    'config.num_steps',
+  ], lines
 
 
 def test_without_tensorboardx_the_outputs_name_no_tensorboard_folder(tmp_path):
   hidden = tmp_path / 'hidden' / 'tensorboardX'
   hidden.mkdir(parents=True)
   (hidden / '__init__.py').write_text('raise ImportError("hidden by the test")\n')
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      filter(None, [str(tmp_path / 'hidden'), os.environ.get('PYTHONPATH')])))
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join(
+      filter(None, [str(tmp_path / 'hidden'), os.environ.get('PYTHONPATH')])
+    ),
+  )
   workdir = str(tmp_path / 'run')
-  result = subprocess.run([SCRIPT, '--workdir', workdir, *SHORT], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=env)
+  result = subprocess.run(
+    [SCRIPT, '--workdir', workdir, *SHORT],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+  )
   assert result.returncode == 0, result.stderr
   assert result.stderr.splitlines() == [
-      f'jaxprune-train: warning: tensorboardX is not installed; writing only {workdir}/'
-      'metrics.jsonl. Install it with `pip install tensorboardX`.']
+    f'jaxprune-train: warning: tensorboardX is not installed; writing only {workdir}/'
+    'metrics.jsonl. Install it with `pip install tensorboardX`.'
+  ]
   assert result.stdout.splitlines()[-1] == (
-      f'Outputs in {workdir}: report.txt, metrics.jsonl, checkpoints/, sparsity.png, '
-      'accuracy.png, layer_sparsity.png')
+    f'Outputs in {workdir}: report.txt, metrics.jsonl, checkpoints/, sparsity.png, '
+    'accuracy.png, layer_sparsity.png'
+  )
   assert not os.path.exists(os.path.join(workdir, 'tensorboard'))

@@ -78,6 +78,7 @@ def test_memory_only_writer_keeps_history(tmp_path):
 def _read_events(directory):
   """Reads scalar summaries from TFRecord event files: (tag, step, value) triples."""
   from tensorboardX.proto import event_pb2
+
   scalars = []
   for name in sorted(os.listdir(directory)):
     with open(os.path.join(directory, name), 'rb') as f:
@@ -85,8 +86,8 @@ def _read_events(directory):
     offset = 0
     while offset < len(blob):
       # TFRecord framing: uint64 length, uint32 crc, payload, uint32 crc.
-      length = int.from_bytes(blob[offset:offset + 8], 'little')
-      payload = blob[offset + 12:offset + 12 + length]
+      length = int.from_bytes(blob[offset : offset + 8], 'little')
+      payload = blob[offset + 12 : offset + 12 + length]
       offset += 16 + length
       event = event_pb2.Event.FromString(payload)
       for value in event.summary.value:

@@ -19,9 +19,13 @@ def test_mlp_is_lenet_300_100_on_8x8_inputs():
   model = models.create_model(config, 10)
   params = models.init_params(model, (8, 8, 1), seed=0)
   assert _shapes(params) == {
-      'Dense_0/bias': (300,), 'Dense_0/kernel': (64, 300),
-      'Dense_1/bias': (100,), 'Dense_1/kernel': (300, 100),
-      'Dense_2/bias': (10,), 'Dense_2/kernel': (100, 10)}
+    'Dense_0/bias': (300,),
+    'Dense_0/kernel': (64, 300),
+    'Dense_1/bias': (100,),
+    'Dense_1/kernel': (300, 100),
+    'Dense_2/bias': (10,),
+    'Dense_2/kernel': (100, 10),
+  }
   assert model.apply({'params': params}, jnp.ones((5, 8, 8, 1))).shape == (5, 10)
 
 
@@ -31,10 +35,15 @@ def test_cnn_shapes():
   params = models.init_params(model, (8, 8, 1), seed=0)
   # 8x8 -> pool -> 4x4 -> pool -> 2x2, with 32 channels: 128 inputs to Dense_0.
   assert _shapes(params) == {
-      'Conv_0/bias': (16,), 'Conv_0/kernel': (3, 3, 1, 16),
-      'Conv_1/bias': (32,), 'Conv_1/kernel': (3, 3, 16, 32),
-      'Dense_0/bias': (64,), 'Dense_0/kernel': (128, 64),
-      'Dense_1/bias': (7,), 'Dense_1/kernel': (64, 7)}
+    'Conv_0/bias': (16,),
+    'Conv_0/kernel': (3, 3, 1, 16),
+    'Conv_1/bias': (32,),
+    'Conv_1/kernel': (3, 3, 16, 32),
+    'Dense_0/bias': (64,),
+    'Dense_0/kernel': (128, 64),
+    'Dense_1/bias': (7,),
+    'Dense_1/kernel': (64, 7),
+  }
   # Channel-less images are accepted too.
   assert model.apply({'params': params}, jnp.ones((2, 8, 8))).shape == (2, 7)
 

@@ -43,8 +43,9 @@ def env(devices: int) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def processes(commands: Sequence[Sequence[str]], devices: int, logdir: str,
-              name: str) -> Iterator[list[subprocess.Popen]]:
+def processes(
+  commands: Sequence[Sequence[str]], devices: int, logdir: str, name: str
+) -> Iterator[list[subprocess.Popen]]:
   """Starts one process per command, stdout/stderr in `logdir/<name>.<i>.{out,err}`.
 
   Whatever is still running when the block ends is killed (SIGKILL) and reaped.
@@ -54,8 +55,9 @@ def processes(commands: Sequence[Sequence[str]], devices: int, logdir: str,
     for i, command in enumerate(commands):
       out = open(os.path.join(logdir, f'{name}.{i}.out'), 'w')  # noqa: SIM115
       err = open(os.path.join(logdir, f'{name}.{i}.err'), 'w')  # noqa: SIM115
-      started.append(subprocess.Popen(command, stdout=out, stderr=err, env=env(devices),
-                                      cwd=logdir))
+      started.append(
+        subprocess.Popen(command, stdout=out, stderr=err, env=env(devices), cwd=logdir)
+      )
       out.close()
       err.close()
     yield started
@@ -95,12 +97,14 @@ def configs() -> dict[str, Any]:
     config.pruning.target_sparsity = 0.5
     config.channels.enabled = True
     return config
+
   return {'mlp': mlp, 'channels': cnn}
 
 
 def main(argv: list[str]) -> None:
   num_processes, process_id, port, outdir = int(argv[1]), int(argv[2]), argv[3], argv[4]
   import jax
+
   if port != '0':
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
     jax.distributed.initialize(f'127.0.0.1:{port}', num_processes, process_id)
@@ -113,13 +117,17 @@ def main(argv: list[str]) -> None:
     params = jax.device_get(distributed.host_copy(state.params))  # all processes gather
     if process_id == 0:
       flat, _ = jax.tree_util.tree_flatten_with_path(params)
-      np.savez(os.path.join(outdir, f'{name}-{step}.npz'),
-               **{jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in flat})
+      np.savez(
+        os.path.join(outdir, f'{name}-{step}.npz'),
+        **{jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in flat},
+      )
 
   for name, get_config in configs().items():
+
     def on_step(step: int, state: Any, name: str = name) -> None:
       if step == STEPS[0]:
         save(name, step, state)
+
     state = loop.train(get_config(STEPS[1]), os.path.join(outdir, name), on_step=on_step).state
     save(name, STEPS[1], state)
 

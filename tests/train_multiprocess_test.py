@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('subprocess_compilation_
 SCRIPT = os.path.join(mp.HERE, 'train_multiprocess.py')
 TIMEOUT = 600  # seconds for any launch; the shared CI machine is slow, a hang is far slower
 HEARTBEAT = 10
-CONFIG_FILE = f'''
+CONFIG_FILE = f"""
 import sys
 sys.path.insert(0, {mp.HERE!r})
 from train_multiprocess import configs
@@ -33,7 +33,7 @@ from train_multiprocess import configs
 
 def get_config():
   return configs()['mlp'](60)
-'''
+"""
 
 
 def _arrays(path):
@@ -48,12 +48,26 @@ def _run_all(root):
     (root / name).mkdir()
   port, port_one = mp.free_port(), mp.free_port()
   start = time.monotonic()
-  with mp.processes([[sys.executable, SCRIPT, '2', str(i), str(port), str(root / 'two')]
-                     for i in range(2)], 4, str(root), 'two') as two, \
-       mp.processes([[sys.executable, SCRIPT, '1', '0', str(port_one), str(root / 'one_gloo')]],
-                    8, str(root), 'one_gloo') as one_gloo, \
-       mp.processes([[sys.executable, SCRIPT, '1', '0', '0', str(root / 'one_default')]],
-                    8, str(root), 'one_default') as one_default:
+  with (
+    mp.processes(
+      [[sys.executable, SCRIPT, '2', str(i), str(port), str(root / 'two')] for i in range(2)],
+      4,
+      str(root),
+      'two',
+    ) as two,
+    mp.processes(
+      [[sys.executable, SCRIPT, '1', '0', str(port_one), str(root / 'one_gloo')]],
+      8,
+      str(root),
+      'one_gloo',
+    ) as one_gloo,
+    mp.processes(
+      [[sys.executable, SCRIPT, '1', '0', '0', str(root / 'one_default')]],
+      8,
+      str(root),
+      'one_default',
+    ) as one_default,
+  ):
     for name, started in (('two', two), ('one_gloo', one_gloo), ('one_default', one_default)):
       codes = mp.wait_all(started, TIMEOUT - (time.monotonic() - start))
       assert codes == [0] * len(started), (name, mp.read(str(root), name, 0)[-3000:])
@@ -87,8 +101,7 @@ def test_two_processes_end_as_one_process_with_eight_devices(runs, name):
   # (2048 -> 410, 512 -> 102, 160 -> 32 kept; the schedule ends at 80% on step 50).
   if name == 'mlp':
     final = _arrays(runs['two'] / f'{name}-60.npz')
-    assert [int(np.sum(final[f"['Dense_{i}']['kernel']"] != 0)) for i in range(3)] == [
-        410, 102, 32]
+    assert [int(np.sum(final[f"['Dense_{i}']['kernel']"] != 0)) for i in range(3)] == [410, 102, 32]
 
 
 def _meta(workdir, step):
@@ -98,10 +111,26 @@ def _meta(workdir, step):
 
 def _launch_cli(tmp_path, workdir, name, port, extra=()):
   return mp.processes(
-      [[sys.executable, '-m', 'jaxprune.train', '--config', str(tmp_path / 'tiny.py'),
-        f'--workdir={workdir}', f'--coordinator_address=127.0.0.1:{port}',
-        '--num_processes=2', f'--process_id={i}', f'--heartbeat_timeout_seconds={HEARTBEAT}',
-        *extra] for i in range(2)], 4, str(tmp_path), name)
+    [
+      [
+        sys.executable,
+        '-m',
+        'jaxprune.train',
+        '--config',
+        str(tmp_path / 'tiny.py'),
+        f'--workdir={workdir}',
+        f'--coordinator_address=127.0.0.1:{port}',
+        '--num_processes=2',
+        f'--process_id={i}',
+        f'--heartbeat_timeout_seconds={HEARTBEAT}',
+        *extra,
+      ]
+      for i in range(2)
+    ],
+    4,
+    str(tmp_path),
+    name,
+  )
 
 
 def _kill_after_checkpoint(tmp_path, workdir, name, step, victim):
@@ -131,8 +160,10 @@ def test_kill_one_process_then_relaunch_resumes_bit_for_bit(tmp_path, runs):
   (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
   workdir = str(tmp_path / 'run')
   reference = str(runs['two'] / 'mlp')
-  line = (r'jaxprune-train: process {} of 2: the job lost another process \(.+\); stopping\. '
-          r'Launch the same 2 commands again to resume from the newest checkpoint\.')
+  line = (
+    r'jaxprune-train: process {} of 2: the job lost another process \(.+\); stopping\. '
+    r'Launch the same 2 commands again to resume from the newest checkpoint\.'
+  )
   # The survivor exits with status 1 when it fails in a collective with the dead
   # process; when JAX's coordination service stops it first (at once when process 0,
   # which runs the service, died), JAX aborts it and the job's line replaces JAX's
@@ -161,21 +192,37 @@ def test_relaunch_with_another_layout_restores_or_refuses(tmp_path, runs):
   (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
   workdir = str(tmp_path / 'run')
   shutil.copytree(runs['two'] / 'mlp', workdir)  # the 2-process run, at step 60
-  command = [sys.executable, '-m', 'jaxprune.train', '--config', str(tmp_path / 'tiny.py'),
-             f'--workdir={workdir}']
+  command = [
+    sys.executable,
+    '-m',
+    'jaxprune.train',
+    '--config',
+    str(tmp_path / 'tiny.py'),
+    f'--workdir={workdir}',
+  ]
   # Another mesh: refused before anything is written, in one line naming it.
-  with mp.processes([[*command, '--config.mesh_shape=(4,2)']], 8, str(tmp_path),
-                    'mesh') as started:
+  with mp.processes([[*command, '--config.mesh_shape=(4,2)']], 8, str(tmp_path), 'mesh') as started:
     assert mp.wait_all(started, TIMEOUT) == [1]
   [line] = mp.read(str(tmp_path), 'mesh', 0).strip().splitlines()
-  assert line.startswith(f"jaxprune-train: --workdir={workdir!r} holds a run with a different "
-                         'config'), line
+  assert line.startswith(
+    f'jaxprune-train: --workdir={workdir!r} holds a run with a different config'
+  ), line
   assert 'config.mesh_shape: [2, 4] in the saved run, [4, 2] now' in line
   # One process with all 8 devices: the two processes' shards are read back into its
   # devices (each array checked against its checksum) and the run goes on.
-  with mp.processes([[*command, '--config.num_steps=70', '--num_processes=1',
-                      f'--coordinator_address=127.0.0.1:{mp.free_port()}']], 8,
-                    str(tmp_path), 'one') as started:
+  with mp.processes(
+    [
+      [
+        *command,
+        '--config.num_steps=70',
+        '--num_processes=1',
+        f'--coordinator_address=127.0.0.1:{mp.free_port()}',
+      ]
+    ],
+    8,
+    str(tmp_path),
+    'one',
+  ) as started:
     assert mp.wait_all(started, TIMEOUT) == [0], mp.read(str(tmp_path), 'one', 0)[-3000:]
   out = mp.read(str(tmp_path), 'one', 0, 'out')
   assert f'Resuming from the checkpoint of step 60 in {workdir}.' in out
@@ -193,8 +240,10 @@ def test_a_workdir_in_use_is_refused_by_every_process(tmp_path):
     lock.flush()
     with _launch_cli(tmp_path, str(workdir), 'busy', mp.free_port()) as started:
       assert mp.wait_all(started, TIMEOUT) == [1, 1]
-  expected = (f"jaxprune-train: --workdir={str(workdir)!r} is in use by another jaxprune-train "
-              'run (pid 4242); wait for it to end, or give this run another --workdir.')
+  expected = (
+    f'jaxprune-train: --workdir={str(workdir)!r} is in use by another jaxprune-train '
+    'run (pid 4242); wait for it to end, or give this run another --workdir.'
+  )
   for i in range(2):
     assert mp.read(str(tmp_path), 'busy', i).strip().splitlines()[-1] == expected
   assert sorted(os.listdir(workdir)) == [files.LOCK_FILE]  # nothing written
@@ -206,8 +255,7 @@ def test_a_damaged_checkpoint_is_set_aside_by_the_job(tmp_path, runs):
   reference = str(runs['two'] / 'mlp')
   shutil.copytree(reference, workdir)  # the 2-process run: checkpoints 40 and 60
   data_dir = os.path.join(workdir, 'checkpoints', '60', 'state', 'd')
-  path = max((os.path.join(data_dir, name) for name in os.listdir(data_dir)),
-             key=os.path.getsize)
+  path = max((os.path.join(data_dir, name) for name in os.listdir(data_dir)), key=os.path.getsize)
   with open(path, 'r+b') as f:  # one flipped bit in the arrays' data file
     f.seek(os.path.getsize(path) // 2)
     byte = f.read(1)
@@ -215,12 +263,15 @@ def test_a_damaged_checkpoint_is_set_aside_by_the_job(tmp_path, runs):
     f.write(bytes([byte[0] ^ 0x10]))
   with _launch_cli(tmp_path, workdir, 'damaged', mp.free_port()) as started:
     assert mp.wait_all(started, TIMEOUT) == [0, 0], mp.read(str(tmp_path), 'damaged', 0)[-3000:]
-  warned = [line for line in mp.read(str(tmp_path), 'damaged', 0).splitlines()
-            if 'is damaged' in line]
+  warned = [
+    line for line in mp.read(str(tmp_path), 'damaged', 0).splitlines() if 'is damaged' in line
+  ]
   assert len(warned) == 1 and warned[0].startswith(
-      f'jaxprune-train: warning: the checkpoint {workdir}/checkpoints/60 is damaged: ')
-  assert warned[0].endswith(f'moved it to {workdir}/damaged_checkpoints/60 and resumed from '
-                            'the checkpoint of step 40.')
+    f'jaxprune-train: warning: the checkpoint {workdir}/checkpoints/60 is damaged: '
+  )
+  assert warned[0].endswith(
+    f'moved it to {workdir}/damaged_checkpoints/60 and resumed from the checkpoint of step 40.'
+  )
   assert 'is damaged' not in mp.read(str(tmp_path), 'damaged', 1)  # said once, by process 0
   assert 'Resuming from the checkpoint of step 40' in mp.read(str(tmp_path), 'damaged', 0, 'out')
   # Trained again from step 40: the step-60 checkpoint is the uninterrupted run's.

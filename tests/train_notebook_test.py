@@ -5,8 +5,9 @@ import os
 import nbformat
 from nbclient import NotebookClient
 
-NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        'colabs', 'quickstart.ipynb')
+NOTEBOOK = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'colabs', 'quickstart.ipynb'
+)
 
 
 def _text(cell):
@@ -22,8 +23,9 @@ def test_notebook_is_stored_without_outputs():
 
 def test_notebook_runs(tmp_path):
   nb = nbformat.read(NOTEBOOK, as_version=4)
-  NotebookClient(nb, timeout=120, kernel_name='python3',
-                 resources={'metadata': {'path': str(tmp_path)}}).execute()
+  NotebookClient(
+    nb, timeout=120, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}
+  ).execute()
   code = [cell for cell in nb.cells if cell.cell_type == 'code']
   # The install cell finds jaxprune installed and does nothing.
   assert code[0].outputs == []
@@ -40,8 +42,11 @@ def test_notebook_runs(tmp_path):
   dense, pruned = float(words[-3]), float(words[-1])
   assert dense > 0.9 and pruned > 0.9
   zeros = _text(code[5]).splitlines()
-  assert zeros == ['Dense_0/kernel  zeros: 0.900', 'Dense_1/kernel  zeros: 0.900',
-                   'Dense_2/kernel  zeros: 0.500']
+  assert zeros == [
+    'Dense_0/kernel  zeros: 0.900',
+    'Dense_1/kernel  zeros: 0.900',
+    'Dense_2/kernel  zeros: 0.500',
+  ]
   assert any(out.get('data', {}).get('image/png') for out in code[6].outputs)
   assert "title='Sparsity of each pruned kernel over training'" in code[6].source
 

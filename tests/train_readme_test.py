@@ -14,18 +14,25 @@ def test_quickstart_code_runs_prunes_and_prints_what_the_readme_shows():
   end = text.index('```', start)
   code = text[start:end]
   shown_start = text.index('```\n', end + 3) + len('```\n')
-  shown = text[shown_start:text.index('```', shown_start)]
+  shown = text[shown_start : text.index('```', shown_start)]
   namespace = {}
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     exec(compile(code, 'README.md', 'exec'), namespace)  # noqa: S102
   assert out.getvalue() == shown
   import jaxprune
+
   masks = jaxprune.get_masks(namespace['opt_state'])
-  kept = {f'{layer}/kernel': int(masks[layer]['kernel'].sum()) for layer in masks
-          if masks[layer]['kernel'] is not None}
+  kept = {
+    f'{layer}/kernel': int(masks[layer]['kernel'].sum())
+    for layer in masks
+    if masks[layer]['kernel'] is not None
+  }
   # The exact rule keeps round(N * (1 - s)) weights of each kernel: the targets exactly.
   assert kept == {'layers_0/kernel': 1920, 'layers_2/kernel': 3000, 'layers_4/kernel': 500}
   sparsity = jaxprune.get_weight_sparsity(namespace['params'])
   assert {k: int(round(float(v) * 1000)) for k, v in sparsity.items()} == {
-      'layers_0/kernel': 900, 'layers_2/kernel': 900, 'layers_4/kernel': 500}
+    'layers_0/kernel': 900,
+    'layers_2/kernel': 900,
+    'layers_4/kernel': 500,
+  }

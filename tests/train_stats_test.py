@@ -12,9 +12,11 @@ from jaxprune.train._step import create_train_state
 
 def _params():
   keys = jax.random.split(jax.random.key(0), 3)
-  return {'Dense_0': {'kernel': jax.random.normal(keys[0], (8, 6)), 'bias': jnp.ones(6)},
-          'Dense_1': {'kernel': jax.random.normal(keys[1], (8, 4))},
-          'Dense_2': {'kernel': jax.random.normal(keys[2], (4, 3))}}
+  return {
+    'Dense_0': {'kernel': jax.random.normal(keys[0], (8, 6)), 'bias': jnp.ones(6)},
+    'Dense_1': {'kernel': jax.random.normal(keys[1], (8, 4))},
+    'Dense_2': {'kernel': jax.random.normal(keys[2], (4, 3))},
+  }
 
 
 def _state(hparams):
@@ -24,8 +26,9 @@ def _state(hparams):
 
 def test_resolved_blocks_nm_and_map_targets():
   hparams = jaxprune.parse_hparams(
-      'target_sparsity=0.75,block_dims_map=[Dense_0/kernel:-1x2],'
-      'nm_sparsity_map=[Dense_1/kernel:2:4],weight_sparsity_map=[Dense_2/kernel:0.5]')
+    'target_sparsity=0.75,block_dims_map=[Dense_0/kernel:-1x2],'
+    'nm_sparsity_map=[Dense_1/kernel:2:4],weight_sparsity_map=[Dense_2/kernel:0.5]'
+  )
   reports = {r.name: r for r in stats.leaf_reports(_state(hparams), hparams)}
   assert list(reports) == ['Dense_0/kernel', 'Dense_1/kernel', 'Dense_2/kernel']
   # -1 is the whole first dimension of the (8, 6) kernel: blocks of 8x2.
@@ -45,7 +48,8 @@ def test_no_reports_without_pruning():
 
 @pytest.mark.parametrize('method', ['histogram', 'exact'])
 def test_global_pruning_targets_are_the_shared_one(method):
-  hparams = jaxprune.parse_hparams(f'target_sparsity=0.6,global_pruning=true,'
-                                   f'threshold_method={method}')
+  hparams = jaxprune.parse_hparams(
+    f'target_sparsity=0.6,global_pruning=true,threshold_method={method}'
+  )
   reports = stats.leaf_reports(_state(hparams), hparams)
   assert [r.target for r in reports] == [0.6, 0.6, 0.6]

@@ -23,9 +23,15 @@ from jaxprune.train import _workdir as workdir
 
 
 def _config(**changes):
-  config = ml_collections.ConfigDict({
-      'name': 'run', 'num_steps': 100, 'eval_every': 10, 'seed': 0,
-      'pruning': {'target_sparsity': 0.9, 'weight_sparsity_map': ('',)}})
+  config = ml_collections.ConfigDict(
+    {
+      'name': 'run',
+      'num_steps': 100,
+      'eval_every': 10,
+      'seed': 0,
+      'pruning': {'target_sparsity': 0.9, 'weight_sparsity_map': ('',)},
+    }
+  )
   for key, value in changes.items():
     node = config
     *parents, leaf = key.split('.')
@@ -52,23 +58,28 @@ def test_config_is_recorded_then_checked_in_one_line(tmp_path):
   path = str(tmp_path)
   workdir.record_config(path, _config())
   assert _recorded(path)['pruning']['weight_sparsity_map'] == ['']
-  workdir.check_config(path, _config())              # same config: fine
+  workdir.check_config(path, _config())  # same config: fine
   workdir.check_config(path, _config(num_steps=300))  # longer run: fine
   with pytest.raises(IncompatibleWorkdirError) as err:
     workdir.check_config(
-        path, _config(**{'seed': 1, 'pruning.weight_sparsity_map': ('Dense_0:0.5',)}))
+      path, _config(**{'seed': 1, 'pruning.weight_sparsity_map': ('Dense_0:0.5',)})
+    )
   assert str(err.value) == (
-      f"--workdir={path!r} holds a run with a different config, so it cannot be resumed "
-      "(config.pruning.weight_sparsity_map: [''] in the saved run, ['Dense_0:0.5'] now; "
-      'config.seed: 0 in the saved run, 1 now). Pick a new --workdir (or restore the old '
-      'values) instead of overwriting that run.')
+    f'--workdir={path!r} holds a run with a different config, so it cannot be resumed '
+    "(config.pruning.weight_sparsity_map: [''] in the saved run, ['Dense_0:0.5'] now; "
+    'config.seed: 0 in the saved run, 1 now). Pick a new --workdir (or restore the old '
+    'values) instead of overwriting that run.'
+  )
   assert _recorded(path)['seed'] == 0
 
 
 def test_an_unreadable_config_json_is_reported_and_skipped(tmp_path):
   (tmp_path / 'config.json').write_text('{"seed": 0, "na')  # cut short outside the job
-  with pytest.warns(UserWarning, match='config.json is unreadable .*; checking the run against '
-                                       'the config stored in its newest checkpoint instead'):
+  with pytest.warns(
+    UserWarning,
+    match='config.json is unreadable .*; checking the run against '
+    'the config stored in its newest checkpoint instead',
+  ):
     assert workdir.read_config(str(tmp_path)) is None
   (tmp_path / 'config.json').write_text('[1, 2]')
   with pytest.warns(UserWarning, match='expected a JSON object, found list'):
@@ -96,24 +107,36 @@ def test_record_config_survives_a_full_disk(tmp_path):
   assert _recorded(str(tmp_path))['num_steps'] == 100
 
 
-@pytest.mark.parametrize('error, code', [
+@pytest.mark.parametrize(
+  'error, code',
+  [
     (OSError(errno.ENOSPC, 'No space left on device'), errno.ENOSPC),
     (OSError(errno.EDQUOT, 'Disk quota exceeded'), errno.EDQUOT),
-    (ValueError('OUT_OF_RANGE: Error writing "params.k/0.0" in OCDBT database: Failed to write '
-                "54186 bytes to file 7: File too large [os_error_code='27']"), errno.EFBIG),
+    (
+      ValueError(
+        'OUT_OF_RANGE: Error writing "params.k/0.0" in OCDBT database: Failed to write '
+        "54186 bytes to file 7: File too large [os_error_code='27']"
+      ),
+      errno.EFBIG,
+    ),
     (OSError(errno.ENOENT, 'No such file'), None),
     (ValueError('a bug'), None),
-])
+  ],
+)
 def test_storage_errors_are_told_from_bugs(error, code):
   assert files.storage_errno(error) == code
 
 
 def test_writing_turns_storage_errors_into_one_line(tmp_path):
-  with pytest.raises(StorageError) as err, files.writing('the report', 'runs/x/report.txt',
-                                                         'free some space'):
+  with (
+    pytest.raises(StorageError) as err,
+    files.writing('the report', 'runs/x/report.txt', 'free some space'),
+  ):
     raise OSError(errno.ENOSPC, 'No space left on device')
-  assert str(err.value) == ('cannot write the report to runs/x/report.txt: No space left on '
-                            'device [errno 28]; free some space.')
+  assert str(err.value) == (
+    'cannot write the report to runs/x/report.txt: No space left on '
+    'device [errno 28]; free some space.'
+  )
   with pytest.raises(KeyError), files.writing('the report', 'r', 'x'):
     raise KeyError('a bug keeps its traceback')
 
@@ -124,8 +147,9 @@ def test_a_second_run_in_a_locked_workdir_is_refused(tmp_path):
     with pytest.raises(WorkdirBusyError) as err, files.locked(path):
       pass
     assert str(err.value) == (
-        f'--workdir={path!r} is in use by another jaxprune-train run (pid {os.getpid()}); '
-        'wait for it to end, or give this run another --workdir.')
+      f'--workdir={path!r} is in use by another jaxprune-train run (pid {os.getpid()}); '
+      'wait for it to end, or give this run another --workdir.'
+    )
   with files.locked(path):  # released when the first run ended
     pass
 
@@ -133,13 +157,20 @@ def test_a_second_run_in_a_locked_workdir_is_refused(tmp_path):
 def test_the_lock_goes_with_a_killed_process(tmp_path):
   path = str(tmp_path / 'run')
   holder = subprocess.Popen(
-      [sys.executable, '-c', textwrap.dedent(f'''
+    [
+      sys.executable,
+      '-c',
+      textwrap.dedent(f"""
           import sys, time
           from jaxprune.train import _files as files
           with files.locked({path!r}):
             print('locked', flush=True)
             time.sleep(60)
-          ''')], stdout=subprocess.PIPE, text=True)
+          """),
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   try:
     assert holder.stdout.readline() == 'locked\n'
     with pytest.raises(WorkdirBusyError, match=f'pid {holder.pid}'), files.locked(path):
@@ -164,6 +195,7 @@ def test_a_run_saved_before_a_field_existed_resumes_at_its_default(tmp_path):
   """config.channels came after runs were saved: absent there and at its default
   (disabled) now, it is no difference; set to anything else, it is one."""
   from jaxprune.train import _defaults as defaults
+
   path = str(tmp_path)
   old = workdir.config_to_json(defaults.get_config())
   del old['channels']

@@ -23,8 +23,9 @@ FIX = r'Put pruning last: optax\.chain\(optax\.adam\(lr\), jaxprune\.pruning\(hp
 def _hparams():
   # Updates at steps 0, 10, 20: 0% at step 0, then 25% at 10 and 50% at 20.
   return jaxprune.parse_hparams(
-      'begin_pruning_step=0,end_pruning_step=20,pruning_frequency=10,target_sparsity=0.5,'
-      'sparsity_function_end_step=20,weight_name_regex=kernel,threshold_method=exact')
+    'begin_pruning_step=0,end_pruning_step=20,pruning_frequency=10,target_sparsity=0.5,'
+    'sparsity_function_end_step=20,weight_name_regex=kernel,threshold_method=exact'
+  )
 
 
 def _train(tx, steps=21):
@@ -50,8 +51,9 @@ def _zeros(params):
   return float(jnp.mean(params['Dense_0']['kernel'] == 0))
 
 
-@pytest.mark.parametrize('optimizer', [optax.adam(1e-2), optax.sgd(1e-2, momentum=0.9)],
-                         ids=['adam', 'sgd_momentum'])
+@pytest.mark.parametrize(
+  'optimizer', [optax.adam(1e-2), optax.sgd(1e-2, momentum=0.9)], ids=['adam', 'sgd_momentum']
+)
 def test_pruning_before_the_optimizer_is_counted_and_warned(optimizer):
   params, state = _train(optax.chain(jaxprune.pruning(_hparams()), optimizer))
   pruning_state = jaxprune.find_pruning_state(state)
@@ -71,10 +73,13 @@ def test_pruning_before_the_optimizer_is_counted_and_warned(optimizer):
 @pytest.mark.parametrize('form', ['chain', 'pruned', 'multisteps'])
 def test_pruning_last_counts_nothing_and_stays_quiet(form):
   hparams = _hparams()
-  tx = {'chain': lambda: optax.chain(optax.adam(1e-2), jaxprune.pruning(hparams)),
-        'pruned': lambda: jaxprune.pruned(optax.adam(1e-2), hparams),
-        'multisteps': lambda: optax.MultiSteps(
-            optax.chain(optax.adam(1e-2), jaxprune.pruning(hparams)), 2)}[form]()
+  tx = {
+    'chain': lambda: optax.chain(optax.adam(1e-2), jaxprune.pruning(hparams)),
+    'pruned': lambda: jaxprune.pruned(optax.adam(1e-2), hparams),
+    'multisteps': lambda: optax.MultiSteps(
+      optax.chain(optax.adam(1e-2), jaxprune.pruning(hparams)), 2
+    ),
+  }[form]()
   params, state = _train(tx, steps=42 if form == 'multisteps' else 21)
   pruning_state = jaxprune.find_pruning_state(state)
   assert int(pruning_state.last_update_step) == 20
@@ -107,6 +112,7 @@ class _HalfMasked:
       if not jaxprune.leaf_name(path).endswith('kernel'):
         return None
       return jnp.ones(leaf.shape, bool).at[0].set(False)
+
     masks = jax.tree_util.tree_map_with_path(mask, params)
     return masks, {'unused': jnp.zeros((), jnp.float32)}
 

@@ -48,9 +48,12 @@ ONE_SHOT = dict(pruning_frequency=1, sparsity_function_end_step=1)
 
 def test_accessors_on_state_and_chain_state():
   hparams = _hparams(name='prune', target_sparsity=0.5, **ONE_SHOT)
-  params = {'Dense_0': {'kernel': jnp.asarray(np.linspace(1, 100, 100).reshape(10, 10),
-                                              jnp.float32),
-                        'bias': jnp.arange(10, dtype=jnp.float32)}}
+  params = {
+    'Dense_0': {
+      'kernel': jnp.asarray(np.linspace(1, 100, 100).reshape(10, 10), jnp.float32),
+      'bias': jnp.arange(10, dtype=jnp.float32),
+    }
+  }
   tx = optax.chain(optax.sgd(0.0), jaxprune.pruning(hparams))
   opt_state = _one_update(tx, params)
   state = opt_state[1]
@@ -67,13 +70,18 @@ def test_accessors_on_state_and_chain_state():
     assert jaxprune.get_weight_sparsity(source) == {'Dense_0/kernel': 0.5}
     summary = jaxprune.summaries(source, hparams)
     assert {k: float(v) for k, v in summary.items()} == {
-        'prune/sparsity': 0.5, 'prune/last_mask_update_step': 1.0, 'prune/nonfinite_skips': 0.0,
-        'prune/moved_updates': 0.0,
-        'Dense_0/kernel/sparsity': 0.5, 'Dense_0/kernel/threshold': 50.0}
+      'prune/sparsity': 0.5,
+      'prune/last_mask_update_step': 1.0,
+      'prune/nonfinite_skips': 0.0,
+      'prune/moved_updates': 0.0,
+      'Dense_0/kernel/sparsity': 0.5,
+      'Dense_0/kernel/threshold': 50.0,
+    }
     assert 'model_pruning/sparsity' in jaxprune.summaries(source)
     masked = jaxprune.apply_masks(params, source)
-    np.testing.assert_array_equal(masked['Dense_0']['kernel'],
-                                  np.where(expected_mask, params['Dense_0']['kernel'], 0.0))
+    np.testing.assert_array_equal(
+      masked['Dense_0']['kernel'], np.where(expected_mask, params['Dense_0']['kernel'], 0.0)
+    )
     np.testing.assert_array_equal(masked['Dense_0']['bias'], params['Dense_0']['bias'])
   assert jaxprune.get_weight_sparsity(masked) == {'Dense_0/kernel': 0.5}
 
@@ -96,20 +104,28 @@ def test_update_without_params_raises():
 
 
 def test_prune_filter_replaces_regex():
-  params = {'conv': {'w': jnp.asarray(_dyadic((6, 10), 0), jnp.float32)},
-            'Dense_0': {'kernel': jnp.asarray(_dyadic((6, 10), 1), jnp.float32)}}
-  tx = jaxprune.pruning(_hparams(threshold_method='exact', **ONE_SHOT),
-                        prune_filter=lambda name, leaf: name.endswith('/w'))
+  params = {
+    'conv': {'w': jnp.asarray(_dyadic((6, 10), 0), jnp.float32)},
+    'Dense_0': {'kernel': jnp.asarray(_dyadic((6, 10), 1), jnp.float32)},
+  }
+  tx = jaxprune.pruning(
+    _hparams(threshold_method='exact', **ONE_SHOT),
+    prune_filter=lambda name, leaf: name.endswith('/w'),
+  )
   state = _one_update(tx, params)
   assert state.masks['Dense_0']['kernel'] is None
   magnitudes = np.abs(np.asarray(params['conv']['w']))
-  np.testing.assert_array_equal(state.masks['conv']['w'],
-                                magnitudes >= np.sort(magnitudes.ravel())[::-1][30 - 1])
+  np.testing.assert_array_equal(
+    state.masks['conv']['w'], magnitudes >= np.sort(magnitudes.ravel())[::-1][30 - 1]
+  )
 
 
 def test_default_filter_skips_vectors_and_other_names():
-  params = {'a': {'kernel': jnp.ones((5,))}, 'b': {'embedding': jnp.ones((3, 4))},
-            'c': {'scale': jnp.ones((3, 4))}}
+  params = {
+    'a': {'kernel': jnp.ones((5,))},
+    'b': {'embedding': jnp.ones((3, 4))},
+    'c': {'scale': jnp.ones((3, 4))},
+  }
   state = jaxprune.pruning(_hparams()).init(params)
   assert state.masks['a']['kernel'] is None and state.masks['c']['scale'] is None
   assert state.masks['b']['embedding'].shape == (3, 4)
@@ -136,10 +152,16 @@ def test_unused_map_entry_warns_at_init_only():
 def test_minus_one_block_dims_resolved_per_variable():
   # '-1' is each kernel's own height: whole columns are pruned in both (TF gave the
   # second kernel the first one's height, 4, splitting its columns in halves).
-  params = {'a': {'kernel': jnp.asarray(_dyadic((4, 6), 0).reshape(4, 6), jnp.float32)},
-            'b': {'kernel': jnp.asarray(_dyadic((8, 3), 1).reshape(8, 3), jnp.float32)}}
-  hparams = _hparams(block_dims_map=['kernel:-1x1'], threshold_method='exact',
-                     block_pooling_function='MAX', **ONE_SHOT)
+  params = {
+    'a': {'kernel': jnp.asarray(_dyadic((4, 6), 0).reshape(4, 6), jnp.float32)},
+    'b': {'kernel': jnp.asarray(_dyadic((8, 3), 1).reshape(8, 3), jnp.float32)},
+  }
+  hparams = _hparams(
+    block_dims_map=['kernel:-1x1'],
+    threshold_method='exact',
+    block_pooling_function='MAX',
+    **ONE_SHOT,
+  )
   state = _one_update(jaxprune.pruning(hparams), params)
   for name, width in (('a', 6), ('b', 3)):
     weights = np.asarray(params[name]['kernel'])
@@ -153,14 +175,16 @@ def test_minus_one_block_dims_resolved_per_variable():
 @pytest.mark.parametrize('method', ['histogram', 'exact'])
 def test_global_pruning_one_threshold_over_all_leaves(method):
   rng = np.random.default_rng(5)
-  params = {'Dense_0': {'kernel': jnp.asarray(rng.standard_normal((8, 12)), jnp.float32)},
-            'Dense_1': {'kernel': jnp.asarray(3 * rng.standard_normal((12, 4)), jnp.float32)}}
-  hparams = _hparams(global_pruning=True, target_sparsity=0.7, threshold_method=method,
-                     **ONE_SHOT)
+  params = {
+    'Dense_0': {'kernel': jnp.asarray(rng.standard_normal((8, 12)), jnp.float32)},
+    'Dense_1': {'kernel': jnp.asarray(3 * rng.standard_normal((12, 4)), jnp.float32)},
+  }
+  hparams = _hparams(global_pruning=True, target_sparsity=0.7, threshold_method=method, **ONE_SHOT)
   state = _one_update(jaxprune.pruning(hparams), params)
   magnitudes = [np.abs(np.asarray(params[k]['kernel'])) for k in ('Dense_0', 'Dense_1')]
   threshold, _ = references.threshold_and_mask(
-      np.concatenate([m.ravel() for m in magnitudes]), F32(0.7), 256, method)
+    np.concatenate([m.ravel() for m in magnitudes]), F32(0.7), 256, method
+  )
   thresholds = jaxprune.get_thresholds(state)
   for layer, magnitude in zip(('Dense_0', 'Dense_1'), magnitudes, strict=True):
     assert thresholds[f'{layer}/kernel'] == threshold
@@ -170,20 +194,27 @@ def test_global_pruning_one_threshold_over_all_leaves(method):
 
 def test_nm_sparsity_global_and_per_regex():
   rng = np.random.default_rng(6)
-  params = {'Dense_0': {'kernel': jnp.asarray(rng.standard_normal((8, 6)), jnp.float32)},
-            'Dense_1': {'kernel': jnp.asarray(rng.standard_normal((12, 4)), jnp.float32)}}
+  params = {
+    'Dense_0': {'kernel': jnp.asarray(rng.standard_normal((8, 6)), jnp.float32)},
+    'Dense_1': {'kernel': jnp.asarray(rng.standard_normal((12, 4)), jnp.float32)},
+  }
   state = _one_update(jaxprune.pruning(_hparams(nm_sparsity='2:4', **ONE_SHOT)), params)
   for layer in ('Dense_0', 'Dense_1'):
-    np.testing.assert_array_equal(state.masks[layer]['kernel'],
-                                  references.nm_mask(np.asarray(params[layer]['kernel']), 2, 4))
-  hparams = _hparams(nm_sparsity_map=['Dense_0:1:4'], threshold_method='exact',
-                     target_sparsity=0.25, **ONE_SHOT)
+    np.testing.assert_array_equal(
+      state.masks[layer]['kernel'], references.nm_mask(np.asarray(params[layer]['kernel']), 2, 4)
+    )
+  hparams = _hparams(
+    nm_sparsity_map=['Dense_0:1:4'], threshold_method='exact', target_sparsity=0.25, **ONE_SHOT
+  )
   state = _one_update(jaxprune.pruning(hparams), params)
-  np.testing.assert_array_equal(state.masks['Dense_0']['kernel'],
-                                references.nm_mask(np.asarray(params['Dense_0']['kernel']), 1, 4))
+  np.testing.assert_array_equal(
+    state.masks['Dense_0']['kernel'],
+    references.nm_mask(np.asarray(params['Dense_0']['kernel']), 1, 4),
+  )
   magnitudes = np.abs(np.asarray(params['Dense_1']['kernel']))
-  np.testing.assert_array_equal(state.masks['Dense_1']['kernel'],
-                                magnitudes >= np.sort(magnitudes.ravel())[::-1][36 - 1])
+  np.testing.assert_array_equal(
+    state.masks['Dense_1']['kernel'], magnitudes >= np.sort(magnitudes.ravel())[::-1][36 - 1]
+  )
 
 
 def test_nm_input_axis_not_divisible_raises():
@@ -197,13 +228,17 @@ def test_nm_input_axis_not_divisible_raises():
 # so pruned weights are never zeroed and the moved-weights check warns, as it should.
 @pytest.mark.filterwarnings('ignore:jaxprune.*no longer zero:UserWarning')
 def test_nonfinite_and_zero_leaves_keep_masks_and_count_skips():
-  hparams = _hparams(threshold_method='exact', pruning_frequency=1, sparsity_function_end_step=4,
-                     target_sparsity=0.5)
+  hparams = _hparams(
+    threshold_method='exact', pruning_frequency=1, sparsity_function_end_step=4, target_sparsity=0.5
+  )
   rng = np.random.default_rng(7)
   finite = rng.standard_normal((6, 10)).astype(F32)
   broken = rng.standard_normal((6, 10)).astype(F32)
-  params = {'bad': {'kernel': jnp.asarray(broken)}, 'good': {'kernel': jnp.asarray(finite)},
-            'zero': {'kernel': jnp.zeros((6, 10))}}
+  params = {
+    'bad': {'kernel': jnp.asarray(broken)},
+    'good': {'kernel': jnp.asarray(finite)},
+    'zero': {'kernel': jnp.zeros((6, 10))},
+  }
   tx = jaxprune.pruning(hparams)
   update = jax.jit(tx.update)
   state = tx.init(params)
@@ -224,8 +259,9 @@ def test_nonfinite_and_zero_leaves_keep_masks_and_count_skips():
     assert np.asarray(state.masks['zero']['kernel']).all()
   # The finite leaf still followed the schedule to its target.
   magnitudes = np.abs(finite)
-  np.testing.assert_array_equal(state.masks['good']['kernel'],
-                                magnitudes >= np.sort(magnitudes.ravel())[::-1][30 - 1])
+  np.testing.assert_array_equal(
+    state.masks['good']['kernel'], magnitudes >= np.sort(magnitudes.ravel())[::-1][30 - 1]
+  )
   assert int(jaxprune.summaries(state)['model_pruning/nonfinite_skips']) == 2
 
 
@@ -246,10 +282,14 @@ def test_hparams_by_keyword_equal_the_config():
   defaults, or over a given config, as a ConfigDict with those fields would give."""
   import optax
 
-  params = {'Dense_0': {'kernel': jnp.asarray(np.random.default_rng(0).standard_normal((8, 8)),
-                                              jnp.float32)}}
-  config = jaxprune.parse_hparams('target_sparsity=0.75,pruning_frequency=1,'
-                                  'sparsity_function_end_step=1,threshold_method=exact')
+  params = {
+    'Dense_0': {
+      'kernel': jnp.asarray(np.random.default_rng(0).standard_normal((8, 8)), jnp.float32)
+    }
+  }
+  config = jaxprune.parse_hparams(
+    'target_sparsity=0.75,pruning_frequency=1,sparsity_function_end_step=1,threshold_method=exact'
+  )
 
   def masks(tx):
     state = tx.init(params)
@@ -259,13 +299,25 @@ def test_hparams_by_keyword_equal_the_config():
 
   expected = masks(jaxprune.pruning(config))
   assert expected.sum() == 16
-  fields = dict(target_sparsity=0.75, pruning_frequency=1, sparsity_function_end_step=1,
-                threshold_method='exact')
+  fields = dict(
+    target_sparsity=0.75,
+    pruning_frequency=1,
+    sparsity_function_end_step=1,
+    threshold_method='exact',
+  )
   np.testing.assert_array_equal(masks(jaxprune.pruning(**fields)), expected)
   np.testing.assert_array_equal(
-      masks(jaxprune.pruned(optax.sgd(0.0), 'target_sparsity=0.5,threshold_method=exact',
-                            target_sparsity=0.75, pruning_frequency=1,
-                            sparsity_function_end_step=1)), expected)
+    masks(
+      jaxprune.pruned(
+        optax.sgd(0.0),
+        'target_sparsity=0.5,threshold_method=exact',
+        target_sparsity=0.75,
+        pruning_frequency=1,
+        sparsity_function_end_step=1,
+      )
+    ),
+    expected,
+  )
   with pytest.raises(ValueError, match="did you mean 'target_sparsity'"):
     jaxprune.pruning(target_sparisty=0.8)
   with pytest.raises(ValueError, match=r'target_sparsity=1.2: must be in \[0, 1\)'):

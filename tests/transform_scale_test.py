@@ -24,9 +24,13 @@ def _hparams(**overrides):
 
 
 def _layer(rng, scale):
-  return {'attn': {'kernel': (scale * rng.standard_normal((16, 24))).astype(F32)},
-          'mlp': {'kernel': (scale * rng.standard_normal((24, 32))).astype(F32),
-                  'bias': rng.standard_normal(32).astype(F32)}}
+  return {
+    'attn': {'kernel': (scale * rng.standard_normal((16, 24))).astype(F32)},
+    'mlp': {
+      'kernel': (scale * rng.standard_normal((24, 32))).astype(F32),
+      'bias': rng.standard_normal(32).astype(F32),
+    },
+  }
 
 
 def _trees():
@@ -34,10 +38,11 @@ def _trees():
   rng = np.random.default_rng(0)
   # Layers of different scales: one threshold across layers would prune them unevenly.
   layers = [_layer(rng, scale) for scale in (0.5, 1.0, 2.0)]
-  unstacked = {'h': {str(i): layer for i, layer in enumerate(layers)},
-               'head': {'kernel': rng.standard_normal((32, 10)).astype(F32)}}
-  stacked = {'h': jax.tree.map(lambda *xs: np.stack(xs), *layers),
-             'head': unstacked['head']}
+  unstacked = {
+    'h': {str(i): layer for i, layer in enumerate(layers)},
+    'head': {'kernel': rng.standard_normal((32, 10)).astype(F32)},
+  }
+  stacked = {'h': jax.tree.map(lambda *xs: np.stack(xs), *layers), 'head': unstacked['head']}
   return jax.tree.map(jnp.asarray, unstacked), jax.tree.map(jnp.asarray, stacked)
 
 
@@ -45,10 +50,17 @@ def _grads(steps, seed=1):
   """Random gradients for both layouts: the stacked ones are the unstacked ones stacked."""
   unstacked, _ = _trees()
   rng = np.random.default_rng(seed)
-  flat = [jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), unstacked)
-          for _ in range(steps)]
-  deep = [{'h': jax.tree.map(lambda *xs: jnp.stack(xs), *[g['h'][str(i)] for i in range(LAYERS)]),
-           'head': g['head']} for g in flat]
+  flat = [
+    jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), unstacked)
+    for _ in range(steps)
+  ]
+  deep = [
+    {
+      'h': jax.tree.map(lambda *xs: jnp.stack(xs), *[g['h'][str(i)] for i in range(LAYERS)]),
+      'head': g['head'],
+    }
+    for g in flat
+  ]
   return flat, deep
 
 
@@ -68,27 +80,36 @@ def _run(hparams, params, grads):
 
 def _unstack(tree):
   """A stacked tree's 'h' leaves split back into per-layer leaves."""
-  return {'h': {str(i): jax.tree.map(lambda x, i=i: x[i], tree['h']) for i in range(LAYERS)},
-          'head': tree['head']}
+  return {
+    'h': {str(i): jax.tree.map(lambda x, i=i: x[i], tree['h']) for i in range(LAYERS)},
+    'head': tree['head'],
+  }
 
 
-@pytest.mark.parametrize('overrides', [
+@pytest.mark.parametrize(
+  'overrides',
+  [
     {},
     {'threshold_method': 'exact'},
     {'block_dims_map': ['mlp/kernel:4x2']},
     {'weight_sparsity_map': ['attn:0.6', 'mlp:0.8'], 'threshold_decay': 0.5},
     {'nm_sparsity_map': ['attn/kernel:1:4']},
-], ids=['histogram', 'exact', 'blocks', 'maps_decay', 'nm'])
+  ],
+  ids=['histogram', 'exact', 'blocks', 'maps_decay', 'nm'],
+)
 def test_stacked_layers_equal_unstacked_bit_for_bit(overrides):
   unstacked, stacked = _trees()
-  common = dict(pruning_frequency=1, sparsity_function_end_step=3, target_sparsity=0.7,
-                **overrides)
+  common = dict(pruning_frequency=1, sparsity_function_end_step=3, target_sparsity=0.7, **overrides)
   flat_grads, deep_grads = _grads(4)
   flat_params, flat_state = _run(_hparams(**common), unstacked, flat_grads)
   deep_params, deep_state = _run(_hparams(layer_axes_map=['h/:1'], **common), stacked, deep_grads)
   jax.tree.map(np.testing.assert_array_equal, _unstack(deep_params), flat_params)
-  jax.tree.map(np.testing.assert_array_equal, _unstack(deep_state.masks), flat_state.masks,
-               is_leaf=lambda x: x is None)
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    _unstack(deep_state.masks),
+    flat_state.masks,
+    is_leaf=lambda x: x is None,
+  )
   if 'nm_sparsity_map' not in overrides:
     for name in ('attn', 'mlp'):
       per_layer = [flat_state.thresholds['h'][str(i)][name]['kernel'] for i in range(LAYERS)]
@@ -100,19 +121,25 @@ def test_stacked_leaf_gets_one_threshold_per_layer():
   state = jaxprune.pruning(_hparams(layer_axes_map=['h/:1'])).init(stacked)
   assert state.thresholds['h']['mlp']['kernel'].shape == (LAYERS,)
   assert state.thresholds['head']['kernel'].shape == ()
-  with pytest.raises(ValueError, match="layer_axes_map entry h/:x"):
+  with pytest.raises(ValueError, match='layer_axes_map entry h/:x'):
     jaxprune.parse_hparams('layer_axes_map=[h/:x]')
 
 
 def test_global_pruning_over_stacked_layers_is_one_threshold():
   unstacked, stacked = _trees()
-  common = dict(pruning_frequency=1, sparsity_function_end_step=1, target_sparsity=0.5,
-                global_pruning=True, threshold_method='exact')
+  common = dict(
+    pruning_frequency=1,
+    sparsity_function_end_step=1,
+    target_sparsity=0.5,
+    global_pruning=True,
+    threshold_method='exact',
+  )
   flat_grads, deep_grads = _grads(2)
   _, flat = _run(_hparams(**common), unstacked, flat_grads)
   _, deep = _run(_hparams(layer_axes_map=['h/:1'], **common), stacked, deep_grads)
-  jax.tree.map(np.testing.assert_array_equal, _unstack(deep.masks), flat.masks,
-               is_leaf=lambda x: x is None)
+  jax.tree.map(
+    np.testing.assert_array_equal, _unstack(deep.masks), flat.masks, is_leaf=lambda x: x is None
+  )
   thresholds = np.asarray(deep.thresholds['h']['mlp']['kernel'])
   assert (thresholds == thresholds[0]).all()
 
@@ -121,8 +148,14 @@ def test_bfloat16_masks_threshold_the_stored_weights():
   rng = np.random.default_rng(3)
   params = {'d': {'kernel': jnp.asarray(rng.standard_normal((64, 64)), jnp.bfloat16)}}
   updates = {'d': {'kernel': jnp.asarray(1e-3 * rng.standard_normal((64, 64)), jnp.float32)}}
-  tx = jaxprune.pruning(_hparams(pruning_frequency=1, sparsity_function_end_step=1,
-                                 target_sparsity=0.8, threshold_method='exact'))
+  tx = jaxprune.pruning(
+    _hparams(
+      pruning_frequency=1,
+      sparsity_function_end_step=1,
+      target_sparsity=0.8,
+      threshold_method='exact',
+    )
+  )
   state = tx.init(params)
   step = jax.jit(tx.update)
   _, state = step(jax.tree.map(jnp.zeros_like, updates), state, params)
@@ -139,8 +172,15 @@ def test_params_source_thresholds_the_weights_the_step_starts_from():
   rng = np.random.default_rng(4)
   w = rng.standard_normal((10, 10)).astype(F32)
   params = {'layer': {'kernel': jnp.asarray(w)}}
-  tx = jaxprune.pruning(_hparams(pruning_frequency=1, sparsity_function_end_step=1,
-                                 target_sparsity=0.5, nbins=100, mask_source='params'))
+  tx = jaxprune.pruning(
+    _hparams(
+      pruning_frequency=1,
+      sparsity_function_end_step=1,
+      target_sparsity=0.5,
+      nbins=100,
+      mask_source='params',
+    )
+  )
   state = tx.init(params)
   grads = {'layer': {'kernel': jnp.asarray(rng.standard_normal((10, 10)), jnp.float32)}}
   step = jax.jit(tx.update)
@@ -161,10 +201,15 @@ def _while_loops(hparams, leaves):
   return len(re.findall(r'stablehlo\.while', text))
 
 
-@pytest.mark.parametrize('overrides', [
-    {}, {'threshold_method': 'exact'}, {'global_pruning': True},
+@pytest.mark.parametrize(
+  'overrides',
+  [
+    {},
+    {'threshold_method': 'exact'},
+    {'global_pruning': True},
     {'block_dims_map': ['layer_1:2x2']},
-])
+  ],
+)
 def test_compiled_loops_do_not_grow_with_the_number_of_leaves(overrides):
   hparams = _hparams(**overrides)
   assert _while_loops(hparams, 2) == _while_loops(hparams, 12)

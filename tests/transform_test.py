@@ -31,10 +31,14 @@ def _hparams(**overrides):
 def _params(seed=0):
   rng = np.random.default_rng(seed)
   return {
-      'Dense_0': {'kernel': jnp.asarray(rng.standard_normal((8, 12)), jnp.float32),
-                  'bias': jnp.asarray(rng.standard_normal(12), jnp.float32)},
-      'Dense_1': {'kernel': jnp.asarray(rng.standard_normal((12, 4)), jnp.float32),
-                  'bias': jnp.asarray(rng.standard_normal(4), jnp.float32)},
+    'Dense_0': {
+      'kernel': jnp.asarray(rng.standard_normal((8, 12)), jnp.float32),
+      'bias': jnp.asarray(rng.standard_normal(12), jnp.float32),
+    },
+    'Dense_1': {
+      'kernel': jnp.asarray(rng.standard_normal((12, 4)), jnp.float32),
+      'bias': jnp.asarray(rng.standard_normal(4), jnp.float32),
+    },
   }
 
 
@@ -43,8 +47,12 @@ def _grads(params, rng):
 
 
 def _linspace_params():
-  return {'Dense_0': {'kernel': jnp.asarray(np.linspace(1, 100, 100).reshape(10, 10), jnp.float32),
-                      'bias': jnp.ones(10, jnp.float32)}}
+  return {
+    'Dense_0': {
+      'kernel': jnp.asarray(np.linspace(1, 100, 100).reshape(10, 10), jnp.float32),
+      'bias': jnp.ones(10, jnp.float32),
+    }
+  }
 
 
 def _callback_primitives(jaxpr):
@@ -83,15 +91,20 @@ def test_jitted_run_compiles_once_without_host_sync():
   assert _callback_primitives(jaxpr.jaxpr) == []
 
 
-@pytest.mark.parametrize('optimizer', [
+@pytest.mark.parametrize(
+  'optimizer',
+  [
     optax.adam(1e-2),
     optax.sgd(0.05, momentum=0.9),
     optax.adamw(1e-2, weight_decay=0.1),
-], ids=['adam', 'sgd_momentum', 'adamw'])
+  ],
+  ids=['adam', 'sgd_momentum', 'adamw'],
+)
 def test_pruned_weights_zero_and_kept_weights_equal_optimizer_alone(optimizer):
   # Masks change every 2 steps until step 20, then stay frozen while training goes on.
-  hparams = _hparams(pruning_frequency=2, sparsity_function_end_step=16, target_sparsity=0.75,
-                     end_pruning_step=20)
+  hparams = _hparams(
+    pruning_frequency=2, sparsity_function_end_step=16, target_sparsity=0.75, end_pruning_step=20
+  )
   tx = optax.chain(optimizer, jaxprune.pruning(hparams))
   chain_update = helpers.jit_as_users_compile(tx.update)
   alone_update = helpers.jit_as_users_compile(optimizer.update)
@@ -143,8 +156,9 @@ def test_transform_follows_numpy_simulation(begin, frequency, end):
   # The transform alone (updates = grads), a sparsity_fn, random updates: a numpy
   # simulation of docs/explanation/semantics.md#gating, #histogram-thresholds and
   # #applying-the-masks gives every mask, threshold and weight.
-  hparams = _hparams(begin_pruning_step=begin, pruning_frequency=frequency,
-                     end_pruning_step=end, nbins=100)
+  hparams = _hparams(
+    begin_pruning_step=begin, pruning_frequency=frequency, end_pruning_step=end, nbins=100
+  )
   sparsity_fn = lambda step: jnp.minimum(0.06 * step, 0.9)
   tx = jaxprune.pruning(hparams, sparsity_fn=sparsity_fn)
   update = jax.jit(tx.update)
@@ -173,9 +187,14 @@ def test_transform_follows_numpy_simulation(begin, frequency, end):
 def test_polynomial_schedule_and_per_leaf_targets():
   # Without sparsity_fn the polynomial of docs/explanation/semantics.md#schedule drives each leaf
   # with its own target.
-  hparams = _hparams(pruning_frequency=1, sparsity_function_end_step=10, target_sparsity=0.5,
-                     weight_sparsity_map=['Dense_1/kernel:0.8'], threshold_method='exact',
-                     initial_sparsity=0.1)
+  hparams = _hparams(
+    pruning_frequency=1,
+    sparsity_function_end_step=10,
+    target_sparsity=0.5,
+    weight_sparsity_map=['Dense_1/kernel:0.8'],
+    threshold_method='exact',
+    initial_sparsity=0.1,
+  )
   tx = jaxprune.pruning(hparams)
   params = _params()
   state = tx.init(params)
@@ -185,10 +204,11 @@ def test_polynomial_schedule_and_per_leaf_targets():
     _, state = update(zeros, state, params)
     expected = {'Dense_0/kernel': 0.5, 'Dense_1/kernel': 0.8}
     progress = min(t / 10, 1.0)
-    assert float(state.sparsity) == pytest.approx(0.5 + (0.1 - 0.5) * (1 - progress) ** 3,
-                                                  rel=1e-6)
-    for name, kernel in (('Dense_0/kernel', params['Dense_0']['kernel']),
-                         ('Dense_1/kernel', params['Dense_1']['kernel'])):
+    assert float(state.sparsity) == pytest.approx(0.5 + (0.1 - 0.5) * (1 - progress) ** 3, rel=1e-6)
+    for name, kernel in (
+      ('Dense_0/kernel', params['Dense_0']['kernel']),
+      ('Dense_1/kernel', params['Dense_1']['kernel']),
+    ):
       target = expected[name]
       sparsity = target + (0.1 - target) * (1 - progress) ** 3
       if t == 0:  # no update at step 0 (docs/explanation/semantics.md#gating)
@@ -210,8 +230,7 @@ def test_params_unlike_init_name_the_leaf():
 
 
 def test_step_saturates_instead_of_wrapping():
-  hparams = helpers.hparams(pruning_frequency=2, target_sparsity=0.5,
-                            sparsity_function_end_step=2)
+  hparams = helpers.hparams(pruning_frequency=2, target_sparsity=0.5, sparsity_function_end_step=2)
   params = {'d': {'kernel': jnp.asarray(np.arange(1, 17, dtype=F32).reshape(4, 4))}}
   tx = jaxprune.pruning(hparams)
   top = hparams_lib.INT32_MAX

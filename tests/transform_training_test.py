@@ -51,7 +51,6 @@ def _accuracy(logits, labels):
 
 
 class LinenMLP(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     x = nn.relu(nn.Dense(64)(x))
@@ -73,6 +72,7 @@ def test_linen_mlp_reaches_targets():
     def loss_fn(params):
       logits = model.apply({'params': params}, x)
       return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
     grads = jax.grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
@@ -84,14 +84,18 @@ def test_linen_mlp_reaches_targets():
   thresholds = jaxprune.get_thresholds(opt_state)
   assert sorted(thresholds) == ['Dense_0/kernel', 'Dense_1/kernel', 'Dense_2/kernel']
   for layer, target in (('Dense_0', 0.8), ('Dense_1', 0.8), ('Dense_2', 0.5)):
-    _check_leaf(layer, params[layer]['kernel'], state.masks[layer]['kernel'],
-                thresholds[f'{layer}/kernel'], target)
+    _check_leaf(
+      layer,
+      params[layer]['kernel'],
+      state.masks[layer]['kernel'],
+      thresholds[f'{layer}/kernel'],
+      target,
+    )
     assert np.all(np.asarray(params[layer]['bias']) != 0)
   assert _accuracy(model.apply({'params': params}, x), y) > 0.9
 
 
 class NNXMLP(nnx.Module):
-
   def __init__(self, rngs: nnx.Rngs):
     self.linear1 = nnx.Linear(64, 64, rngs=rngs)
     self.linear2 = nnx.Linear(64, 10, rngs=rngs)
@@ -104,16 +108,19 @@ class NNXMLP(nnx.Module):
 def test_nnx_optimizer_reaches_targets(method):
   x, y = _digits()
   hparams = jaxprune.get_pruning_hparams()
-  hparams.update(target_sparsity=0.75, weight_sparsity_map=['linear2:0.6'],
-                 threshold_method=method, **SCHEDULE)
+  hparams.update(
+    target_sparsity=0.75, weight_sparsity_map=['linear2:0.6'], threshold_method=method, **SCHEDULE
+  )
   model = NNXMLP(nnx.Rngs(0))
-  optimizer = nnx.Optimizer(model, optax.chain(optax.adam(1e-2), jaxprune.pruning(hparams)),
-                            wrt=nnx.Param)
+  optimizer = nnx.Optimizer(
+    model, optax.chain(optax.adam(1e-2), jaxprune.pruning(hparams)), wrt=nnx.Param
+  )
 
   @nnx.jit
   def train_step(model, optimizer):
     def loss_fn(model):
       return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
     optimizer.update(model, nnx.grad(loss_fn)(model))
 
   for _ in range(STEPS):

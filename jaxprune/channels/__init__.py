@@ -9,16 +9,22 @@ then cut out of the model.
 """
 
 from jaxprune.channels._finish import (
-    Shrunk,
-    channel_masks,
-    masked_outputs,
-    masked_variables,
-    plan,
-    shrink,
+  Shrunk,
+  channel_masks,
+  masked_outputs,
+  masked_variables,
+  plan,
+  shrink,
 )
 from jaxprune.channels._rule import ChannelRule, leaf_masks
 
 __all__ = [
-    'ChannelRule', 'Shrunk', 'channel_masks', 'leaf_masks', 'masked_outputs', 'masked_variables',
-    'plan', 'shrink',
+  'ChannelRule',
+  'Shrunk',
+  'channel_masks',
+  'leaf_masks',
+  'masked_outputs',
+  'masked_variables',
+  'plan',
+  'shrink',
 ]

@@ -34,10 +34,13 @@ def _pruned_masks(rule: ChannelRule, state: Any) -> list[np.ndarray]:
   flat = jax.tree.leaves(masks, is_leaf=lambda x: x is None)
   layout = rule.layout
   if len(flat) != len(layout.names) or any(
-      (flat[i] is None) != (i not in layout.pruned) for i in range(len(flat))):
-    raise ValueError('channels: the pruning state was not made by this ChannelRule (its masks '
-                     'cover other leaves); pass the optimizer state of '
-                     'jaxprune.pruning(..., mask_rule=rule).')
+    (flat[i] is None) != (i not in layout.pruned) for i in range(len(flat))
+  ):
+    raise ValueError(
+      'channels: the pruning state was not made by this ChannelRule (its masks '
+      'cover other leaves); pass the optimizer state of '
+      'jaxprune.pruning(..., mask_rule=rule).'
+    )
   return [np.asarray(flat[i]) for i in layout.pruned]
 
 
@@ -57,9 +60,11 @@ def channel_masks(rule: ChannelRule, state: Any) -> dict[int, np.ndarray]:
   expected = leaf_masks(rule.layout, [jnp.asarray(k) for k in keeps])
   for index, mask, want in zip(rule.layout.pruned, masks, expected, strict=True):
     if not np.array_equal(mask, np.asarray(want)):
-      raise ValueError(f'channels: the mask of {rule.layout.names[index]!r} is not made of '
-                       'whole channels of this rule\'s groups; pass the optimizer state of '
-                       'jaxprune.pruning(..., mask_rule=rule).')
+      raise ValueError(
+        f'channels: the mask of {rule.layout.names[index]!r} is not made of '
+        "whole channels of this rule's groups; pass the optimizer state of "
+        'jaxprune.pruning(..., mask_rule=rule).'
+      )
   return {g.id: k for g, k in zip(rule.layout.groups, keeps, strict=True)}
 
 
@@ -72,13 +77,12 @@ def plan(rule: ChannelRule, state: Any) -> Plan:
 def masked_variables(rule: ChannelRule, variables: PyTree, state: Any) -> PyTree:
   """`variables` (as traced) with the state's masks applied to the params inside them."""
   masks = get_masks(state)
-  by_name = {leaf_name(path): mask for path, mask in
-             jax.tree_util.tree_flatten_with_path(masks)[0]}
+  by_name = {leaf_name(path): mask for path, mask in jax.tree_util.tree_flatten_with_path(masks)[0]}
   prefix = '' if rule.params_key is None else rule.params_key + '/'
 
   def apply(path, leaf):
     name = leaf_name(path)
-    mask = by_name.get(name[len(prefix):]) if name.startswith(prefix) else None
+    mask = by_name.get(name[len(prefix) :]) if name.startswith(prefix) else None
     if mask is None:
       return leaf
     return jnp.where(mask, leaf, jnp.zeros((), jnp.result_type(leaf)))
@@ -106,6 +110,7 @@ class Shrunk(FlopsReport):
     check: the comparison with the masked model on the example inputs (None
       when none were given).
   """
+
   variables: PyTree
   pruned_fn: Callable
   plan: Plan
@@ -145,8 +150,10 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
     outputs = checked_callable(rule.graph, removal, pruned_fn)(new_variables, *example_args)
     report = compare(masked_outputs(rule, masked, removal, *example_args), outputs)
     if not report.ok:
-      raise RuntimeError(f'channels.shrink: the shrunk model differs from the masked model '
-                         f'(largest difference {report.max_rel_diff:.3g} of the output '
-                         'scale). Please report this model.')
+      raise RuntimeError(
+        f'channels.shrink: the shrunk model differs from the masked model '
+        f'(largest difference {report.max_rel_diff:.3g} of the output '
+        'scale). Please report this model.'
+      )
   flops = plan_flops(rule.graph, make_plan(rule.graph, {})), plan_flops(rule.graph, removal)
   return Shrunk(new_variables, pruned_fn, removal, *flops, report)

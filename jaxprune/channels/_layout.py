@@ -31,6 +31,7 @@ class Slice:
     owner: int array (axis size,): the channel owning each position, -1 for
       positions of other groups.
   """
+
   leaf: int
   axis: int
   indices: np.ndarray
@@ -50,6 +51,7 @@ class Group:
     keeps: int array (size + 1,): for each count of channels the threshold
       keeps, the count the constraint allows (the nearest one, ties keep more).
   """
+
   id: int
   label: str
   size: int
@@ -68,6 +70,7 @@ class ChannelLayout:
     groups: the groups that are pruned.
     skipped: `{group id: reason}` for prunable groups that are not.
   """
+
   names: tuple[str, ...]
   shapes: tuple[tuple[int, ...], ...]
   pruned: tuple[int, ...]
@@ -80,14 +83,17 @@ class ChannelLayout:
       extra = sorted(set(params_names) - set(self.names))[:3]
       missing = sorted(set(self.names) - set(params_names))[:3]
       raise ValueError(
-          f'ChannelRule: the params given to init are not the traced params (not in the '
-          f'graph: {extra}; missing: {missing}). Trace the model with the variables whose '
-          "params the optimizer updates, and pass params= the key of those params ('params' "
-          'for Flax Linen) or None for the whole variables.')
+        f'ChannelRule: the params given to init are not the traced params (not in the '
+        f'graph: {extra}; missing: {missing}). Trace the model with the variables whose '
+        "params the optimizer updates, and pass params= the key of those params ('params' "
+        'for Flax Linen) or None for the whole variables.'
+      )
     for name, shape, want in zip(params_names, params_shapes, self.shapes, strict=True):
       if tuple(shape) != tuple(want):
-        raise ValueError(f'ChannelRule: params leaf {name!r} has shape {tuple(shape)}, traced '
-                         f'as {tuple(want)}; trace the model with these params.')
+        raise ValueError(
+          f'ChannelRule: params leaf {name!r} has shape {tuple(shape)}, traced '
+          f'as {tuple(want)}; trace the model with these params.'
+        )
 
 
 def default_params_key(graph: DependencyGraph) -> str | None:
@@ -100,12 +106,14 @@ def _params_names(graph: DependencyGraph, params_key: str | None) -> dict[str, s
   if params_key is None:
     return {name: name for name in graph.leaf_names}
   prefix = params_key + '/'
-  names = {name: name[len(prefix):] for name in graph.leaf_names if name.startswith(prefix)}
+  names = {name: name[len(prefix) :] for name in graph.leaf_names if name.startswith(prefix)}
   if not names:
     tops = sorted({name.split('/', 1)[0] for name in graph.leaf_names})
-    raise ValueError(f'ChannelRule: params={params_key!r} names no part of the traced '
-                     f'variables (their top-level keys: {tops}); give one of them, or None '
-                     'when the optimizer updates the whole variables.')
+    raise ValueError(
+      f'ChannelRule: params={params_key!r} names no part of the traced '
+      f'variables (their top-level keys: {tops}); give one of them, or None '
+      'when the optimizer updates the whole variables.'
+    )
   return names
 
 
@@ -113,16 +121,21 @@ def _owner(indices: np.ndarray, axis_size: int, where: str) -> np.ndarray:
   owner = np.full(axis_size, -1, np.int64)
   for channel, positions in enumerate(np.asarray(indices)):
     if np.any(owner[positions] >= 0):
-      raise ValueError(f'ChannelRule: {where}: a position is owned by two channels of one '
-                       'group; this group cannot be masked channel by channel.')
+      raise ValueError(
+        f'ChannelRule: {where}: a position is owned by two channels of one '
+        'group; this group cannot be masked channel by channel.'
+      )
     owner[positions] = channel
   return owner
 
 
-def _label(graph_group: Any, names: dict[str, str], shapes: dict[str, tuple[int, ...]],
-           taken: set[str]) -> str:
-  members = sorted(((names[m.leaf], m.axis) for m in graph_group.members if m.leaf in names),
-                   key=lambda m: (m[1] != len(shapes[m[0]]) - 1 or len(shapes[m[0]]) < 2, m))
+def _label(
+  graph_group: Any, names: dict[str, str], shapes: dict[str, tuple[int, ...]], taken: set[str]
+) -> str:
+  members = sorted(
+    ((names[m.leaf], m.axis) for m in graph_group.members if m.leaf in names),
+    key=lambda m: (m[1] != len(shapes[m[0]]) - 1 or len(shapes[m[0]]) < 2, m),
+  )
   for leaf, axis in members:
     label = f'{leaf}:{axis}'
     if label not in taken:
@@ -130,8 +143,9 @@ def _label(graph_group: Any, names: dict[str, str], shapes: dict[str, tuple[int,
   return f'group {graph_group.id}'
 
 
-def build(graph: DependencyGraph, params_key: str | None, constraint: Constraint,
-          dtypes: dict[str, Any]) -> ChannelLayout:
+def build(
+  graph: DependencyGraph, params_key: str | None, constraint: Constraint, dtypes: dict[str, Any]
+) -> ChannelLayout:
   """The layout of the prunable, unlocked groups of `graph` over its params.
 
   Args:
@@ -154,8 +168,13 @@ def build(graph: DependencyGraph, params_key: str | None, constraint: Constraint
       continue
     weights = [m for m in group.members if is_weight(m.leaf)]
     outside = sorted({m.leaf for m in weights if m.leaf not in names})
-    not_float = sorted({m.leaf for m in weights if m.leaf in names
-                        and not np.issubdtype(np.dtype(dtypes[m.leaf]), np.floating)})
+    not_float = sorted(
+      {
+        m.leaf
+        for m in weights
+        if m.leaf in names and not np.issubdtype(np.dtype(dtypes[m.leaf]), np.floating)
+      }
+    )
     if outside:
       skipped[group.id] = f'weights outside the params: {outside}'
     elif not_float:
@@ -164,24 +183,38 @@ def build(graph: DependencyGraph, params_key: str | None, constraint: Constraint
       skipped[group.id] = 'no weights'
     else:
       candidates.append((group, weights))
-  pruned_names = sorted({names[m.leaf] for _, weights in candidates for m in weights},
-                        key=list(names.values()).index)
+  pruned_names = sorted(
+    {names[m.leaf] for _, weights in candidates for m in weights}, key=list(names.values()).index
+  )
   position = {name: i for i, name in enumerate(pruned_names)}
   groups, taken = [], set()
   for group, weights in candidates:
     slices = tuple(
-        Slice(position[names[m.leaf]], m.axis, np.asarray(m.indices),
-              _owner(m.indices, shapes[names[m.leaf]][m.axis], f'{m.leaf}:{m.axis}'))
-        for m in weights)
+      Slice(
+        position[names[m.leaf]],
+        m.axis,
+        np.asarray(m.indices),
+        _owner(m.indices, shapes[names[m.leaf]][m.axis], f'{m.leaf}:{m.axis}'),
+      )
+      for m in weights
+    )
     label = _label(group, names, shapes, taken)
     taken.add(label)
-    keeps = np.asarray([constraint.nearest_keep(group.size, max(n, 1))
-                        for n in range(group.size + 1)], np.int32)
+    keeps = np.asarray(
+      [constraint.nearest_keep(group.size, max(n, 1)) for n in range(group.size + 1)], np.int32
+    )
     groups.append(Group(group.id, label, group.size, slices, keeps))
   if skipped:
-    warnings.warn('ChannelRule: these prunable groups are not pruned: '
-                  + '; '.join(f'group {gid} ({why})' for gid, why in skipped.items()),
-                  stacklevel=3)
+    warnings.warn(
+      'ChannelRule: these prunable groups are not pruned: '
+      + '; '.join(f'group {gid} ({why})' for gid, why in skipped.items()),
+      stacklevel=3,
+    )
   all_names = tuple(names.values())
-  return ChannelLayout(all_names, tuple(shapes[n] for n in all_names),
-                tuple(all_names.index(n) for n in pruned_names), tuple(groups), skipped)
+  return ChannelLayout(
+    all_names,
+    tuple(shapes[n] for n in all_names),
+    tuple(all_names.index(n) for n in pruned_names),
+    tuple(groups),
+    skipped,
+  )

@@ -40,8 +40,9 @@ def _home(group: layout_lib.Group) -> layout_lib.Slice:
   return min(group.slices, key=lambda s: s.indices.shape[1])
 
 
-def channel_keeps_from_masks(layout: layout_lib.ChannelLayout, masks: Sequence[Any],
-                             xp: Any = jnp) -> list[Any]:
+def channel_keeps_from_masks(
+  layout: layout_lib.ChannelLayout, masks: Sequence[Any], xp: Any = jnp
+) -> list[Any]:
   """Per group, the (size,) bool channel mask that leaf masks made by `leaf_masks` encode.
 
   A kept channel keeps some entry of each of its slices (no group is ever
@@ -104,8 +105,7 @@ def _constrained(group: layout_lib.Group, mask: Array, score: Array) -> Array:
   count = jnp.sum(mask, dtype=jnp.int32)
   allowed = jnp.asarray(group.keeps)[count]
   order = jnp.argsort(-score, stable=True)
-  rank = jnp.zeros((group.size,), jnp.int32).at[order].set(jnp.arange(group.size,
-                                                                      dtype=jnp.int32))
+  rank = jnp.zeros((group.size,), jnp.int32).at[order].set(jnp.arange(group.size, dtype=jnp.int32))
   return jnp.where(allowed == count, mask, rank < allowed)
 
 
@@ -121,8 +121,9 @@ class ChannelRule:
   per-leaf settings do not apply to channels and are refused.
   """
 
-  def __init__(self, graph: DependencyGraph, *, constraint: Constraint | None = None,
-               params: str | None = AUTO):
+  def __init__(
+    self, graph: DependencyGraph, *, constraint: Constraint | None = None, params: str | None = AUTO
+  ):
     """Builds the rule's static tables.
 
     Args:
@@ -140,11 +141,15 @@ class ChannelRule:
       ValueError: when `params` names no part of the variables.
     """
     if not isinstance(graph, DependencyGraph):
-      raise TypeError(f'ChannelRule: graph must be a DependencyGraph from '
-                      f'jaxprune.structured.trace, got {type(graph).__name__}.')
+      raise TypeError(
+        f'ChannelRule: graph must be a DependencyGraph from '
+        f'jaxprune.structured.trace, got {type(graph).__name__}.'
+      )
     if constraint is not None and not isinstance(constraint, Constraint):
-      raise TypeError(f'ChannelRule: constraint must be a jaxprune.structured.Constraint, got '
-                      f'{type(constraint).__name__}.')
+      raise TypeError(
+        f'ChannelRule: constraint must be a jaxprune.structured.Constraint, got '
+        f'{type(constraint).__name__}.'
+      )
     self.graph = graph
     self.constraint = constraint or Constraint(round_to=8)
     self.params_key = layout_lib.default_params_key(graph) if params == AUTO else params
@@ -154,20 +159,28 @@ class ChannelRule:
   def check(self, hparams: hparams_lib.HParams) -> None:
     """ValueError naming the first hparams field that does not apply to channels."""
     refused = [
-        ('weight_sparsity_map', hparams.sparsity_entries, 'per-leaf targets do not apply to '
-         'channel groups; lock groups with Constraint(locked=...)'),
-        ('block_dims_map', hparams.block_entries, 'channels are the blocks'),
-        ('block_height/block_width', hparams.block_dims != (1, 1), 'channels are the blocks'),
-        ('nm_sparsity', hparams.nm is not None or hparams.nm_entries, 'N:M is a weight pattern'),
-        ('layer_axes_map', hparams.layer_entries, 'stacked layers share their channel groups'),
-        ('weight_name_regex', hparams.weight_name_regex != hparams_lib.DEFAULT_WEIGHT_NAME_REGEX,
-         'the channel groups decide which leaves are pruned; lock groups with '
-         'Constraint(locked=...)'),
+      (
+        'weight_sparsity_map',
+        hparams.sparsity_entries,
+        'per-leaf targets do not apply to channel groups; lock groups with Constraint(locked=...)',
+      ),
+      ('block_dims_map', hparams.block_entries, 'channels are the blocks'),
+      ('block_height/block_width', hparams.block_dims != (1, 1), 'channels are the blocks'),
+      ('nm_sparsity', hparams.nm is not None or hparams.nm_entries, 'N:M is a weight pattern'),
+      ('layer_axes_map', hparams.layer_entries, 'stacked layers share their channel groups'),
+      (
+        'weight_name_regex',
+        hparams.weight_name_regex != hparams_lib.DEFAULT_WEIGHT_NAME_REGEX,
+        'the channel groups decide which leaves are pruned; lock groups with '
+        'Constraint(locked=...)',
+      ),
     ]
     for field, value, why in refused:
       if value:
-        raise ValueError(f'{field} is set, but channel pruning (mask_rule=ChannelRule) masks '
-                         f'whole channels: {why}. Leave {field} at its default.')
+        raise ValueError(
+          f'{field} is set, but channel pruning (mask_rule=ChannelRule) masks '
+          f'whole channels: {why}. Leave {field} at its default.'
+        )
 
   def init(self, params: PyTree) -> tuple[PyTree, PyTree]:
     """All-True masks for the leaves that hold pruned channels (None elsewhere) and a
@@ -176,14 +189,18 @@ class ChannelRule:
     self.layout.check_params([n for n, _ in named], [tuple(jnp.shape(x)) for _, x in named])
     pruned = set(self.layout.pruned)
     leaves, treedef = jax.tree.flatten(params)
-    masks = [jnp.ones(jnp.shape(x), bool) if i in pruned else None
-             for i, x in enumerate(leaves)]
+    masks = [jnp.ones(jnp.shape(x), bool) if i in pruned else None for i, x in enumerate(leaves)]
     thresholds = {g.label: jnp.zeros((), jnp.float32) for g in self.layout.groups}
     return jax.tree.unflatten(treedef, masks), thresholds
 
-  def new_masks(self, hparams: hparams_lib.HParams, weights: list[Callable[[Any], Array]],
-                old_masks: list[Array], thresholds: PyTree, sparsity: Array
-                ) -> tuple[list[Array], PyTree, Array]:
+  def new_masks(
+    self,
+    hparams: hparams_lib.HParams,
+    weights: list[Callable[[Any], Array]],
+    old_masks: list[Array],
+    thresholds: PyTree,
+    sparsity: Array,
+  ) -> tuple[list[Array], PyTree, Array]:
     """One mask update inside jit (see `jaxprune.MaskRule`)."""
     layout = self.layout
     if not layout.groups:
@@ -197,15 +214,27 @@ class ChannelRule:
     else:
       sparsities = [jnp.full((1,), sparsity, jnp.float32) for _ in layout.groups]
       previous = [jnp.reshape(thresholds[g.label], (1,)) for g in layout.groups]
-    units = [masks_lib.Variable(lambda token, s=s: counting.fresh(s, token), (g.size,))
-             for g, s in zip(layout.groups, scores, strict=True)]
+    units = [
+      masks_lib.Variable(lambda token, s=s: counting.fresh(s, token), (g.size,))
+      for g, s in zip(layout.groups, scores, strict=True)
+    ]
     new_thresholds, channel_masks, nonfinite = masks_lib.update_masks(
-        units, sparsities, previous, channel_keeps_from_masks(layout, old_masks),
-        nbins=hparams.nbins, threshold_decay=hparams.threshold_decay,
-        threshold_method=hparams.threshold_method, pooling='AVG',
-        global_threshold=hparams.global_pruning, mask_search=hparams.mask_search)
-    keeps = [_constrained(g, m, s)
-             for g, m, s in zip(layout.groups, channel_masks, scores, strict=True)]
-    by_group = {g.label: jnp.reshape(new_thresholds[0 if hparams.global_pruning else i], ())
-                for i, g in enumerate(layout.groups)}
+      units,
+      sparsities,
+      previous,
+      channel_keeps_from_masks(layout, old_masks),
+      nbins=hparams.nbins,
+      threshold_decay=hparams.threshold_decay,
+      threshold_method=hparams.threshold_method,
+      pooling='AVG',
+      global_threshold=hparams.global_pruning,
+      mask_search=hparams.mask_search,
+    )
+    keeps = [
+      _constrained(g, m, s) for g, m, s in zip(layout.groups, channel_masks, scores, strict=True)
+    ]
+    by_group = {
+      g.label: jnp.reshape(new_thresholds[0 if hparams.global_pruning else i], ())
+      for i, g in enumerate(layout.groups)
+    }
     return leaf_masks(layout, keeps), by_group, jnp.sum(nonfinite, dtype=jnp.int32)

@@ -7,5 +7,14 @@ from jaxprune.oneshot._api import METHODS, prune, prune_with_report
 from jaxprune.oneshot._layers import Layer, Site, Stack, find_layers
 from jaxprune.oneshot._report import LayerReport, Report
 
-__all__ = ['METHODS', 'Layer', 'LayerReport', 'Report', 'Site', 'Stack', 'find_layers', 'prune',
-           'prune_with_report']
+__all__ = [
+  'METHODS',
+  'Layer',
+  'LayerReport',
+  'Report',
+  'Site',
+  'Stack',
+  'find_layers',
+  'prune',
+  'prune_with_report',
+]

@@ -21,7 +21,7 @@ from jaxprune.oneshot._report import LayerReport, Report
 PyTree = Any
 Target = inputs.Target
 METHODS = ('magnitude', 'wanda', 'sparsegpt')
-_SHARED_STATS_LIMIT = 2 ** 26   # floats (256 MB in float32)
+_SHARED_STATS_LIMIT = 2**26  # floats (256 MB in float32)
 
 
 def _matrix(leaf: jax.Array, in_axes: tuple[int, ...]) -> jax.Array:
@@ -39,11 +39,20 @@ def _unmatrix(matrix: jax.Array, like: jax.Array, in_axes: tuple[int, ...]) -> j
   return jnp.transpose(moved, np.argsort(perm))
 
 
-def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches: Iterable[Any],
-          *, method: str, sparsity: float | None = None, nm: str | tuple[int, int] | None = None,
-          overrides: Mapping[str, float | str | tuple[int, int] | None] | None = None,
-          per_row: bool = False, blocksize: int = 128, percdamp: float = 0.01,
-          sequential: bool = True) -> tuple[PyTree, PyTree]:
+def prune(
+  fn: Callable[[PyTree, Any], Any],
+  params: PyTree,
+  calibration_batches: Iterable[Any],
+  *,
+  method: str,
+  sparsity: float | None = None,
+  nm: str | tuple[int, int] | None = None,
+  overrides: Mapping[str, float | str | tuple[int, int] | None] | None = None,
+  per_row: bool = False,
+  blocksize: int = 128,
+  percdamp: float = 0.01,
+  sequential: bool = True,
+) -> tuple[PyTree, PyTree]:
   """Prunes a trained model once, from calibration batches.
 
   The layers are the parameter leaves used only as a `dot_general` operand or
@@ -117,18 +126,37 @@ def prune(fn: Callable[[PyTree, Any], Any], params: PyTree, calibration_batches:
     >>> masks['w'].sum(axis=0)  # each output keeps half of its 8 inputs
     Array([4, 4, 4, 4], dtype=int32)
   """
-  pruned, masks, _ = _run(fn, params, calibration_batches, method=method, sparsity=sparsity,
-                          nm=nm, overrides=overrides, per_row=per_row, blocksize=blocksize,
-                          percdamp=percdamp, sequential=sequential, report=False)
+  pruned, masks, _ = _run(
+    fn,
+    params,
+    calibration_batches,
+    method=method,
+    sparsity=sparsity,
+    nm=nm,
+    overrides=overrides,
+    per_row=per_row,
+    blocksize=blocksize,
+    percdamp=percdamp,
+    sequential=sequential,
+    report=False,
+  )
   return pruned, masks
 
 
-def prune_with_report(fn: Callable[[PyTree, Any], Any], params: PyTree,
-                      calibration_batches: Iterable[Any], *, method: str,
-                      sparsity: float | None = None, nm: str | tuple[int, int] | None = None,
-                      overrides: Mapping[str, float | str | tuple[int, int] | None] | None = None,
-                      per_row: bool = False, blocksize: int = 128, percdamp: float = 0.01,
-                      sequential: bool = True) -> tuple[PyTree, PyTree, Report]:
+def prune_with_report(
+  fn: Callable[[PyTree, Any], Any],
+  params: PyTree,
+  calibration_batches: Iterable[Any],
+  *,
+  method: str,
+  sparsity: float | None = None,
+  nm: str | tuple[int, int] | None = None,
+  overrides: Mapping[str, float | str | tuple[int, int] | None] | None = None,
+  per_row: bool = False,
+  blocksize: int = 128,
+  percdamp: float = 0.01,
+  sequential: bool = True,
+) -> tuple[PyTree, PyTree, Report]:
   """`prune`, and a `Report` of what it did: each pruned layer in order (its target, the
   share of its weights now zero, and its reconstruction error
   `||W X - W' X||^2 / ||W X||^2` on the calibration inputs it was pruned from), and the
@@ -148,13 +176,28 @@ def prune_with_report(fn: Callable[[PyTree, Any], Any], params: PyTree,
     >>> [(layer.name, layer.shape, layer.target, layer.sparsity) for layer in report.layers]
     [('w', (4, 8), '2:4', 0.5)]
   """
-  return _run(fn, params, calibration_batches, method=method, sparsity=sparsity, nm=nm,
-              overrides=overrides, per_row=per_row, blocksize=blocksize, percdamp=percdamp,
-              sequential=sequential, report=True)
+  return _run(
+    fn,
+    params,
+    calibration_batches,
+    method=method,
+    sparsity=sparsity,
+    nm=nm,
+    overrides=overrides,
+    per_row=per_row,
+    blocksize=blocksize,
+    percdamp=percdamp,
+    sequential=sequential,
+    report=True,
+  )
 
 
-def _skipped(layers: list[Layer], reasons: Mapping[int, tuple[str, int | None]],
-             leaves: list[Any], names: list[str]) -> list[tuple[str, str]]:
+def _skipped(
+  layers: list[Layer],
+  reasons: Mapping[int, tuple[str, int | None]],
+  leaves: list[Any],
+  names: list[str],
+) -> list[tuple[str, str]]:
   """(name, reason) of the used leaves that look like weights (floating, with two axes
   longer than 1 in what the model multiplies: a stack's slice for a stacked leaf) but are
   not layers."""
@@ -162,8 +205,11 @@ def _skipped(layers: list[Layer], reasons: Mapping[int, tuple[str, int | None]],
   out = []
   for leaf, (reason, stacked) in sorted(reasons.items()):
     shape = [n for a, n in enumerate(np.shape(leaves[leaf])) if a != stacked]
-    if (leaf not in found and sum(n > 1 for n in shape) >= 2
-        and jnp.issubdtype(np.dtype(leaves[leaf].dtype), jnp.floating)):
+    if (
+      leaf not in found
+      and sum(n > 1 for n in shape) >= 2
+      and jnp.issubdtype(np.dtype(leaves[leaf].dtype), jnp.floating)
+    ):
       out.append((names[leaf], reason))
   return out
 
@@ -181,9 +227,10 @@ def _check_conv_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> Non
     features = leaves[layer.leaf].shape[layer.in_axes[-1]]
     if features % target[1][1]:
       raise ValueError(
-          f'nm={target[1][0]}:{target[1][1]}: convolution {layer.name!r} has {features} input '
-          f'features per group, not divisible by M={target[1][1]}; choose an M dividing '
-          f'{features} or leave the layer out with overrides={{regex: None}}.')
+        f'nm={target[1][0]}:{target[1][1]}: convolution {layer.name!r} has {features} input '
+        f'features per group, not divisible by M={target[1][1]}; choose an M dividing '
+        f'{features} or leave the layer out with overrides={{regex: None}}.'
+      )
 
 
 def _rounds(group: list[Layer]) -> Iterator[tuple[list[Layer], dict]]:
@@ -196,13 +243,32 @@ def _rounds(group: list[Layer]) -> Iterator[tuple[list[Layer], dict]]:
   ordered = {scan: sorted(indices) for scan, indices in steps.items()}
   for r in range(max(map(len, ordered.values()), default=1)):
     at = {scan: indices[r] for scan, indices in ordered.items() if r < len(indices)}
-    yield [layer for layer in group
-           if (layer.stack is None and r == 0)
-           or (layer.stack is not None and at.get(layer.stack.scan) == layer.stack.index)], at
+    yield (
+      [
+        layer
+        for layer in group
+        if (layer.stack is None and r == 0)
+        or (layer.stack is not None and at.get(layer.stack.scan) == layer.stack.index)
+      ],
+      at,
+    )
 
 
-def _run(fn, params, calibration_batches, *, method, sparsity, nm, overrides, per_row,
-         blocksize, percdamp, sequential, report) -> tuple[PyTree, PyTree, Report]:
+def _run(
+  fn,
+  params,
+  calibration_batches,
+  *,
+  method,
+  sparsity,
+  nm,
+  overrides,
+  per_row,
+  blocksize,
+  percdamp,
+  sequential,
+  report,
+) -> tuple[PyTree, PyTree, Report]:
   """`prune_with_report`; with `report=False` the error is not measured (NaN)."""
   if method not in METHODS:
     raise ValueError(f'method={method!r}: choose one of {METHODS}.')
@@ -221,27 +287,37 @@ def _run(fn, params, calibration_batches, *, method, sparsity, nm, overrides, pe
   layers, reasons = layers_and_reasons(closed, names)
   skipped = _skipped(layers, reasons, leaves, names)
   if not layers:
-    raise ValueError('prune: found no layer (a parameter leaf used only as a dot_general '
-                     'operand or a convolution kernel) in fn'
-                     + (f': {_listing(skipped)}.' if skipped else '.'))
+    raise ValueError(
+      'prune: found no layer (a parameter leaf used only as a dot_general '
+      'operand or a convolution kernel) in fn' + (f': {_listing(skipped)}.' if skipped else '.')
+    )
   if skipped:
-    warnings.warn(f'oneshot.prune leaves {len(skipped)} weight(s) dense, which it cannot '
-                  f'prune: {_listing(skipped)}.', UserWarning, stacklevel=3)
+    warnings.warn(
+      f'oneshot.prune leaves {len(skipped)} weight(s) dense, which it cannot '
+      f'prune: {_listing(skipped)}.',
+      UserWarning,
+      stacklevel=3,
+    )
   targets = inputs.layer_targets(layers, default, overrides or {})
   for layer in layers:
     dtype = np.dtype(leaves[layer.leaf].dtype)
     if targets[inputs.layer_key(layer)] is not None and not jnp.issubdtype(dtype, jnp.floating):
-      raise ValueError(f'layer {layer.name!r} has dtype {dtype}: only floating-point weights '
-                       'can be pruned; leave it dense with overrides={' + repr(layer.name)
-                       + ': None} or convert the params to float.')
+      raise ValueError(
+        f'layer {layer.name!r} has dtype {dtype}: only floating-point weights '
+        'can be pruned; leave it dense with overrides={'
+        + repr(layer.name)
+        + ': None} or convert the params to float.'
+      )
   inputs.check_nm(layers, leaves, targets)
   _check_conv_nm(layers, leaves, targets)
   for layer in layers:
     target = targets[inputs.layer_key(layer)]
     if method == 'sparsegpt' and target is not None and target[1] is not None:
       if blocksize % target[1][1]:
-        raise ValueError(f'blocksize={blocksize}: must be a multiple of M={target[1][1]} '
-                         f'for N:M (layer {layer.name!r}).')
+        raise ValueError(
+          f'blocksize={blocksize}: must be a multiple of M={target[1][1]} '
+          f'for N:M (layer {layer.name!r}).'
+        )
   chosen = [layer for layer in layers if targets[inputs.layer_key(layer)] is not None]
   kinds = {'magnitude': (), 'wanda': ('sqnorm',), 'sparsegpt': ('gram',)}[method]
   if report and 'gram' not in kinds:
@@ -269,21 +345,38 @@ def _run(fn, params, calibration_batches, *, method, sparsity, nm, overrides, pe
       for layer in part:
         target = targets[inputs.layer_key(layer)]
         new, mask, error = _prune_layer(
-            layer, _weight(layer, current[layer.leaf]), stats.get(layer.leaf), target,
-            method, per_row=per_row, blocksize=blocksize, percdamp=float(percdamp),
-            with_error=report)
-        current[layer.leaf], masks[layer.leaf] = _put(layer, current[layer.leaf],
-                                                      masks[layer.leaf], new, mask)
-        records.append(LayerReport(
-            layer.name, _matrix_shape(layer, leaves[layer.leaf]),
+          layer,
+          _weight(layer, current[layer.leaf]),
+          stats.get(layer.leaf),
+          target,
+          method,
+          per_row=per_row,
+          blocksize=blocksize,
+          percdamp=float(percdamp),
+          with_error=report,
+        )
+        current[layer.leaf], masks[layer.leaf] = _put(
+          layer, current[layer.leaf], masks[layer.leaf], new, mask
+        )
+        records.append(
+          LayerReport(
+            layer.name,
+            _matrix_shape(layer, leaves[layer.leaf]),
             f'{target[1][0]}:{target[1][1]}' if target[1] else f'{100 * target[0]:g}%',
-            float(1 - jnp.mean(mask)), layer.wave, error))
+            float(1 - jnp.mean(mask)),
+            layer.wave,
+            error,
+          )
+        )
   for i, leaf in enumerate(leaves):
     sharding = getattr(leaf, 'sharding', None)
     if masks[i] is not None and sharding is not None:
       current[i], masks[i] = jax.device_put((current[i], masks[i]), sharding)
-  return (jax.tree.unflatten(treedef, current), jax.tree.unflatten(treedef, masks),
-          Report(tuple(records), tuple(skipped)))
+  return (
+    jax.tree.unflatten(treedef, current),
+    jax.tree.unflatten(treedef, masks),
+    Report(tuple(records), tuple(skipped)),
+  )
 
 
 def _slice_axes(layer: Layer) -> tuple[int, ...]:
@@ -300,8 +393,9 @@ def _weight(layer: Layer, leaf: jax.Array) -> jax.Array:
   return jax.lax.index_in_dim(leaf, layer.stack.index, layer.stack.axis, keepdims=False)
 
 
-def _put(layer: Layer, leaf: jax.Array, mask: Any, new: jax.Array,
-         new_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _put(
+  layer: Layer, leaf: jax.Array, mask: Any, new: jax.Array, new_mask: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """(leaf, mask) with the layer's weight and mask replaced (a stack's other slices kept,
   those not pruned with a mask of all True)."""
   if layer.stack is None:
@@ -309,8 +403,10 @@ def _put(layer: Layer, leaf: jax.Array, mask: Any, new: jax.Array,
   if mask is None:
     mask = jnp.ones(leaf.shape, bool)
   index, axis = layer.stack.index, layer.stack.axis
-  return (jax.lax.dynamic_update_index_in_dim(leaf, new, index, axis),
-          jax.lax.dynamic_update_index_in_dim(mask, new_mask, index, axis))
+  return (
+    jax.lax.dynamic_update_index_in_dim(leaf, new, index, axis),
+    jax.lax.dynamic_update_index_in_dim(mask, new_mask, index, axis),
+  )
 
 
 def _matrix_shape(layer: Layer, leaf: Any) -> tuple[int, int]:
@@ -320,12 +416,33 @@ def _matrix_shape(layer: Layer, leaf: Any) -> tuple[int, int]:
   return int(np.prod(leaf.shape)) // inputs // stacked, inputs
 
 
-@functools.partial(jax.jit, static_argnames=('in_axes', 'groups', 'target', 'method', 'per_row',
-                                             'blocksize', 'percdamp', 'with_error'))
-def _prune_leaf(leaf: jax.Array, stat: Any, rows: Any, *, in_axes: tuple[int, ...],
-                groups: int, target: Target, method: str, per_row: bool, blocksize: int,
-                percdamp: float, with_error: bool
-                ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    'in_axes',
+    'groups',
+    'target',
+    'method',
+    'per_row',
+    'blocksize',
+    'percdamp',
+    'with_error',
+  ),
+)
+def _prune_leaf(
+  leaf: jax.Array,
+  stat: Any,
+  rows: Any,
+  *,
+  in_axes: tuple[int, ...],
+  groups: int,
+  target: Target,
+  method: str,
+  per_row: bool,
+  blocksize: int,
+  percdamp: float,
+  with_error: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(new weight, mask, whether SparseGPT's H^-1 was finite, relative reconstruction
   error (`with_error`, from the Gram matrix in `stat`; NaN otherwise)) of one layer's
   weight."""
@@ -336,13 +453,19 @@ def _prune_leaf(leaf: jax.Array, stat: Any, rows: Any, *, in_axes: tuple[int, ..
     mask = solvers.magnitude(w, sparsity=sparsity, nm=nm, per_row=per_row)
     new = jnp.where(mask, w, 0.0)
   elif method == 'wanda':
-    mask = solvers.wanda(w, jnp.repeat(stat['sqnorm'], w.shape[0] // groups, axis=0),
-                         sparsity=sparsity, nm=nm)
+    mask = solvers.wanda(
+      w, jnp.repeat(stat['sqnorm'], w.shape[0] // groups, axis=0), sparsity=sparsity, nm=nm
+    )
     new = jnp.where(mask, w, 0.0)
   else:
     grouped = w.reshape(groups, -1, w.shape[1])
-    solve = functools.partial(solvers.sparsegpt, sparsity=sparsity, nm=nm,
-                              blocksize=min(blocksize, w.shape[1]), percdamp=percdamp)
+    solve = functools.partial(
+      solvers.sparsegpt,
+      sparsity=sparsity,
+      nm=nm,
+      blocksize=min(blocksize, w.shape[1]),
+      percdamp=percdamp,
+    )
     h = solvers.hessian(stat['gram'], rows)
     if groups == 1:
       new, mask, finite = solve(grouped[0], h[0])
@@ -351,24 +474,49 @@ def _prune_leaf(leaf: jax.Array, stat: Any, rows: Any, *, in_axes: tuple[int, ..
       new, mask, finite = new.reshape(w.shape), mask.reshape(w.shape), jnp.all(finite)
   error = jnp.float32(jnp.nan)
   if with_error:
-    error = solvers.relative_error(w.reshape(groups, -1, w.shape[1]),
-                                   new.reshape(groups, -1, w.shape[1]), stat['gram'])
-  return (_unmatrix(new, leaf, in_axes).astype(leaf.dtype), _unmatrix(mask, leaf, in_axes),
-          finite, error)
+    error = solvers.relative_error(
+      w.reshape(groups, -1, w.shape[1]), new.reshape(groups, -1, w.shape[1]), stat['gram']
+    )
+  return (
+    _unmatrix(new, leaf, in_axes).astype(leaf.dtype),
+    _unmatrix(mask, leaf, in_axes),
+    finite,
+    error,
+  )
 
 
-def _prune_layer(layer: Layer, weight: jax.Array, stat: Any, target: Target, method: str, *,
-                 per_row: bool, blocksize: int, percdamp: float, with_error: bool
-                 ) -> tuple[jax.Array, jax.Array, float]:
+def _prune_layer(
+  layer: Layer,
+  weight: jax.Array,
+  stat: Any,
+  target: Target,
+  method: str,
+  *,
+  per_row: bool,
+  blocksize: int,
+  percdamp: float,
+  with_error: bool,
+) -> tuple[jax.Array, jax.Array, float]:
   """(new weight, mask, relative error or NaN) of one layer; a ValueError for a singular
   Hessian."""
   value, rows = stat if stat is not None else (None, 1)
   new, mask, finite, error = _prune_leaf(
-      weight, value, jnp.float32(rows), in_axes=_slice_axes(layer), groups=layer.groups,
-      target=target, method=method, per_row=per_row, blocksize=blocksize, percdamp=percdamp,
-      with_error=with_error)
+    weight,
+    value,
+    jnp.float32(rows),
+    in_axes=_slice_axes(layer),
+    groups=layer.groups,
+    target=target,
+    method=method,
+    per_row=per_row,
+    blocksize=blocksize,
+    percdamp=percdamp,
+    with_error=with_error,
+  )
   if not bool(finite):
-    raise ValueError(f'sparsegpt: the Hessian of the inputs of layer {layer.name!r} is '
-                     f'singular (percdamp={percdamp}); set percdamp > 0, e.g. 0.01, or '
-                     'calibrate on more tokens.')
+    raise ValueError(
+      f'sparsegpt: the Hessian of the inputs of layer {layer.name!r} is '
+      f'singular (percdamp={percdamp}); set percdamp > 0, e.g. 0.01, or '
+      'calibrate on more tokens.'
+    )
   return new, mask, float(error)

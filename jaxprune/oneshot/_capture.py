@@ -32,14 +32,15 @@ from jax.extend import core as jcore
 from jaxprune.oneshot._layers import Layer, ScanKey
 from jaxprune.structured._shared import call_body, scan_layout
 
-Stats = dict[str, jax.Array]   # kind -> (groups, K) or (groups, K, K)
+Stats = dict[str, jax.Array]  # kind -> (groups, K) or (groups, K, K)
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _rows(x: jax.Array, contracting: Sequence[int]) -> jax.Array:
   """`x` as float32 `(1, tokens, K)`: contracted axes last, in order, then flattened."""
-  x = jnp.moveaxis(jnp.asarray(x, jnp.float32), tuple(contracting),
-                   tuple(range(x.ndim - len(contracting), x.ndim)))
+  x = jnp.moveaxis(
+    jnp.asarray(x, jnp.float32), tuple(contracting), tuple(range(x.ndim - len(contracting), x.ndim))
+  )
   k = int(np.prod([x.shape[a] for a in range(x.ndim - len(contracting), x.ndim)]))
   return x.reshape(1, -1, k)
 
@@ -51,15 +52,20 @@ def patch_rows(eqn: Any, x: jax.Array, kernel_shape: Sequence[int]) -> jax.Array
   params = eqn.params
   lhs, rhs, _ = params['dimension_numbers']
   groups = params['feature_group_count']
-  x = jnp.transpose(jnp.asarray(x, jnp.float32), lhs)          # (N, C, spatial...)
+  x = jnp.transpose(jnp.asarray(x, jnp.float32), lhs)  # (N, C, spatial...)
   window = tuple(kernel_shape[a] for a in rhs[2:])
   patches = jax.lax.conv_general_dilated_patches(
-      x, window, params['window_strides'], params['padding'],
-      lhs_dilation=params['lhs_dilation'], rhs_dilation=params['rhs_dilation'],
-      precision=_HIGHEST)                                       # (N, C * window, out...)
+    x,
+    window,
+    params['window_strides'],
+    params['padding'],
+    lhs_dilation=params['lhs_dilation'],
+    rhs_dilation=params['rhs_dilation'],
+    precision=_HIGHEST,
+  )  # (N, C * window, out...)
   channels = x.shape[1]
   patches = jnp.moveaxis(patches, 1, -1).reshape(-1, groups, channels // groups, *window)
-  patches = jnp.moveaxis(patches, 2, -1)                        # (tokens, G, window..., C/G)
+  patches = jnp.moveaxis(patches, 2, -1)  # (tokens, G, window..., C/G)
   return jnp.moveaxis(patches, 1, 0).reshape(groups, patches.shape[0], -1)
 
 
@@ -100,12 +106,17 @@ def _bind(eqn: Any, invals: Sequence[Any]) -> list:
 class _Pass:
   """One traced run of the model that measures the chosen sites."""
 
-  def __init__(self, by_site: Mapping[tuple, tuple[Layer, Any]], kinds: Sequence[str],
-               at: Mapping[ScanKey, jax.Array]):
+  def __init__(
+    self,
+    by_site: Mapping[tuple, tuple[Layer, Any]],
+    kinds: Sequence[str],
+    at: Mapping[ScanKey, jax.Array],
+  ):
     self.by_site, self.kinds, self.at = by_site, kinds, at
 
-  def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: tuple,
-          found: dict) -> list:
+  def run(
+    self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: tuple, found: dict
+  ) -> list:
     """Evaluates an open jaxpr; adds each chosen site's statistics to `found[leaf]`."""
     env: dict[Any, Any] = {}
 
@@ -118,8 +129,13 @@ class _Pass:
       invals = [read(v) for v in eqn.invars]
       body = call_body(eqn)
       if body is not None:
-        outs = self.run(getattr(body, 'jaxpr', body), getattr(body, 'consts', ()), invals,
-                        scope + (index, 0), found)
+        outs = self.run(
+          getattr(body, 'jaxpr', body),
+          getattr(body, 'consts', ()),
+          invals,
+          scope + (index, 0),
+          found,
+        )
       elif (scope, index) in self.at:
         outs = self._scan(scope, index, eqn, invals, found)
       else:
@@ -127,11 +143,14 @@ class _Pass:
       hit = self.by_site.get((scope, index))
       if hit is not None:
         layer, site = hit
-        rows = (patch_rows(eqn, invals[0], eqn.invars[1].aval.shape)
-                if site.conv
-                else _rows(invals[site.operand], site.contracting))
-        found[layer.leaf] = _add(found.get(layer.leaf), (_reduce(rows, self.kinds),
-                                                          jnp.int32(rows.shape[1])))
+        rows = (
+          patch_rows(eqn, invals[0], eqn.invars[1].aval.shape)
+          if site.conv
+          else _rows(invals[site.operand], site.contracting)
+        )
+        found[layer.leaf] = _add(
+          found.get(layer.leaf), (_reduce(rows, self.kinds), jnp.int32(rows.shape[1]))
+        )
       for v, x in zip(eqn.outvars, outs, strict=True):
         if not isinstance(v, jcore.DropVar):
           env[v] = x
@@ -143,8 +162,8 @@ class _Pass:
     layout = scan_layout(eqn)
     sub = scope + (index, 0)
     body, target = layout.body, self.at[(scope, index)]
-    consts, init = invals[:layout.n_consts], invals[layout.n_consts:layout.n_fixed]
-    xs = invals[layout.n_fixed:]
+    consts, init = invals[: layout.n_consts], invals[layout.n_consts : layout.n_fixed]
+    xs = invals[layout.n_fixed :]
 
     def step(carry, xs_t):
       local: dict = {}
@@ -155,23 +174,29 @@ class _Pass:
       values, totals = carry
       i, xs_t = x
       outs, local = step(values, xs_t)
-      totals = jax.lax.cond(i == target, lambda t, s: jax.tree.map(jnp.add, t, s),
-                            lambda t, s: t, totals, local)
-      return (outs[:layout.n_carry], totals), outs[layout.n_carry:]
+      totals = jax.lax.cond(
+        i == target, lambda t, s: jax.tree.map(jnp.add, t, s), lambda t, s: t, totals, local
+      )
+      return (outs[: layout.n_carry], totals), outs[layout.n_carry :]
 
     example = jax.tree.map(lambda a: a[0], xs)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         jax.eval_shape(lambda: step(init, example)[1]))
+    zeros = jax.tree.map(
+      lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: step(init, example)[1])
+    )
     (carry, totals), ys = jax.lax.scan(
-        body_fn, (list(init), zeros), (jnp.arange(layout.length), list(xs)),
-        length=layout.length, reverse=layout.reverse, unroll=layout.unroll)
+      body_fn,
+      (list(init), zeros),
+      (jnp.arange(layout.length), list(xs)),
+      length=layout.length,
+      reverse=layout.reverse,
+      unroll=layout.unroll,
+    )
     for leaf, part in totals.items():
       found[leaf] = _add(found.get(leaf), part)
     return [*carry, *ys]
 
 
-def collector(closed: Any, layers: Sequence[Layer], kinds: Sequence[str]
-              ) -> Callable[..., dict]:
+def collector(closed: Any, layers: Sequence[Layer], kinds: Sequence[str]) -> Callable[..., dict]:
   """A function `(leaves, batches, at) -> {leaf: ({kind: sum over the batches and
   sites}, number of input rows)}` for `layers`, one jitted pass per batch.
 
@@ -185,19 +210,20 @@ def collector(closed: Any, layers: Sequence[Layer], kinds: Sequence[str]
   measure (a stacked leaf's statistics are those of that slice; a scan not in it
   measures none).
   """
-  by_site = {(site.scope, site.index): (layer, site) for layer in layers
-             for site in layer.sites}
+  by_site = {(site.scope, site.index): (layer, site) for layer in layers for site in layer.sites}
   scans = sorted({layer.stack.scan for layer in layers if layer.stack is not None})
 
   @jax.jit
   def run(flat, steps):
     found: dict[int, tuple[Stats, Any]] = {}
     _Pass(by_site, kinds, dict(zip(scans, steps, strict=True))).run(
-        closed.jaxpr, closed.consts, flat, (), found)
+      closed.jaxpr, closed.consts, flat, (), found
+    )
     return found
 
-  def collect(leaves: Sequence[Any], batches: Sequence[Any],
-              at: Mapping[ScanKey, int] | None = None) -> dict[int, tuple[Stats, int]]:
+  def collect(
+    leaves: Sequence[Any], batches: Sequence[Any], at: Mapping[ScanKey, int] | None = None
+  ) -> dict[int, tuple[Stats, int]]:
     steps = [jnp.int32(at.get(scan, -1) if at else -1) for scan in scans]
     totals: dict[int, tuple[Stats, int]] = {}
     for batch in batches:

@@ -18,7 +18,7 @@ from jaxprune import _nm as nm_lib
 from jaxprune.oneshot._layers import Layer
 
 PyTree = Any
-Target = tuple[float, tuple[int, int] | None]   # (sparsity, nm)
+Target = tuple[float, tuple[int, int] | None]  # (sparsity, nm)
 
 
 def check_sparsity(where: str, value: Any) -> float:
@@ -31,8 +31,9 @@ def check_sparsity(where: str, value: Any) -> float:
 def parse_target(where: str, sparsity: Any, nm: Any) -> Target | None:
   """(sparsity, nm) of a default or an override; None leaves the layer dense."""
   if nm is not None and sparsity is not None:
-    raise ValueError(f'{where}: give a sparsity or an N:M pattern, not both '
-                     f'(sparsity={sparsity!r}, nm={nm!r}).')
+    raise ValueError(
+      f'{where}: give a sparsity or an N:M pattern, not both (sparsity={sparsity!r}, nm={nm!r}).'
+    )
   if nm is not None:
     return 0.0, nm_lib.parse_nm(nm)
   if sparsity is None:
@@ -57,8 +58,9 @@ def layer_key(layer: Layer) -> tuple[int, int | None]:
   return layer.leaf, layer.stack.index if layer.stack is not None else None
 
 
-def layer_targets(layers: list[Layer], default: Target | None, overrides: Mapping[str, Any]
-                  ) -> dict[tuple[int, int | None], Target | None]:
+def layer_targets(
+  layers: list[Layer], default: Target | None, overrides: Mapping[str, Any]
+) -> dict[tuple[int, int | None], Target | None]:
   """Each layer's target: its override's (one regex at most), else the default."""
   parsed = {}
   for regex, value in overrides.items():
@@ -71,14 +73,16 @@ def layer_targets(layers: list[Layer], default: Target | None, overrides: Mappin
   for layer in layers:
     hits = [r for r in parsed if re.search(r, layer.name)]
     if len(hits) > 1:
-      raise ValueError(f'overrides: layer {layer.name!r} matches several regexes {hits}; '
-                       'make them exclusive.')
+      raise ValueError(
+        f'overrides: layer {layer.name!r} matches several regexes {hits}; make them exclusive.'
+      )
     used.update(hits)
     targets[layer_key(layer)] = parsed[hits[0]] if hits else default
   unused = [r for r in parsed if r not in used]
   if unused:
-    raise ValueError(f'overrides: {unused} match no layer; the layers are '
-                     f'{[layer.name for layer in layers]}.')
+    raise ValueError(
+      f'overrides: {unused} match no layer; the layers are {[layer.name for layer in layers]}.'
+    )
   return targets
 
 
@@ -90,9 +94,10 @@ def check_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
     inputs = int(np.prod([leaves[layer.leaf].shape[a] for a in layer.in_axes]))
     if inputs % target[1][1]:
       raise ValueError(
-          f'nm={target[1][0]}:{target[1][1]}: layer {layer.name!r} has {inputs} inputs, not '
-          f'divisible by M={target[1][1]}; choose an M dividing {inputs} or leave the layer '
-          'out with overrides={regex: None}.')
+        f'nm={target[1][0]}:{target[1][1]}: layer {layer.name!r} has {inputs} inputs, not '
+        f'divisible by M={target[1][1]}; choose an M dividing {inputs} or leave the layer '
+        'out with overrides={regex: None}.'
+      )
 
 
 def model_function(fn: Any, params: PyTree) -> Callable[[PyTree, Any], Any]:
@@ -105,8 +110,10 @@ def model_function(fn: Any, params: PyTree) -> Callable[[PyTree, Any], Any]:
     return fn
   if not isinstance(module, linen.Module):
     if not callable(fn):
-      raise TypeError(f'fn={fn!r}: must be the model, as a function fn(params, batch) such as '
-                      "lambda p, x: model.apply({'params': p}, x), or a Flax module.")
+      raise TypeError(
+        f'fn={fn!r}: must be the model, as a function fn(params, batch) such as '
+        "lambda p, x: model.apply({'params': p}, x), or a Flax module."
+      )
     return fn
   if isinstance(params, Mapping) and 'params' in params:
     return lambda variables, batch: module.apply(variables, batch)
@@ -120,35 +127,43 @@ def trace_model(fn: Callable, params: PyTree, batch: Any) -> Any:
   except Exception as err:  # the user's model failed on these arguments
     first = str(err).strip().splitlines()[0] if str(err).strip() else ''
     raise ValueError(
-        f'oneshot.prune: fn(params, batch) raised {type(err).__name__}: {first[:300]}. fn '
-        'must run the model on the params tree given and on one calibration batch, e.g. '
-        "lambda p, x: model.apply({'params': p}, x); check the params and the batch's "
-        'shape.') from err
+      f'oneshot.prune: fn(params, batch) raised {type(err).__name__}: {first[:300]}. fn '
+      'must run the model on the params tree given and on one calibration batch, e.g. '
+      "lambda p, x: model.apply({'params': p}, x); check the params and the batch's "
+      'shape.'
+    ) from err
 
 
 def read_batches(fn: Callable, params: PyTree, calibration_batches: Iterable[Any]) -> tuple:
   if hasattr(calibration_batches, 'shape') and hasattr(calibration_batches, 'dtype'):
     shape = tuple(calibration_batches.shape)
     raise ValueError(
-        f'calibration_batches is one array of shape {shape}, which would be read as '
-        f'{shape[0] if shape else 0} batches of one example each; pass a list of batches: '
-        '[x] for one batch, or [x[i:i + 64] for i in range(0, len(x), 64)].')
+      f'calibration_batches is one array of shape {shape}, which would be read as '
+      f'{shape[0] if shape else 0} batches of one example each; pass a list of batches: '
+      '[x] for one batch, or [x[i:i + 64] for i in range(0, len(x), 64)].'
+    )
   batches = list(calibration_batches)
   if not batches:
-    raise ValueError('calibration_batches: one-shot pruning needs at least one calibration '
-                     'batch (the inputs `fn(params, batch)` is called with).')
+    raise ValueError(
+      'calibration_batches: one-shot pruning needs at least one calibration '
+      'batch (the inputs `fn(params, batch)` is called with).'
+    )
   for i, batch in enumerate(batches):
     for x in jax.tree.leaves(batch):
       x = np.asarray(x) if not isinstance(x, jax.Array) else x
       if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
-        raise ValueError(f'calibration_batches[{i}] holds NaN or Inf values; the statistics '
-                         'of every layer would be NaN. Give finite calibration data.')
+        raise ValueError(
+          f'calibration_batches[{i}] holds NaN or Inf values; the statistics '
+          'of every layer would be NaN. Give finite calibration data.'
+        )
   closed = trace_model(fn, params, batches[0])
   first = [jax.typeof(x) for x in jax.tree.leaves(batches[0])]
   for i, batch in enumerate(batches[1:], 1):
     avals = [jax.typeof(x) for x in jax.tree.leaves(batch)]
     if [(a.shape, a.dtype) for a in avals] != [(a.shape, a.dtype) for a in first]:
-      raise ValueError(f'calibration_batches[{i}]: shapes {[a.str_short() for a in avals]} '
-                       f'differ from batch 0 ({[a.str_short() for a in first]}); give '
-                       'batches of one shape.')
+      raise ValueError(
+        f'calibration_batches[{i}]: shapes {[a.str_short() for a in avals]} '
+        f'differ from batch 0 ({[a.str_short() for a in first]}); give '
+        'batches of one shape.'
+      )
   return closed, batches

@@ -39,27 +39,32 @@ from jax.extend import core as jcore
 from jaxprune.structured._shared import call_body, scan_layout
 
 Scope = tuple[int, ...]
-ScanKey = tuple[Scope, int]     # (scope, equation index) of a scan
+ScanKey = tuple[Scope, int]  # (scope, equation index) of a scan
 _RELAYOUTS = ('convert_element_type', 'copy', 'copy_p', 'transpose')
-_WHY = {'while': 'used inside a while loop', 'cond': 'used inside a cond branch',
-        'gather': 'read by a gather, as an embedding lookup is'}
+_WHY = {
+  'while': 'used inside a while loop',
+  'cond': 'used inside a cond branch',
+  'gather': 'read by a gather, as an embedding lookup is',
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Site:
   """One `dot_general` or `conv_general_dilated` reading the weight: where it is and
   how it contracts."""
+
   scope: Scope
-  index: int            # equation index in its scope
-  operand: int          # the activation's operand index (0 or 1)
-  contracting: tuple[int, ...]   # the activation's contracted axes, paired with `in_axes`
-  conv: bool = False    # a convolution: its input patches are contracted
+  index: int  # equation index in its scope
+  operand: int  # the activation's operand index (0 or 1)
+  contracting: tuple[int, ...]  # the activation's contracted axes, paired with `in_axes`
+  conv: bool = False  # a convolution: its input patches are contracted
 
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
   """Where a stacked layer lies: slice `index` along `axis` of its leaf, read at the step
   of the scan at `scan` (its scope and equation index) that takes that slice."""
+
   scan: ScanKey
   axis: int
   index: int
@@ -83,6 +88,7 @@ class Layer:
     groups: a convolution's `feature_group_count` (output feature `o` reads the
       input features of group `o // (outputs / groups)`); 1 for a matmul.
   """
+
   leaf: int
   name: str
   in_axes: tuple[int, ...]
@@ -103,7 +109,7 @@ class _Use:
   site: Site
   in_axes: tuple[int, ...]
   taint: frozenset[Token]
-  stack: tuple[ScanKey, int] | None   # (scan, stacked axis of the leaf)
+  stack: tuple[ScanKey, int] | None  # (scan, stacked axis of the leaf)
   groups: int
 
 
@@ -173,12 +179,20 @@ class _Walk:
       for out in eqn.outvars:
         self._set(scope, out, None, taint)
 
-  def _weight(self, scope: Scope, index: int, view: Any, in_axes: tuple[int, ...],
-              site: Site, taint: frozenset[Token], groups: int = 1) -> Token:
+  def _weight(
+    self,
+    scope: Scope,
+    index: int,
+    view: Any,
+    in_axes: tuple[int, ...],
+    site: Site,
+    taint: frozenset[Token],
+    groups: int = 1,
+  ) -> Token:
     """Records a weight's use at a site; the taint token of its output."""
     leaf, _, stack = view
     self.uses.setdefault(leaf, {})[(scope, index)] = _Use(site, in_axes, taint, stack, groups)
-    return (('cur', leaf) if stack is not None else (leaf, None))
+    return ('cur', leaf) if stack is not None else (leaf, None)
 
   def _dot(self, scope, index, eqn, views, reads) -> bool:
     """Records a weight's use by `dot_general`; False when it is not one."""
@@ -206,12 +220,13 @@ class _Walk:
     if views[0] is not None or eqn.params['batch_group_count'] != 1:
       self.refuse(views, 'read by a convolution of two weights or with batch_group_count > 1')
       return False
-    rhs = eqn.params['dimension_numbers'].rhs_spec   # (out feature, in feature, spatial...)
+    rhs = eqn.params['dimension_numbers'].rhs_spec  # (out feature, in feature, spatial...)
     axes = views[1][1]
     in_axes = tuple(axes[a] for a in (*rhs[2:], rhs[1]))
     site = Site(scope, index, 0, (), conv=True)
-    token = self._weight(scope, index, views[1], in_axes, site, reads[0][1],
-                         groups=eqn.params['feature_group_count'])
+    token = self._weight(
+      scope, index, views[1], in_axes, site, reads[0][1], groups=eqn.params['feature_group_count']
+    )
     self._set(scope, eqn.outvars[0], None, reads[0][1] | {token})
     return True
 
@@ -224,10 +239,11 @@ class _Walk:
     sub = scope + (index, 0)
     inner = layout.body.jaxpr
     n_fixed = layout.n_fixed
-    for (view, _), var in zip(reads[:layout.n_consts], inner.invars[:layout.n_consts],
-                              strict=True):
+    for (view, _), var in zip(
+      reads[: layout.n_consts], inner.invars[: layout.n_consts], strict=True
+    ):
       self.refuse([view], _const_reason(inner, var))
-    self.refuse([v for v, _ in reads[layout.n_consts:n_fixed]], 'carried through a scan')
+    self.refuse([v for v, _ in reads[layout.n_consts : n_fixed]], 'carried through a scan')
     xs_views = []
     for view, _ in reads[n_fixed:]:
       if view is None:
@@ -235,18 +251,17 @@ class _Walk:
       else:
         leaf, axes, _ = view
         xs_views.append((leaf, axes[1:], (key, axes[0])))
-    init = [t for _, t in reads[layout.n_consts:n_fixed]]
+    init = [t for _, t in reads[layout.n_consts : n_fixed]]
     carry = list(init)
     self.in_scan = key
     while True:
-      taints = [t for _, t in reads[:layout.n_consts]] + carry + [t for _, t in reads[n_fixed:]]
+      taints = [t for _, t in reads[: layout.n_consts]] + carry + [t for _, t in reads[n_fixed:]]
       views = [None] * n_fixed + xs_views
       for var, view, t in zip(inner.invars, views, taints, strict=True):
         self._set(sub, var, view, t)
       self.walk(inner, sub)
       outs = [self.read(sub, v)[1] for v in inner.outvars]
-      new = [start | _earlier(out)
-             for start, out in zip(init, outs[:layout.n_carry], strict=True)]
+      new = [start | _earlier(out) for start, out in zip(init, outs[: layout.n_carry], strict=True)]
       if new == carry:
         break
       carry = new
@@ -268,10 +283,13 @@ def _const_reason(body: Any, var: Any) -> str:
   """Why a scan's const is not pruned: the body reads it whole at every step, or slices
   it per step (`w[i]`, as `fori_loop` bodies do), which only a scanned-over operand does
   in a way this pass follows."""
-  if any(var in eqn.invars and eqn.primitive.name in ('dynamic_slice', 'gather')
-         for eqn in body.eqns):
-    return ("a const of a scan that its body slices per step (w[i]); pass the stacked "
-            "weights as the scan's xs to prune each step's slice")
+  if any(
+    var in eqn.invars and eqn.primitive.name in ('dynamic_slice', 'gather') for eqn in body.eqns
+  ):
+    return (
+      'a const of a scan that its body slices per step (w[i]); pass the stacked '
+      "weights as the scan's xs to prune each step's slice"
+    )
   return 'a const of a scan: the same weight at every step'
 
 
@@ -304,13 +322,14 @@ def find_layers(closed: Any, names: list[str]) -> list[Layer]:
   return layers_and_reasons(closed, names)[0]
 
 
-def layers_and_reasons(closed: Any, names: list[str]
-                       ) -> tuple[list[Layer], dict[int, tuple[str, int | None]]]:
+def layers_and_reasons(
+  closed: Any, names: list[str]
+) -> tuple[list[Layer], dict[int, tuple[str, int | None]]]:
   """`find_layers`, and for each leaf that is not a layer but is used, why not (and its
   stacked axis, for a use of a stack's slices: the weight is then one slice)."""
   jaxpr = closed.jaxpr
   walk = _Walk()
-  for leaf, var in enumerate(jaxpr.invars[:len(names)]):
+  for leaf, var in enumerate(jaxpr.invars[: len(names)]):
     walk.view[((), var)] = (leaf, tuple(range(len(var.aval.shape))), None)
   walk.walk(jaxpr, ())
   reasons = dict(walk.reasons)
@@ -320,8 +339,10 @@ def layers_and_reasons(closed: Any, names: list[str]
     if leaf in reasons:
       continue
     if len({(u.in_axes, u.stack, u.groups) for u in uses}) != 1:
-      reasons[leaf] = ('used by several products that contract different axes, or in '
-                       'different scans', None)
+      reasons[leaf] = (
+        'used by several products that contract different axes, or in different scans',
+        None,
+      )
       continue
     found[leaf] = uses
   waves = _waves(found, walk.scans)
@@ -330,16 +351,27 @@ def layers_and_reasons(closed: Any, names: list[str]
     first = uses[0]
     sites = tuple(u.site for u in uses)
     if first.stack is None:
-      layers.append(Layer(leaf, names[leaf], first.in_axes, sites, waves[(leaf, None)],
-                          groups=first.groups))
+      layers.append(
+        Layer(leaf, names[leaf], first.in_axes, sites, waves[(leaf, None)], groups=first.groups)
+      )
       continue
     scan, axis = first.stack
     length = walk.scans[scan].length
     for i in range(length):
-      layers.append(Layer(leaf, f'{names[leaf]}[{i}]', first.in_axes, sites, waves[(leaf, i)],
-                          Stack(scan, axis, i, length), first.groups))
-  order = sorted(layers, key=lambda layer: (layer.wave, layer.leaf,
-                                            layer.stack.index if layer.stack else 0))
+      layers.append(
+        Layer(
+          leaf,
+          f'{names[leaf]}[{i}]',
+          first.in_axes,
+          sites,
+          waves[(leaf, i)],
+          Stack(scan, axis, i, length),
+          first.groups,
+        )
+      )
+  order = sorted(
+    layers, key=lambda layer: (layer.wave, layer.leaf, layer.stack.index if layer.stack else 0)
+  )
   return order, reasons
 
 
@@ -378,13 +410,20 @@ def _waves(found: dict[int, list[_Use]], scans: dict[ScanKey, Any]) -> dict[Hash
     return [r for r in out if r != node and (r[0] == 'before' or r[0] in found)]
 
   nodes = [(leaf, None) for leaf, uses in found.items() if uses[0].stack is None]
-  nodes += [(leaf, i) for leaf, uses in found.items() if uses[0].stack is not None
-            for i in range(scans[uses[0].stack[0]].length)]
+  nodes += [
+    (leaf, i)
+    for leaf, uses in found.items()
+    if uses[0].stack is not None
+    for i in range(scans[uses[0].stack[0]].length)
+  ]
   return _longest_paths(nodes, reads, lambda node: 0 if node[0] == 'before' else 1)
 
 
-def _longest_paths(nodes: Iterable[Hashable], reads: Callable[[Hashable], Iterable[Hashable]],
-                   step: Callable[[Hashable], int]) -> dict[Hashable, int]:
+def _longest_paths(
+  nodes: Iterable[Hashable],
+  reads: Callable[[Hashable], Iterable[Hashable]],
+  step: Callable[[Hashable], int],
+) -> dict[Hashable, int]:
   """`value(n) = step(n) + max(value(r) for r in reads(n))` (-1 for no reads), by an
   explicit depth-first search (a stack of hundreds of layers is deeper than Python's
   recursion); a read that closes a cycle (a weight used twice along a path) is left out."""

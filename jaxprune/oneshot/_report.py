@@ -21,6 +21,7 @@ class LayerReport:
       and Wanda's scripts print per layer, made relative); NaN when its output
       is zero on all of them.
   """
+
   name: str
   shape: tuple[int, int]
   target: str
@@ -38,6 +39,7 @@ class Report:
     skipped: `(name, reason)` of each weight the methods cannot prune (a leaf
       with two axes longer than 1 that is not a layer), as `prune` warns.
   """
+
   layers: tuple[LayerReport, ...]
   skipped: tuple[tuple[str, str], ...]
 
@@ -48,7 +50,9 @@ class Report:
     lines = [f'{"layer":<{width}}  {"outputs x inputs":>16}  target  sparsity  rel. error']
     for layer in self.layers:
       shape = f'{layer.shape[0]} x {layer.shape[1]}'
-      lines.append(f'{layer.name:<{width}}  {shape:>16}  {layer.target:>6}  '
-                   f'{layer.sparsity:>8.1%}  {layer.error:>10.4f}')
+      lines.append(
+        f'{layer.name:<{width}}  {shape:>16}  {layer.target:>6}  '
+        f'{layer.sparsity:>8.1%}  {layer.error:>10.4f}'
+      )
     lines += [f'left dense: {name} ({reason})' for name, reason in self.skipped]
     return '\n'.join(lines)

@@ -26,8 +26,9 @@ def _keep(scores: jax.Array, pruned: int, axis: int | None) -> jax.Array:
   return (ranks >= pruned).reshape(scores.shape)
 
 
-def _select(scores: jax.Array, sparsity: float, nm: tuple[int, int] | None,
-            per_row: bool) -> jax.Array:
+def _select(
+  scores: jax.Array, sparsity: float, nm: tuple[int, int] | None, per_row: bool
+) -> jax.Array:
   if nm is not None:
     return nm_lib.nm_mask_from_scores(scores, nm[0], nm[1], axis=-1)
   if per_row:
@@ -36,15 +37,17 @@ def _select(scores: jax.Array, sparsity: float, nm: tuple[int, int] | None,
 
 
 @functools.partial(jax.jit, static_argnames=('sparsity', 'nm', 'per_row'))
-def magnitude(w: jax.Array, *, sparsity: float, nm: tuple[int, int] | None,
-              per_row: bool) -> jax.Array:
+def magnitude(
+  w: jax.Array, *, sparsity: float, nm: tuple[int, int] | None, per_row: bool
+) -> jax.Array:
   """Keeps the largest |W|, over the whole layer or within each output row."""
   return _select(jnp.abs(w.astype(jnp.float32)), sparsity, nm, per_row)
 
 
 @functools.partial(jax.jit, static_argnames=('sparsity', 'nm'))
-def wanda(w: jax.Array, sqnorm: jax.Array, *, sparsity: float,
-          nm: tuple[int, int] | None) -> jax.Array:
+def wanda(
+  w: jax.Array, sqnorm: jax.Array, *, sparsity: float, nm: tuple[int, int] | None
+) -> jax.Array:
   """Wanda (Sun et al. 2023, arXiv 2306.11695): keeps the largest |W_ij| * ||X_j||_2
   within each output row i, `X_j` the j-th input channel over all calibration tokens.
 
@@ -54,8 +57,9 @@ def wanda(w: jax.Array, sqnorm: jax.Array, *, sparsity: float,
   return _select(scores, sparsity, nm, per_row=True)
 
 
-def inverse_hessian_factor(h: jax.Array, w: jax.Array, percdamp: float
-                           ) -> tuple[jax.Array, jax.Array]:
+def inverse_hessian_factor(
+  h: jax.Array, w: jax.Array, percdamp: float
+) -> tuple[jax.Array, jax.Array]:
   """(upper Cholesky factor U of the dampened H^-1 with H^-1 = U^T U, W with dead inputs
   zeroed). A dead input (diag H = 0: never nonzero on the calibration data) gets H_jj = 1."""
   dead = jnp.diag(h) == 0
@@ -72,14 +76,21 @@ def _nm_block_step(w1, u1, prune1, i, nm):
   n, m = nm
   group = jax.lax.dynamic_slice_in_dim(w1, i, m, axis=1)
   diag = jax.lax.dynamic_slice_in_dim(jnp.diag(u1), i, m)
-  chosen = ~_keep(group ** 2 / diag[None, :] ** 2, m - n, axis=1)
+  chosen = ~_keep(group**2 / diag[None, :] ** 2, m - n, axis=1)
   updated = jax.lax.dynamic_update_slice_in_dim(prune1, chosen, i, axis=1)
   return jnp.where(i % m == 0, updated, prune1)
 
 
 @functools.partial(jax.jit, static_argnames=('sparsity', 'nm', 'blocksize', 'percdamp'))
-def sparsegpt(w: jax.Array, h: jax.Array, *, sparsity: float, nm: tuple[int, int] | None,
-              blocksize: int, percdamp: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+def sparsegpt(
+  w: jax.Array,
+  h: jax.Array,
+  *,
+  sparsity: float,
+  nm: tuple[int, int] | None,
+  blocksize: int,
+  percdamp: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """SparseGPT (Frantar & Alistarh 2023, arXiv 2301.00774, Algorithm 1) on one layer.
 
   Columns (inputs) are visited left to right in blocks of `blocksize`. At the
@@ -109,7 +120,7 @@ def sparsegpt(w: jax.Array, h: jax.Array, *, sparsity: float, nm: tuple[int, int
     u1 = u[i1:i2, i1:i2]
     w1 = w[:, i1:i2]
     if nm is None:
-      scores = w1 ** 2 / jnp.diag(u1)[None, :] ** 2
+      scores = w1**2 / jnp.diag(u1)[None, :] ** 2
       prune1 = ~_keep(scores, round(sparsity * w1.size), axis=None)
     else:
       prune1 = jnp.zeros(w1.shape, bool)
@@ -138,8 +149,10 @@ def relative_error(w: jax.Array, new: jax.Array, gram: jax.Array) -> jax.Array:
   """`||W X - W' X||^2 / ||W X||^2` summed over the rows of X, from the Gram matrix
   `X^T X`: `tr(D G D^T) / tr(W G W^T)`, D = W - W'. All three have a leading axis of
   feature groups, each with its own inputs; NaN when `W X` is zero."""
+
   def energy(m):
     return jnp.sum(jnp.matmul(m, gram, precision=_HIGHEST) * m)
+
   before = energy(w)
   return jnp.where(before > 0, energy(w - new) / before, jnp.nan)
 

@@ -11,7 +11,23 @@ from jaxprune.sparse._summaries import apply_masks, find_state, get_masks
 from jaxprune.sparse._training import SparseState, drop_fraction_at, reset_at, sparse_training
 
 __all__ = [
-    'STEState', 'SparseState', 'apply_masks', 'densities', 'drop_and_grow', 'drop_fraction_at',
-    'erk_densities', 'find_state', 'get_masks', 'kept_count', 'random_mask', 'reset_at', 'rigl',
-    'set_', 'sparse_names', 'sparse_training', 'static', 'ste', 'top_k_mask',
+  'STEState',
+  'SparseState',
+  'apply_masks',
+  'densities',
+  'drop_and_grow',
+  'drop_fraction_at',
+  'erk_densities',
+  'find_state',
+  'get_masks',
+  'kept_count',
+  'random_mask',
+  'reset_at',
+  'rigl',
+  'set_',
+  'sparse_names',
+  'sparse_training',
+  'static',
+  'ste',
+  'top_k_mask',
 ]

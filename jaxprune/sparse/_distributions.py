@@ -24,8 +24,11 @@ PruneFilter = Callable[[str, Any], bool]
 DISTRIBUTIONS = ('uniform', 'erk')
 
 
-def sparse_names(params: PyTree, weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
-                 prune_filter: PruneFilter | None = None) -> list[str]:
+def sparse_names(
+  params: PyTree,
+  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
+  prune_filter: PruneFilter | None = None,
+) -> list[str]:
   """Names of the leaves that get a mask, in the params' flattening order.
 
   By default those whose name matches `weight_name_regex` and that have at
@@ -35,14 +38,20 @@ def sparse_names(params: PyTree, weight_name_regex: str = DEFAULT_WEIGHT_NAME_RE
   maps.check_regex('weight_name_regex', weight_name_regex)
   pattern = re.compile(weight_name_regex)
   if prune_filter is None:
+
     def prune_filter(name, leaf):
       return bool(pattern.search(name)) and len(leaf.shape) >= 2
-  return [name for name, leaf in named_leaves(params)
-          if math.prod(leaf.shape) > 0 and prune_filter(name, leaf)]
+
+  return [
+    name
+    for name, leaf in named_leaves(params)
+    if math.prod(leaf.shape) > 0 and prune_filter(name, leaf)
+  ]
 
 
-def erk_densities(shapes: Mapping[str, tuple[int, ...]], sparsity: float,
-                  power: float = 1.0) -> dict[str, float]:
+def erk_densities(
+  shapes: Mapping[str, tuple[int, ...]], sparsity: float, power: float = 1.0
+) -> dict[str, float]:
   """ERK densities (Evci et al. 2020) of leaves with these shapes, for global `sparsity`.
 
   Args:
@@ -69,11 +78,16 @@ def erk_densities(shapes: Mapping[str, tuple[int, ...]], sparsity: float,
     dense.update(n for n in sparse if raw[n] == largest)
 
 
-def densities(params: PyTree, sparsity: float, distribution: str = 'uniform', *,
-              sparsity_map: Mapping[str, float] | None = None,
-              weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
-              prune_filter: PruneFilter | None = None,
-              erk_power: float = 1.0) -> dict[str, float]:
+def densities(
+  params: PyTree,
+  sparsity: float,
+  distribution: str = 'uniform',
+  *,
+  sparsity_map: Mapping[str, float] | None = None,
+  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
+  prune_filter: PruneFilter | None = None,
+  erk_power: float = 1.0,
+) -> dict[str, float]:
   """The density (kept fraction) of every sparse leaf.
 
   Args:
@@ -95,8 +109,10 @@ def densities(params: PyTree, sparsity: float, distribution: str = 'uniform', *,
   if distribution not in DISTRIBUTIONS:
     raise ValueError(f'distribution={distribution!r}: use one of {DISTRIBUTIONS}.')
   if not (isinstance(erk_power, (int, float)) and math.isfinite(erk_power) and erk_power >= 0):
-    raise ValueError(f'erk_power={erk_power!r}: must be a finite number >= 0 (1 is the '
-                     "ERK paper's; 0 gives every leaf the same density).")
+    raise ValueError(
+      f'erk_power={erk_power!r}: must be a finite number >= 0 (1 is the '
+      "ERK paper's; 0 gives every leaf the same density)."
+    )
   entries = dict(sparsity_map or {})
   for regex, value in entries.items():
     maps.check_regex(f'sparsity_map entry {regex!r}', regex)
@@ -105,20 +121,26 @@ def densities(params: PyTree, sparsity: float, distribution: str = 'uniform', *,
   shapes = {name: tuple(leaf.shape) for name, leaf in named_leaves(params)}
   names = sparse_names(params, weight_name_regex, prune_filter)
   if not names:
-    raise ValueError(f'no leaf is sparse: none matches weight_name_regex={weight_name_regex!r} '
-                     'with 2 or more dimensions; pass another regex or a prune_filter.')
+    raise ValueError(
+      f'no leaf is sparse: none matches weight_name_regex={weight_name_regex!r} '
+      'with 2 or more dimensions; pass another regex or a prune_filter.'
+    )
   fixed = {}
   for name in names:
     matches = [regex for regex in entries if re.search(regex, name)]
     if len(matches) > 1:
-      raise ValueError(f'sparsity_map: leaf {name!r} matches several entries {matches}; '
-                       'make the regexes exclusive.')
+      raise ValueError(
+        f'sparsity_map: leaf {name!r} matches several entries {matches}; '
+        'make the regexes exclusive.'
+      )
     if matches:
       fixed[name] = 1.0 - entries[matches[0]]
   unused = [regex for regex in entries if not any(re.search(regex, n) for n in names)]
   if unused:
-    raise ValueError(f'sparsity_map entries {unused} match no sparse leaf; the sparse leaves '
-                     f'are {names}. Fix the regexes (matched with re.search) or drop them.')
+    raise ValueError(
+      f'sparsity_map entries {unused} match no sparse leaf; the sparse leaves '
+      f'are {names}. Fix the regexes (matched with re.search) or drop them.'
+    )
   rest = [name for name in names if name not in fixed]
   if distribution == 'erk':
     spread = erk_densities({n: shapes[n] for n in rest}, sparsity, erk_power) if rest else {}
@@ -130,4 +152,3 @@ def densities(params: PyTree, sparsity: float, distribution: str = 'uniform', *,
 def kept_count(size: int, density: float) -> int:
   """Entries kept in a leaf of `size` at `density`: round(size * density), at least 1."""
   return min(size, max(1, round(size * density)))
-

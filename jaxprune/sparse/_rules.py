@@ -13,11 +13,17 @@ from jaxprune.sparse._training import sparse_training
 PruneFilter = Callable[[str, Any], bool]
 
 
-def static(inner: optax.GradientTransformation, sparsity: float, *,
-           distribution: str = 'uniform', sparsity_map: Mapping[str, float] | None = None,
-           seed: int = 0, weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
-           prune_filter: PruneFilter | None = None,
-           erk_power: float = 1.0) -> optax.GradientTransformation:
+def static(
+  inner: optax.GradientTransformation,
+  sparsity: float,
+  *,
+  distribution: str = 'uniform',
+  sparsity_map: Mapping[str, float] | None = None,
+  seed: int = 0,
+  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
+  prune_filter: PruneFilter | None = None,
+  erk_power: float = 1.0,
+) -> optax.GradientTransformation:
   """Static sparse training: random masks drawn at `init`, never changed.
 
   The baseline of Evci et al. 2020 (arXiv:1911.11134, "Static"); with
@@ -37,19 +43,35 @@ def static(inner: optax.GradientTransformation, sparsity: float, *,
     An `optax.GradientTransformation` whose `update` needs `params`; its state is a
     `SparseState`.
   """
-  return sparse_training(inner, sparsity, rule='static', distribution=distribution,
-                         sparsity_map=sparsity_map, seed=seed,
-                         weight_name_regex=weight_name_regex, prune_filter=prune_filter,
-                         erk_power=erk_power)
+  return sparse_training(
+    inner,
+    sparsity,
+    rule='static',
+    distribution=distribution,
+    sparsity_map=sparsity_map,
+    seed=seed,
+    weight_name_regex=weight_name_regex,
+    prune_filter=prune_filter,
+    erk_power=erk_power,
+  )
 
 
-def set_(inner: optax.GradientTransformation, sparsity: float, *, end_step: int,
-         update_freq: int = 100, begin_step: int = 0, drop_fraction: float = 0.3,
-         drop_fraction_decay: str = 'cosine', distribution: str = 'uniform',
-         sparsity_map: Mapping[str, float] | None = None, seed: int = 0,
-         weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
-         prune_filter: PruneFilter | None = None,
-         erk_power: float = 1.0) -> optax.GradientTransformation:
+def set_(
+  inner: optax.GradientTransformation,
+  sparsity: float,
+  *,
+  end_step: int,
+  update_freq: int = 100,
+  begin_step: int = 0,
+  drop_fraction: float = 0.3,
+  drop_fraction_decay: str = 'cosine',
+  distribution: str = 'uniform',
+  sparsity_map: Mapping[str, float] | None = None,
+  seed: int = 0,
+  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
+  prune_filter: PruneFilter | None = None,
+  erk_power: float = 1.0,
+) -> optax.GradientTransformation:
   """Sparse Evolutionary Training (Mocanu et al. 2018): drop the smallest, regrow at random.
 
   Every `update_freq` steps after `begin_step` and up to `end_step`, each
@@ -74,21 +96,40 @@ def set_(inner: optax.GradientTransformation, sparsity: float, *, end_step: int,
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
   """
-  return sparse_training(inner, sparsity, rule='set', distribution=distribution,
-                         sparsity_map=sparsity_map, update_freq=update_freq,
-                         begin_step=begin_step, end_step=end_step, drop_fraction=drop_fraction,
-                         drop_fraction_decay=drop_fraction_decay, seed=seed,
-                         weight_name_regex=weight_name_regex, prune_filter=prune_filter,
-                         erk_power=erk_power)
+  return sparse_training(
+    inner,
+    sparsity,
+    rule='set',
+    distribution=distribution,
+    sparsity_map=sparsity_map,
+    update_freq=update_freq,
+    begin_step=begin_step,
+    end_step=end_step,
+    drop_fraction=drop_fraction,
+    drop_fraction_decay=drop_fraction_decay,
+    seed=seed,
+    weight_name_regex=weight_name_regex,
+    prune_filter=prune_filter,
+    erk_power=erk_power,
+  )
 
 
-def rigl(inner: optax.GradientTransformation, sparsity: float, *, end_step: int,
-         update_freq: int = 100, begin_step: int = 0, drop_fraction: float = 0.3,
-         drop_fraction_decay: str = 'cosine', distribution: str = 'erk',
-         sparsity_map: Mapping[str, float] | None = None, seed: int = 0,
-         weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
-         prune_filter: PruneFilter | None = None,
-         erk_power: float = 1.0) -> optax.GradientTransformation:
+def rigl(
+  inner: optax.GradientTransformation,
+  sparsity: float,
+  *,
+  end_step: int,
+  update_freq: int = 100,
+  begin_step: int = 0,
+  drop_fraction: float = 0.3,
+  drop_fraction_decay: str = 'cosine',
+  distribution: str = 'erk',
+  sparsity_map: Mapping[str, float] | None = None,
+  seed: int = 0,
+  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
+  prune_filter: PruneFilter | None = None,
+  erk_power: float = 1.0,
+) -> optax.GradientTransformation:
   """RigL (Evci et al. 2020, arXiv:1911.11134): drop the smallest, grow where |grad| is largest.
 
   As `set_`, except that the grown weights are those of largest dense-gradient
@@ -121,9 +162,19 @@ def rigl(inner: optax.GradientTransformation, sparsity: float, *, end_step: int,
     >>> int((params['Dense_0']['kernel'] != 0).sum())  # 25% of 128 kept
     32
   """
-  return sparse_training(inner, sparsity, rule='rigl', distribution=distribution,
-                         sparsity_map=sparsity_map, update_freq=update_freq,
-                         begin_step=begin_step, end_step=end_step, drop_fraction=drop_fraction,
-                         drop_fraction_decay=drop_fraction_decay, seed=seed,
-                         weight_name_regex=weight_name_regex, prune_filter=prune_filter,
-                         erk_power=erk_power)
+  return sparse_training(
+    inner,
+    sparsity,
+    rule='rigl',
+    distribution=distribution,
+    sparsity_map=sparsity_map,
+    update_freq=update_freq,
+    begin_step=begin_step,
+    end_step=end_step,
+    drop_fraction=drop_fraction,
+    drop_fraction_decay=drop_fraction_decay,
+    seed=seed,
+    weight_name_regex=weight_name_regex,
+    prune_filter=prune_filter,
+    erk_power=erk_power,
+  )

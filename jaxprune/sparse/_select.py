@@ -32,8 +32,9 @@ def random_mask(key: Array, shape: tuple[int, ...], k: int) -> Array:
   return top_k_mask(jax.random.uniform(key, shape), k)
 
 
-def drop_and_grow(mask: Array, drop_scores: Array, grow_scores: Array, n_drop: Array,
-                  max_drop: int) -> Array:
+def drop_and_grow(
+  mask: Array, drop_scores: Array, grow_scores: Array, n_drop: Array, max_drop: int
+) -> Array:
   """Drops the `n_drop` kept entries of lowest `drop_scores`, then grows as many.
 
   The grown entries are those of highest `grow_scores` among the entries not

@@ -42,17 +42,24 @@ class STEState(NamedTuple):
       hold `where(mask, dense, 0)`.
     inner_state: the wrapped optimizer's state (its moments follow the dense weights).
   """
+
   step: Array
   masks: PyTree
   dense: PyTree
   inner_state: PyTree
 
 
-def ste(inner: optax.GradientTransformation, sparsity: float | None = None, *,
-        nm: str | tuple[int, int] | None = None, update_freq: int = 1,
-        distribution: str = 'uniform', sparsity_map: Mapping[str, float] | None = None,
-        weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
-        prune_filter: Callable[[str, Any], bool] | None = None) -> optax.GradientTransformation:
+def ste(
+  inner: optax.GradientTransformation,
+  sparsity: float | None = None,
+  *,
+  nm: str | tuple[int, int] | None = None,
+  update_freq: int = 1,
+  distribution: str = 'uniform',
+  sparsity_map: Mapping[str, float] | None = None,
+  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX,
+  prune_filter: Callable[[str, Any], bool] | None = None,
+) -> optax.GradientTransformation:
   """Sparse training with the straight-through estimator, by magnitude or N:M.
 
   At step 0 and then every `update_freq` steps, each sparse leaf's mask keeps
@@ -78,8 +85,10 @@ def ste(inner: optax.GradientTransformation, sparsity: float | None = None, *,
   check_inner(inner, 'ste')
   pattern = nm_lib.parse_nm(nm)
   if pattern is not None and sparsity is not None:
-    raise ValueError(f'jaxprune.sparse.ste: give a sparsity or an N:M pattern, not both '
-                     f'(sparsity={sparsity!r}, nm={nm!r}): N:M keeps N of every M.')
+    raise ValueError(
+      f'jaxprune.sparse.ste: give a sparsity or an N:M pattern, not both '
+      f'(sparsity={sparsity!r}, nm={nm!r}): N:M keeps N of every M.'
+    )
   sparsity = 0.5 if sparsity is None else sparsity
   if not isinstance(update_freq, int) or update_freq < 1:
     raise ValueError(f'update_freq={update_freq!r}: must be an integer >= 1, e.g. 1.')
@@ -89,32 +98,42 @@ def ste(inner: optax.GradientTransformation, sparsity: float | None = None, *,
       names = distributions.sparse_names(params, weight_name_regex, prune_filter)
       return dict.fromkeys(names, 1.0 - pattern[0] / pattern[1])
     density = distributions.densities(
-        params, sparsity, distribution, sparsity_map=sparsity_map,
-        weight_name_regex=weight_name_regex, prune_filter=prune_filter)
+      params,
+      sparsity,
+      distribution,
+      sparsity_map=sparsity_map,
+      weight_name_regex=weight_name_regex,
+      prune_filter=prune_filter,
+    )
     return {name: 1.0 - d for name, d in density.items() if d < 1.0}
 
   def new_mask(name, weights, target):
     if pattern is not None:
       return nm_lib.nm_mask(weights, *pattern, axis=-2, name=name)
-    return update_mask(weights, jnp.float32(0), jnp.float32(target),
-                       threshold_method='exact')[1]
+    return update_mask(weights, jnp.float32(0), jnp.float32(target), threshold_method='exact')[1]
 
   def init_fn(params):
     targets = sparsities(params)
     for name, leaf in named_leaves(params):
       if name in targets:  # a bad N:M shape fails now, not at step one
         jax.eval_shape(lambda w, n=name: new_mask(n, w, targets[n]), leaf)
-    masks = [jnp.ones(leaf.shape, bool) if name in targets else None
-             for name, leaf in named_leaves(params)]
+    masks = [
+      jnp.ones(leaf.shape, bool) if name in targets else None for name, leaf in named_leaves(params)
+    ]
     dense = [leaf if name in targets else None for name, leaf in named_leaves(params)]
     treedef = jax.tree.structure(params)
-    return STEState(step=jnp.zeros((), jnp.int32), masks=jax.tree.unflatten(treedef, masks),
-                    dense=jax.tree.unflatten(treedef, dense), inner_state=inner.init(params))
+    return STEState(
+      step=jnp.zeros((), jnp.int32),
+      masks=jax.tree.unflatten(treedef, masks),
+      dense=jax.tree.unflatten(treedef, dense),
+      inner_state=inner.init(params),
+    )
 
   def update_fn(grads, state, params=None):
     if params is None:
-      raise ValueError('jaxprune.sparse.ste: the update needs the params: call '
-                       'tx.update(grads, state, params).')
+      raise ValueError(
+        'jaxprune.sparse.ste: the update needs the params: call tx.update(grads, state, params).'
+      )
     check_like_params('ste', grads, params)
     targets = sparsities(params)
     names = [name for name, _ in named_leaves(params)]
@@ -122,32 +141,45 @@ def ste(inner: optax.GradientTransformation, sparsity: float | None = None, *,
     p_leaves = jax.tree.leaves(params)
     is_none = lambda x: x is None  # noqa: E731
     old = jax.tree.leaves(state.masks, is_leaf=is_none)
-    dense = [p if d is None else d
-             for p, d in zip(p_leaves, jax.tree.leaves(state.dense, is_leaf=is_none),
-                             strict=True)]
-    updates, inner_state = inner.update(grads, state.inner_state,
-                                        jax.tree.unflatten(treedef, dense))
+    dense = [
+      p if d is None else d
+      for p, d in zip(p_leaves, jax.tree.leaves(state.dense, is_leaf=is_none), strict=True)
+    ]
+    updates, inner_state = inner.update(
+      grads, state.inner_state, jax.tree.unflatten(treedef, dense)
+    )
     u_leaves = jax.tree.leaves(updates)
-    new_dense = [None if m is None else (d + u).astype(d.dtype)
-                 for m, d, u in zip(old, dense, u_leaves, strict=True)]
+    new_dense = [
+      None if m is None else (d + u).astype(d.dtype)
+      for m, d, u in zip(old, dense, u_leaves, strict=True)
+    ]
     due = state.step % update_freq == 0
 
     def recompute(weights):
       # A leaf with NaN or Inf weights keeps its mask (its count would break).
-      return [None if w is None else jnp.where(
+      return [
+        None
+        if w is None
+        else jnp.where(
           jnp.all(jnp.isfinite(w)),
-          select.on_any_mesh(functools.partial(new_mask, n, target=targets[n]), w, w), m)
-              for n, w, m in zip(names, weights, old, strict=True)]
+          select.on_any_mesh(functools.partial(new_mask, n, target=targets[n]), w, w),
+          m,
+        )
+        for n, w, m in zip(names, weights, old, strict=True)
+      ]
 
     new = lax.cond(due, recompute, lambda _: old, new_dense)
     # Kept before and after: params == dense, so adding `u` stores exactly the new dense
     # weight; newly kept: params are 0, and 0 + w is w.
-    out = [u if n is None else jnp.where(n, jnp.where(m, u, w), -p).astype(u.dtype)
-           for u, p, m, n, w in zip(u_leaves, p_leaves, old, new, new_dense, strict=True)]
+    out = [
+      u if n is None else jnp.where(n, jnp.where(m, u, w), -p).astype(u.dtype)
+      for u, p, m, n, w in zip(u_leaves, p_leaves, old, new, new_dense, strict=True)
+    ]
     return jax.tree.unflatten(treedef, out), STEState(
-        step=optax.safe_increment(state.step),
-        masks=jax.tree.unflatten(treedef, new), dense=jax.tree.unflatten(treedef, new_dense),
-        inner_state=inner_state)
+      step=optax.safe_increment(state.step),
+      masks=jax.tree.unflatten(treedef, new),
+      dense=jax.tree.unflatten(treedef, new_dense),
+      inner_state=inner_state,
+    )
 
   return optax.GradientTransformation(init_fn, update_fn)
-

@@ -18,11 +18,16 @@ _STATES = (SparseState, STEState)
 
 def find_state(opt_state: PyTree) -> SparseState | STEState:
   """The one `SparseState` or `STEState` inside an optax state (or the state itself)."""
-  found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _STATES))
-           if isinstance(x, _STATES)]
+  found = [
+    x
+    for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _STATES))
+    if isinstance(x, _STATES)
+  ]
   if len(found) != 1:
-    raise ValueError(f'expected one jaxprune.sparse state in the optimizer state, found '
-                     f'{len(found)}; pass the SparseState or STEState itself.')
+    raise ValueError(
+      f'expected one jaxprune.sparse state in the optimizer state, found '
+      f'{len(found)}; pass the SparseState or STEState itself.'
+    )
   return found[0]
 
 
@@ -34,5 +39,9 @@ def get_masks(opt_state: PyTree) -> dict[str, Array]:
 
 def apply_masks(params: PyTree, opt_state: PyTree) -> PyTree:
   """`params` with the entries outside the masks set to zero (e.g. right after `init`)."""
-  return jax.tree.map(lambda m, p: p if m is None else jnp.where(m, p, jnp.zeros_like(p)),
-                      find_state(opt_state).masks, params, is_leaf=lambda x: x is None)
+  return jax.tree.map(
+    lambda m, p: p if m is None else jnp.where(m, p, jnp.zeros_like(p)),
+    find_state(opt_state).masks,
+    params,
+    is_leaf=lambda x: x is None,
+  )

@@ -35,7 +35,15 @@ from jaxprune.structured._shrink.verify import checked_callable, compare, traced
 from jaxprune.structured._trace.kinds import activation_products
 
 __all__ = [
-    'FlopsReport', 'activation_products', 'call_body', 'checked_callable', 'compare',
-    'count_flops', 'flops_kept', 'flops_text', 'is_weight',
-    'scan_layout', 'traced_outputs',
+  'FlopsReport',
+  'activation_products',
+  'call_body',
+  'checked_callable',
+  'compare',
+  'count_flops',
+  'flops_kept',
+  'flops_text',
+  'is_weight',
+  'scan_layout',
+  'traced_outputs',
 ]

@@ -13,13 +13,13 @@ if TYPE_CHECKING:
   from jaxprune.train._data import Dataset, load_digits, load_npz
   from jaxprune.train._defaults import get_config, pruning_config
   from jaxprune.train._errors import (
-      ConfigError,
-      DamagedCheckpointError,
-      DivergedError,
-      IncompatibleWorkdirError,
-      RunError,
-      StorageError,
-      WorkdirBusyError,
+    ConfigError,
+    DamagedCheckpointError,
+    DivergedError,
+    IncompatibleWorkdirError,
+    RunError,
+    StorageError,
+    WorkdirBusyError,
   )
   from jaxprune.train._loop import TrainResult, train
   from jaxprune.train._models import CNN, MLP
@@ -28,15 +28,26 @@ if TYPE_CHECKING:
 
 # name -> the private module that defines it
 _MODULES = {
-    'Dataset': '_data', 'load_digits': '_data', 'load_npz': '_data',
-    'get_config': '_defaults', 'pruning_config': '_defaults',
-    'RunError': '_errors', 'ConfigError': '_errors', 'IncompatibleWorkdirError': '_errors',
-    'WorkdirBusyError': '_errors', 'DivergedError': '_errors', 'StorageError': '_errors',
-    'DamagedCheckpointError': '_errors',
-    'TrainResult': '_loop', 'train': '_loop',
-    'CNN': '_models', 'MLP': '_models',
-    'format_report': '_report',
-    'TrainState': '_step', 'make_optimizer': '_step', 'make_train_step': '_step',
+  'Dataset': '_data',
+  'load_digits': '_data',
+  'load_npz': '_data',
+  'get_config': '_defaults',
+  'pruning_config': '_defaults',
+  'RunError': '_errors',
+  'ConfigError': '_errors',
+  'IncompatibleWorkdirError': '_errors',
+  'WorkdirBusyError': '_errors',
+  'DivergedError': '_errors',
+  'StorageError': '_errors',
+  'DamagedCheckpointError': '_errors',
+  'TrainResult': '_loop',
+  'train': '_loop',
+  'CNN': '_models',
+  'MLP': '_models',
+  'format_report': '_report',
+  'TrainState': '_step',
+  'make_optimizer': '_step',
+  'make_train_step': '_step',
 }
 
 __all__ = sorted(_MODULES)

@@ -48,6 +48,7 @@ class ChannelResult(NamedTuple):
     test_accuracy: the exported artifact's accuracy on the test split.
     path: where the artifact was written (None without a workdir).
   """
+
   groups: list[tuple[str, int, int]]
   flops_before: float
   flops_after: float
@@ -59,23 +60,31 @@ class ChannelResult(NamedTuple):
   def flops_kept(self) -> float:
     """FLOPs of the shrunk model as a fraction of the trained model's (0.25: 4x fewer)."""
     from jaxprune.structured._shared import flops_kept
+
     return flops_kept(self.flops_before, self.flops_after)
 
   def scalars(self) -> dict[str, float]:
     """The metrics.jsonl record of the shrunk model."""
-    return {'flops_before': self.flops_before, 'flops_after': self.flops_after,
-            'flops_kept': self.flops_kept, 'speedup': self.speedup,
-            'test_accuracy': self.test_accuracy}
+    return {
+      'flops_before': self.flops_before,
+      'flops_after': self.flops_after,
+      'flops_kept': self.flops_kept,
+      'speedup': self.speedup,
+      'test_accuracy': self.test_accuracy,
+    }
 
   def lines(self) -> list[str]:
     """The report's channel section."""
     from jaxprune.structured._shared import flops_text
+
     width = max(len(label) for label, _, _ in self.groups) if self.groups else 0
     out = ['channel groups (kept / before):']
     out += [f'  {label.ljust(width)}  {kept:>4} / {size}' for label, kept, size in self.groups]
-    out.append(f'FLOPs per image: {self.flops_before:,.0f} -> {self.flops_after:,.0f} '
-               f'({flops_text(self.flops_kept)}); CPU speedup {self.speedup:.2f}x '
-               f'(batch {TIMING_BATCH})')
+    out.append(
+      f'FLOPs per image: {self.flops_before:,.0f} -> {self.flops_after:,.0f} '
+      f'({flops_text(self.flops_kept)}); CPU speedup {self.speedup:.2f}x '
+      f'(batch {TIMING_BATCH})'
+    )
     where = f' ({MODEL_FILE})' if self.path else ''
     out.append(f'shrunk model{where}: test accuracy {self.test_accuracy:.2%}')
     return out
@@ -85,8 +94,9 @@ def _example(input_shape: tuple[int, ...]) -> jax.Array:
   return jnp.zeros((2, *input_shape), jnp.float32)
 
 
-def make_rule(config: ml_collections.ConfigDict, model: nn.Module, params: Any,
-              input_shape: tuple[int, ...]) -> ChannelRule | None:
+def make_rule(
+  config: ml_collections.ConfigDict, model: nn.Module, params: Any, input_shape: tuple[int, ...]
+) -> ChannelRule | None:
   """The channel rule of the run (None unless `config.channels.enabled` and `config.prune`).
 
   Args:
@@ -104,15 +114,17 @@ def make_rule(config: ml_collections.ConfigDict, model: nn.Module, params: Any,
     import flatbuffers  # noqa: F401
   except ImportError as err:
     raise ValueError(
-        f'config.channels.enabled=True writes {MODEL_FILE} with jax.export, whose '
-        "serialisation needs the 'flatbuffers' package: pip install flatbuffers "
-        '(or pip install "jaxprune[examples]").') from err
+      f'config.channels.enabled=True writes {MODEL_FILE} with jax.export, whose '
+      "serialisation needs the 'flatbuffers' package: pip install flatbuffers "
+      '(or pip install "jaxprune[examples]").'
+    ) from err
   from jaxprune.channels import ChannelRule
   from jaxprune.structured import Constraint, trace
 
   graph = trace(model.apply, {'params': params}, _example(input_shape))
-  constraint = Constraint(min_channels=config.channels.min_channels,
-                          round_to=config.channels.round_to)
+  constraint = Constraint(
+    min_channels=config.channels.min_channels, round_to=config.channels.round_to
+  )
   return ChannelRule(graph, constraint=constraint)
 
 
@@ -140,9 +152,16 @@ def export_bytes(pruned_fn: Callable, variables: Any, input_shape: tuple[int, ..
   return bytes(exported.serialize())
 
 
-def finish(rule: ChannelRule, model: nn.Module, params: Any, opt_state: Any,
-           x_test: np.ndarray, y_test: np.ndarray, workdir: str | None,
-           timing_rounds: int = 20) -> ChannelResult:
+def finish(
+  rule: ChannelRule,
+  model: nn.Module,
+  params: Any,
+  opt_state: Any,
+  x_test: np.ndarray,
+  y_test: np.ndarray,
+  workdir: str | None,
+  timing_rounds: int = 20,
+) -> ChannelResult:
   """Shrinks the trained model, exports it, and measures it.
 
   Args:
@@ -161,8 +180,7 @@ def finish(rule: ChannelRule, model: nn.Module, params: Any, opt_state: Any,
   import jaxprune.channels
 
   input_shape = tuple(x_test.shape[1:])
-  shrunk = jaxprune.channels.shrink(rule, {'params': params}, opt_state,
-                                    _example(input_shape))
+  shrunk = jaxprune.channels.shrink(rule, {'params': params}, opt_state, _example(input_shape))
   blob = export_bytes(shrunk.pruned_fn, shrunk.variables, input_shape)
   path = None
   if workdir is not None:
@@ -171,16 +189,29 @@ def finish(rule: ChannelRule, model: nn.Module, params: Any, opt_state: Any,
     # full disk leaves no partial file behind.
     files.atomic_write(path, blob)
   exported = jax.export.deserialize(bytearray(blob))
-  logits = np.concatenate([np.asarray(exported.call(jnp.asarray(x_test[i:i + 1024])))
-                           for i in range(0, len(x_test), 1024)])
+  logits = np.concatenate(
+    [
+      np.asarray(exported.call(jnp.asarray(x_test[i : i + 1024])))
+      for i in range(0, len(x_test), 1024)
+    ]
+  )
   accuracy = float(np.mean(np.argmax(logits, -1) == y_test))
   batch = jnp.asarray(np.resize(x_test, (TIMING_BATCH, *input_shape)))
   dense, small = jax.jit(model.apply), jax.jit(exported.call)
-  seconds = _median_seconds({'dense': lambda: dense({'params': params}, batch),
-                             'shrunk': lambda: small(batch)}, timing_rounds)
+  seconds = _median_seconds(
+    {'dense': lambda: dense({'params': params}, batch), 'shrunk': lambda: small(batch)},
+    timing_rounds,
+  )
   plan = shrunk.plan
-  groups = [(g.label, int(g.size - len(plan.removed.get(g.id, ()))), g.size)
-            for g in rule.layout.groups]
+  groups = [
+    (g.label, int(g.size - len(plan.removed.get(g.id, ()))), g.size) for g in rule.layout.groups
+  ]
   # The graph was traced on two images.
-  return ChannelResult(groups, shrunk.flops_before / 2, shrunk.flops_after / 2,
-                       seconds['dense'] / seconds['shrunk'], accuracy, path)
+  return ChannelResult(
+    groups,
+    shrunk.flops_before / 2,
+    shrunk.flops_after / 2,
+    seconds['dense'] / seconds['shrunk'],
+    accuracy,
+    path,
+  )

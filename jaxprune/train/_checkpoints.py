@@ -75,12 +75,16 @@ def _verify(state: Any, meta: Mapping[str, Any]) -> None:
   expected = meta[_CHECKSUMS]
   actual = state_checksums(state)
   if set(actual) != set(expected):
-    raise _Damaged(f'its arrays {sorted(set(actual) ^ set(expected))} do not match the '
-                   'checksum list written with it')
+    raise _Damaged(
+      f'its arrays {sorted(set(actual) ^ set(expected))} do not match the '
+      'checksum list written with it'
+    )
   bad = [name for name in actual if actual[name] != expected[name]]
   if bad:
-    raise _Damaged(f'array {bad[0]} does not match the checksum written with it'
-                   + (f' ({len(bad) - 1} more)' if len(bad) > 1 else ''))
+    raise _Damaged(
+      f'array {bad[0]} does not match the checksum written with it'
+      + (f' ({len(bad) - 1} more)' if len(bad) > 1 else '')
+    )
 
 
 class Checkpointer:
@@ -94,14 +98,17 @@ class Checkpointer:
       max_to_keep: how many of the newest checkpoints to keep (at least 1).
     """
     if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
-      raise ValueError(f'max_checkpoints_to_keep={max_to_keep!r}: must be an integer >= 1, '
-                       'or no checkpoint would be left to resume from.')
+      raise ValueError(
+        f'max_checkpoints_to_keep={max_to_keep!r}: must be an integer >= 1, '
+        'or no checkpoint would be left to resume from.'
+      )
     self.workdir = os.path.abspath(workdir)
     self.directory = os.path.join(self.workdir, CHECKPOINTS_DIR)
     self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
-        item_names=('state', 'meta'))
+      self.directory,
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+      item_names=('state', 'meta'),
+    )
 
   def steps(self) -> list[int]:
     """The steps of the complete checkpoints, oldest first."""
@@ -131,12 +138,17 @@ class Checkpointer:
     meta[_CHECKSUMS] = state_checksums(state)
     meta[_META_CHECKSUM] = _meta_checksum(meta)
     newest = self.latest_step()
-    then = ('older checkpoints are intact (the newest is step '
-            f'{newest}); free some space, then run the same command to resume'
-            if newest is not None else 'free some space, then run the same command')
+    then = (
+      'older checkpoints are intact (the newest is step '
+      f'{newest}); free some space, then run the same command to resume'
+      if newest is not None
+      else 'free some space, then run the same command'
+    )
     with files.writing(f'the checkpoint of step {step}', self.directory, then):
-      self._manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+      self._manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+      )
       # Saves are asynchronous: the checkpoint is only safe (and `step` only
       # reported as saved) once the background commit has renamed it.
       self._manager.wait_until_finished()
@@ -157,13 +169,17 @@ class Checkpointer:
 
   def _read_state(self, step: int, like: Any, meta: Mapping[str, Any]) -> Any:
     abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)),
-        like)
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)), like
+    )
     older = _as_written_before(abstract, set(meta[_CHECKSUMS]))
     error = None
     try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract if older is None else older)))
+      restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract if older is None else older)
+        ),
+      )
     except Exception as err:  # noqa: BLE001 -- any failure to read means a damaged file
       error = err
     _agree(error, 'state')
@@ -191,8 +207,9 @@ class Checkpointer:
       raise DamagedCheckpointError(self._describe(step, err)) from err
     return state, _public(meta)
 
-  def restore_newest(self, like: Any, check_meta: Callable[[dict[str, Any]], None]
-                     ) -> tuple[int, Any, dict[str, Any]] | None:
+  def restore_newest(
+    self, like: Any, check_meta: Callable[[dict[str, Any]], None]
+  ) -> tuple[int, Any, dict[str, Any]] | None:
     """Restores the newest checkpoint that reads back intact.
 
     Newer damaged checkpoints are moved to `<workdir>/damaged_checkpoints/`
@@ -224,14 +241,17 @@ class Checkpointer:
         continue
       for bad_step, reason in damaged:
         moved = self._set_aside(bad_step)
-        warnings.warn(f'{reason}; moved it to {moved} and resumed from the checkpoint of '
-                      f'step {step}.', stacklevel=2)
+        warnings.warn(
+          f'{reason}; moved it to {moved} and resumed from the checkpoint of step {step}.',
+          stacklevel=2,
+        )
       return step, state, _public(meta)
     if damaged:
       raise DamagedCheckpointError(
-          f'no checkpoint in {self.directory} can be read back intact ('
-          + '; '.join(reason for _, reason in damaged)
-          + '). Restore them from a backup, or move the directory away to start over.')
+        f'no checkpoint in {self.directory} can be read back intact ('
+        + '; '.join(reason for _, reason in damaged)
+        + '). Restore them from a backup, or move the directory away to start over.'
+      )
     return None
 
   def _describe(self, step: int, err: Exception) -> str:
@@ -261,7 +281,8 @@ class Checkpointer:
 # without them resumes with each at its initial value (0).
 _ADDED_FIELDS = ('moved_updates',)
 _BEFORE = collections.namedtuple(
-    'PruningState', [f for f in PruningState._fields if f not in _ADDED_FIELDS])
+  'PruningState', [f for f in PruningState._fields if f not in _ADDED_FIELDS]
+)
 
 
 def _is_pruning_state(x: Any) -> bool:
@@ -271,30 +292,39 @@ def _is_pruning_state(x: Any) -> bool:
 def _as_written_before(abstract: Any, saved: set[str]) -> Any | None:
   """`abstract` with its PruningStates as written before `_ADDED_FIELDS` existed, when
   the checkpoint's arrays (`saved`, key paths) are exactly those; else None."""
-  paths = {jax.tree_util.keystr(path) for path, _ in
-           jax.tree_util.tree_flatten_with_path(abstract)[0]}
+  paths = {
+    jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]
+  }
   added = paths - saved
   if not added or not all(p.rsplit('.', 1)[-1] in _ADDED_FIELDS for p in added):
     return None
   return jax.tree.map(
-      lambda x: _BEFORE(*(getattr(x, f) for f in _BEFORE._fields)) if _is_pruning_state(x)
-      else x, abstract, is_leaf=_is_pruning_state)
+    lambda x: _BEFORE(*(getattr(x, f) for f in _BEFORE._fields)) if _is_pruning_state(x) else x,
+    abstract,
+    is_leaf=_is_pruning_state,
+  )
 
 
 def _with_added_fields(restored: Any, abstract: Any) -> Any:
   """`restored` (from `_as_written_before`) with the added fields at 0, placed as in
   `abstract`."""
-  states = iter([x for x in jax.tree.leaves(abstract, is_leaf=_is_pruning_state)
-                 if _is_pruning_state(x)])
+  states = iter(
+    [x for x in jax.tree.leaves(abstract, is_leaf=_is_pruning_state) if _is_pruning_state(x)]
+  )
 
   def upgrade(old):
     like = next(states)
-    added = {f: jax.device_put(np.zeros(getattr(like, f).shape, getattr(like, f).dtype),
-                               getattr(like, f).sharding) for f in _ADDED_FIELDS}
+    added = {
+      f: jax.device_put(
+        np.zeros(getattr(like, f).shape, getattr(like, f).dtype), getattr(like, f).sharding
+      )
+      for f in _ADDED_FIELDS
+    }
     return PruningState(**old._asdict(), **added)
 
-  return jax.tree.map(lambda x: upgrade(x) if _is_pruning_state(x) else x, restored,
-                      is_leaf=_is_pruning_state)
+  return jax.tree.map(
+    lambda x: upgrade(x) if _is_pruning_state(x) else x, restored, is_leaf=_is_pruning_state
+  )
 
 
 def _agree(error: Exception | None, item: str) -> None:
@@ -310,7 +340,8 @@ def _agree(error: Exception | None, item: str) -> None:
 # and the drivers it went through say nothing the user can act on; the root
 # cause names the array and the file.
 _TENSORSTORE_NOISE = re.compile(
-    r'\.? ?See full TensorStore details:.*|Error opening "\w+" driver: ', re.S)
+  r'\.? ?See full TensorStore details:.*|Error opening "\w+" driver: ', re.S
+)
 
 
 def _reason(err: BaseException, checkpoint: str) -> str:

@@ -32,6 +32,7 @@ class Dataset(NamedTuple):
     y_test: int32 labels, shape (n_test,).
     num_classes: number of classes.
   """
+
   x_train: np.ndarray
   y_train: np.ndarray
   x_test: np.ndarray
@@ -50,8 +51,7 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25) -> Dataset:
     A `Dataset` with images of shape (8, 8, 1) scaled to [0, 1].
   """
   if not 0.0 < test_fraction < 1.0:
-    raise ValueError(
-        f'data.test_fraction={test_fraction!r}: must be in (0, 1), e.g. 0.25.')
+    raise ValueError(f'data.test_fraction={test_fraction!r}: must be in (0, 1), e.g. 0.25.')
   images, labels = _digits()
   images = (images / 16.0).astype(np.float32)[..., None]
   labels = labels.astype(np.int32)
@@ -70,8 +70,9 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
   """
   spec = importlib.util.find_spec('sklearn')
   if spec is not None and spec.submodule_search_locations:
-    path = os.path.join(list(spec.submodule_search_locations)[0], 'datasets', 'data',
-                        'digits.csv.gz')
+    path = os.path.join(
+      list(spec.submodule_search_locations)[0], 'datasets', 'data', 'digits.csv.gz'
+    )
     if os.path.exists(path):
       table = np.loadtxt(path, delimiter=',')  # 64 pixels, then the label, per row
       return table[:, :-1].reshape(-1, 8, 8), table[:, -1]
@@ -96,15 +97,17 @@ def _read_npz(path: str, fix: str) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as npz:
       missing = [key for key in NPZ_KEYS if key not in npz.files]
       if missing:
-        raise KeyError(f'missing arrays {missing}; the file has {sorted(npz.files)} and '
-                       f'needs {list(NPZ_KEYS)}')
+        raise KeyError(
+          f'missing arrays {missing}; the file has {sorted(npz.files)} and needs {list(NPZ_KEYS)}'
+        )
       return {key: npz[key] for key in NPZ_KEYS}
   except KeyError as err:
     raise ValueError(f'data.path={path!r}: {err.args[0]}.') from None
   except (OSError, zipfile.BadZipFile, ValueError) as err:
     # A damaged archive, or object arrays that would need pickle.
-    raise ValueError(f'data.path={path!r} cannot be read as a .npz file ({err}); {fix} '
-                     'from numeric arrays.') from err
+    raise ValueError(
+      f'data.path={path!r} cannot be read as a .npz file ({err}); {fix} from numeric arrays.'
+    ) from err
 
 
 def load_npz(path: str) -> Dataset:
@@ -124,54 +127,65 @@ def load_npz(path: str) -> Dataset:
     ValueError: if it is not a readable .npz file, a key is missing, or the
       shapes or labels do not fit; the message names `data.path` and the fix.
   """
-  fix = (f'pass the path of a .npz file with arrays {", ".join(NPZ_KEYS)}, '
-         'e.g. written by numpy.savez')
+  fix = (
+    f'pass the path of a .npz file with arrays {", ".join(NPZ_KEYS)}, e.g. written by numpy.savez'
+  )
   if not os.path.isfile(path):
     raise FileNotFoundError(f'data.path={path!r}: no such file; {fix}.')
   arrays = _read_npz(path, fix)
   for key, array in arrays.items():
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-      raise ValueError(f'data.path={path!r}: {key} has dtype {array.dtype}; inputs and '
-                       'labels must be numeric arrays.')
+      raise ValueError(
+        f'data.path={path!r}: {key} has dtype {array.dtype}; inputs and '
+        'labels must be numeric arrays.'
+      )
   for split in ('train', 'test'):
     x, y = arrays[f'x_{split}'], arrays[f'y_{split}']
     if y.ndim != 1 or y.size == 0:
       raise ValueError(
-          f'data.path={path!r}: y_{split} has shape {y.shape}; labels must be a non-empty '
-          '1-D array of integer class ids (not one-hot).')
+        f'data.path={path!r}: y_{split} has shape {y.shape}; labels must be a non-empty '
+        '1-D array of integer class ids (not one-hot).'
+      )
     if x.ndim < 2 or x.shape[0] != y.shape[0]:
       raise ValueError(
-          f'data.path={path!r}: x_{split} has shape {x.shape} but y_{split} has shape '
-          f'{y.shape}; x_{split} must have shape (n, ...) with n = {y.shape[0]}.')
+        f'data.path={path!r}: x_{split} has shape {x.shape} but y_{split} has shape '
+        f'{y.shape}; x_{split} must have shape (n, ...) with n = {y.shape[0]}.'
+      )
     if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
       raise ValueError(
-          f'data.path={path!r}: y_{split} must hold non-negative integer class ids; got '
-          f'dtype {y.dtype} and minimum {y.min()}.')
+        f'data.path={path!r}: y_{split} must hold non-negative integer class ids; got '
+        f'dtype {y.dtype} and minimum {y.min()}.'
+      )
     if int(y.max()) >= MAX_CLASSES:
       raise ValueError(
-          f'data.path={path!r}: y_{split} holds the class id {int(y.max())}, so the model '
-          f'would need {int(y.max()) + 1:,} outputs (at most {MAX_CLASSES:,}); labels are '
-          'class indices 0..num_classes-1: relabel them, e.g. with '
-          'numpy.unique(y, return_inverse=True).')
+        f'data.path={path!r}: y_{split} holds the class id {int(y.max())}, so the model '
+        f'would need {int(y.max()) + 1:,} outputs (at most {MAX_CLASSES:,}); labels are '
+        'class indices 0..num_classes-1: relabel them, e.g. with '
+        'numpy.unique(y, return_inverse=True).'
+      )
     with np.errstate(over='ignore'):
       bad = int(np.sum(~np.isfinite(x.astype(np.float32))))
     if bad:
-      raise ValueError(f'data.path={path!r}: x_{split} has {bad} NaN or infinite values '
-                       '(or values beyond float32); clean or rescale the inputs.')
+      raise ValueError(
+        f'data.path={path!r}: x_{split} has {bad} NaN or infinite values '
+        '(or values beyond float32); clean or rescale the inputs.'
+      )
   if arrays['x_train'].shape[1:] != arrays['x_test'].shape[1:]:
     raise ValueError(
-        f'data.path={path!r}: x_train has input shape {arrays["x_train"].shape[1:]} but '
-        f'x_test has {arrays["x_test"].shape[1:]}; they must match.')
-  num_classes = int(max(arrays['y_train'].max(initial=0),
-                        arrays['y_test'].max(initial=0))) + 1
+      f'data.path={path!r}: x_train has input shape {arrays["x_train"].shape[1:]} but '
+      f'x_test has {arrays["x_test"].shape[1:]}; they must match.'
+    )
+  num_classes = int(max(arrays['y_train'].max(initial=0), arrays['y_test'].max(initial=0))) + 1
   return Dataset(
-      arrays['x_train'].astype(np.float32), arrays['y_train'].astype(np.int32),
-      arrays['x_test'].astype(np.float32), arrays['y_test'].astype(np.int32),
-      num_classes)
+    arrays['x_train'].astype(np.float32),
+    arrays['y_train'].astype(np.int32),
+    arrays['x_test'].astype(np.float32),
+    arrays['y_test'].astype(np.int32),
+    num_classes,
+  )
 
 
-def load_dataset(name: str, path: str = '', seed: int = 0,
-                 test_fraction: float = 0.25) -> Dataset:
+def load_dataset(name: str, path: str = '', seed: int = 0, test_fraction: float = 0.25) -> Dataset:
   """Loads the dataset named in a config's `data` block.
 
   Args:
@@ -188,21 +202,21 @@ def load_dataset(name: str, path: str = '', seed: int = 0,
   if name == 'npz':
     return load_npz(path)
   raise ValueError(
-      f"data.name={name!r}: unknown dataset; use 'digits' or 'npz' "
-      "(with data.path='your_file.npz').")
+    f"data.name={name!r}: unknown dataset; use 'digits' or 'npz' (with data.path='your_file.npz')."
+  )
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
   """Full batches per epoch (the last partial batch is dropped)."""
   if not 1 <= batch_size <= num_examples:
     raise ValueError(
-        f'batch_size={batch_size}: must be between 1 and the number of '
-        f'training examples ({num_examples}).')
+      f'batch_size={batch_size}: must be between 1 and the number of '
+      f'training examples ({num_examples}).'
+    )
   return num_examples // batch_size
 
 
-def batch_indices(seed: int, step: int, num_examples: int,
-                  batch_size: int) -> np.ndarray:
+def batch_indices(seed: int, step: int, num_examples: int, batch_size: int) -> np.ndarray:
   """The indices of the training batch used at `step`.
 
   Args:
@@ -217,11 +231,12 @@ def batch_indices(seed: int, step: int, num_examples: int,
   per_epoch = steps_per_epoch(num_examples, batch_size)
   epoch, position = divmod(step, per_epoch)
   order = np.random.default_rng((seed, epoch)).permutation(num_examples)
-  return order[position * batch_size:(position + 1) * batch_size]
+  return order[position * batch_size : (position + 1) * batch_size]
 
 
-def get_batch(dataset: Dataset, seed: int, step: int,
-              batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+def get_batch(
+  dataset: Dataset, seed: int, step: int, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
   """Returns `(x, y)` for the training batch of `step`."""
   index = batch_indices(seed, step, len(dataset.y_train), batch_size)
   return dataset.x_train[index], dataset.y_train[index]

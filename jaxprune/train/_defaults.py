@@ -14,8 +14,9 @@ import jaxprune
 from jaxprune import _hparams as hparams_lib
 
 
-def pruning_config(base: ml_collections.ConfigDict | None = None,
-                   **overrides: Any) -> ml_collections.ConfigDict:
+def pruning_config(
+  base: ml_collections.ConfigDict | None = None, **overrides: Any
+) -> ml_collections.ConfigDict:
   """jaxprune's pruning hparams with `overrides`, list fields as tuples.
 
   ml_collections' command-line flags can override tuple fields but not list
@@ -61,68 +62,68 @@ def parse_pruning_flag(text: str, base: ml_collections.ConfigDict) -> ml_collect
 # (with the values of the config given, or the defaults below). The `pruning`
 # block holds jaxprune's pruning hparams, documented in docs/explanation/semantics.md.
 FIELD_HELP = {
-    'name': 'name of the run; the default --workdir is runs/<name>',
-    'seed': 'seed of the params init and of the batch order',
-    'data.name': "'digits' (scikit-learn's bundled 8x8 digits) or 'npz' (your file)",
-    'data.path': 'the .npz file for data.name=npz: arrays x_train, y_train, x_test, y_test',
-    'data.test_fraction': 'digits: share of the images held out for testing, in (0, 1)',
-    'data.seed': 'digits: seed of the train/test split',
-    'model.name': "'mlp' or 'cnn'",
-    'model.features': 'hidden widths (mlp) or conv channels (cnn), e.g. "(300, 100)"',
-    'model.dense': 'cnn only: width of the hidden dense layer',
-    'optimizer.name': "'adam', 'adamw' or 'sgd'",
-    'optimizer.learning_rate': 'step size, a finite number > 0',
-    'optimizer.momentum': 'sgd only: momentum in [0, 1); 0 for plain SGD',
-    'optimizer.weight_decay': 'adamw only: decoupled weight decay >= 0',
-    'batch_size': 'training examples per step (a multiple of the mesh data size)',
-    'mesh_shape': '(data, model) device counts, e.g. "(2, 4)"; () runs on one device',
-    'num_steps': 'training steps in all; rerun with a larger value to extend a run',
-    'prune': 'False trains the dense model only',
-    'pruning': "jaxprune's pruning hparams (TF model_pruning names; "
-               'docs/explanation/semantics.md#hyperparameters)',
-    'log_every': 'steps between train-metric records (metrics.jsonl, TensorBoard)',
-    'eval_every': 'steps between test-set evaluations',
-    'checkpoint_every': 'steps between checkpoints (one is also written at the end)',
-    'max_checkpoints_to_keep': 'how many of the newest checkpoints to keep, at least 1',
-    'progress_bar': 'show a tqdm progress bar',
-    'tensorboard': 'write TensorBoard events (needs tensorboardX; skipped if missing)',
-    'plots': 'write sparsity.png, accuracy.png and layer_sparsity.png',
-    'channels.enabled': 'prune whole coupled channels (target_sparsity = share of the channels '
-                        'of each group), then write the smaller model to pruned_model.bin',
-    'channels.round_to': 'channels only: each group keeps a multiple of this many channels',
-    'channels.min_channels': 'channels only: each group keeps at least this many channels',
+  'name': 'name of the run; the default --workdir is runs/<name>',
+  'seed': 'seed of the params init and of the batch order',
+  'data.name': "'digits' (scikit-learn's bundled 8x8 digits) or 'npz' (your file)",
+  'data.path': 'the .npz file for data.name=npz: arrays x_train, y_train, x_test, y_test',
+  'data.test_fraction': 'digits: share of the images held out for testing, in (0, 1)',
+  'data.seed': 'digits: seed of the train/test split',
+  'model.name': "'mlp' or 'cnn'",
+  'model.features': 'hidden widths (mlp) or conv channels (cnn), e.g. "(300, 100)"',
+  'model.dense': 'cnn only: width of the hidden dense layer',
+  'optimizer.name': "'adam', 'adamw' or 'sgd'",
+  'optimizer.learning_rate': 'step size, a finite number > 0',
+  'optimizer.momentum': 'sgd only: momentum in [0, 1); 0 for plain SGD',
+  'optimizer.weight_decay': 'adamw only: decoupled weight decay >= 0',
+  'batch_size': 'training examples per step (a multiple of the mesh data size)',
+  'mesh_shape': '(data, model) device counts, e.g. "(2, 4)"; () runs on one device',
+  'num_steps': 'training steps in all; rerun with a larger value to extend a run',
+  'prune': 'False trains the dense model only',
+  'pruning': "jaxprune's pruning hparams (TF model_pruning names; "
+  'docs/explanation/semantics.md#hyperparameters)',
+  'log_every': 'steps between train-metric records (metrics.jsonl, TensorBoard)',
+  'eval_every': 'steps between test-set evaluations',
+  'checkpoint_every': 'steps between checkpoints (one is also written at the end)',
+  'max_checkpoints_to_keep': 'how many of the newest checkpoints to keep, at least 1',
+  'progress_bar': 'show a tqdm progress bar',
+  'tensorboard': 'write TensorBoard events (needs tensorboardX; skipped if missing)',
+  'plots': 'write sparsity.png, accuracy.png and layer_sparsity.png',
+  'channels.enabled': 'prune whole coupled channels (target_sparsity = share of the channels '
+  'of each group), then write the smaller model to pruned_model.bin',
+  'channels.round_to': 'channels only: each group keeps a multiple of this many channels',
+  'channels.min_channels': 'channels only: each group keeps at least this many channels',
 }
 
 # What each pruning hparam means, for `--help` (docs/explanation/semantics.md has
 # the whole rule). Map fields take lists of 'regex:value'.
 PRUNING_HELP = {
-    'name': 'prefix of the summary names',
-    'begin_pruning_step': 'first step at which the masks may change',
-    'end_pruning_step': 'last step at which the masks may change; -1 never stops',
-    'weight_sparsity_map': "per-leaf targets, e.g. \"['Dense_0/kernel:0.5']\"",
-    'block_dims_map': "per-leaf block shapes, e.g. \"['Dense_0:4x4']\" (-1 = whole axis)",
-    'threshold_decay': 'exponential smoothing of the thresholds between updates, in [0, 1)',
-    'pruning_frequency': 'steps between two mask updates, at least 1',
-    'nbins': "histogram bins of threshold_method='histogram'",
-    'block_height': 'height of the blocks pruned together (-1 = whole axis)',
-    'block_width': 'width of the blocks pruned together (-1 = whole axis)',
-    'block_pooling_function': "'AVG' or 'MAX': how a block's magnitudes are pooled",
-    'initial_sparsity': 'sparsity at sparsity_function_begin_step, in [0, 1)',
-    'target_sparsity': 'sparsity at and after sparsity_function_end_step, in [0, 1)',
-    'sparsity_function_begin_step': 'step where the sparsity schedule starts',
-    'sparsity_function_end_step': 'step where the schedule reaches target_sparsity',
-    'sparsity_function_exponent': 'shape of the schedule: 1 linear, 3 (Zhu & Gupta) prunes '
-                                  'fast early and slowly late',
-    'use_tpu': "accepted for TF's configs; changes nothing",
-    'threshold_method': "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)",
-    'weight_name_regex': 'leaves pruned: those whose name (e.g. Dense_0/kernel) matches',
-    'global_pruning': 'one threshold over all pruned leaves instead of one per leaf',
-    'nm_sparsity': "keep N of every M weights along the input axis, e.g. '2:4'",
-    'nm_sparsity_map': "per-leaf N:M patterns, e.g. \"['Dense_2/kernel:2:4']\"",
-    'layer_axes_map': "leading axes that index stacked layers, e.g. \"['scan/kernel:1']\"",
-    'mask_source': "'updated' (TF's order: the weights after this step) or 'params' (before)",
-    'mask_search': "how thresholds are searched (same result): 'fixed' (GPUs, TPUs), "
-                   "'adaptive' (CPUs) or 'auto' (by backend)",
+  'name': 'prefix of the summary names',
+  'begin_pruning_step': 'first step at which the masks may change',
+  'end_pruning_step': 'last step at which the masks may change; -1 never stops',
+  'weight_sparsity_map': 'per-leaf targets, e.g. "[\'Dense_0/kernel:0.5\']"',
+  'block_dims_map': 'per-leaf block shapes, e.g. "[\'Dense_0:4x4\']" (-1 = whole axis)',
+  'threshold_decay': 'exponential smoothing of the thresholds between updates, in [0, 1)',
+  'pruning_frequency': 'steps between two mask updates, at least 1',
+  'nbins': "histogram bins of threshold_method='histogram'",
+  'block_height': 'height of the blocks pruned together (-1 = whole axis)',
+  'block_width': 'width of the blocks pruned together (-1 = whole axis)',
+  'block_pooling_function': "'AVG' or 'MAX': how a block's magnitudes are pooled",
+  'initial_sparsity': 'sparsity at sparsity_function_begin_step, in [0, 1)',
+  'target_sparsity': 'sparsity at and after sparsity_function_end_step, in [0, 1)',
+  'sparsity_function_begin_step': 'step where the sparsity schedule starts',
+  'sparsity_function_end_step': 'step where the schedule reaches target_sparsity',
+  'sparsity_function_exponent': 'shape of the schedule: 1 linear, 3 (Zhu & Gupta) prunes '
+  'fast early and slowly late',
+  'use_tpu': "accepted for TF's configs; changes nothing",
+  'threshold_method': "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)",
+  'weight_name_regex': 'leaves pruned: those whose name (e.g. Dense_0/kernel) matches',
+  'global_pruning': 'one threshold over all pruned leaves instead of one per leaf',
+  'nm_sparsity': "keep N of every M weights along the input axis, e.g. '2:4'",
+  'nm_sparsity_map': 'per-leaf N:M patterns, e.g. "[\'Dense_2/kernel:2:4\']"',
+  'layer_axes_map': 'leading axes that index stacked layers, e.g. "[\'scan/kernel:1\']"',
+  'mask_source': "'updated' (TF's order: the weights after this step) or 'params' (before)",
+  'mask_search': "how thresholds are searched (same result): 'fixed' (GPUs, TPUs), "
+  "'adaptive' (CPUs) or 'auto' (by backend)",
 }
 
 
@@ -136,10 +137,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.name = 'digits_mlp'
   config.seed = 0
   config.data = ml_collections.ConfigDict(
-      {'name': 'digits', 'path': '', 'test_fraction': 0.25, 'seed': 0})
+    {'name': 'digits', 'path': '', 'test_fraction': 0.25, 'seed': 0}
+  )
   config.model = ml_collections.ConfigDict({'name': 'mlp', 'features': (300, 100), 'dense': 64})
   config.optimizer = ml_collections.ConfigDict(
-      {'name': 'adam', 'learning_rate': 1e-3, 'momentum': 0.9, 'weight_decay': 1e-4})
+    {'name': 'adam', 'learning_rate': 1e-3, 'momentum': 0.9, 'weight_decay': 1e-4}
+  )
   config.batch_size = 64
   config.mesh_shape = ()
   config.num_steps = 3000
@@ -148,15 +151,15 @@ def get_config() -> ml_collections.ConfigDict:
   # 500), then the Zhu & Gupta cubic schedule to 90% by step 2000, then 1000
   # steps of fine-tuning with the masks frozen in place.
   config.pruning = pruning_config(
-      begin_pruning_step=500,
-      end_pruning_step=2000,
-      pruning_frequency=50,
-      sparsity_function_begin_step=500,
-      sparsity_function_end_step=2000,
-      target_sparsity=0.9,
-      # The exact k-th magnitude keeps round(N * 0.1) weights of each kernel,
-      # so the run ends at 90.0% rather than one histogram bin short of it.
-      threshold_method='exact',
+    begin_pruning_step=500,
+    end_pruning_step=2000,
+    pruning_frequency=50,
+    sparsity_function_begin_step=500,
+    sparsity_function_end_step=2000,
+    target_sparsity=0.9,
+    # The exact k-th magnitude keeps round(N * 0.1) weights of each kernel,
+    # so the run ends at 90.0% rather than one histogram bin short of it.
+    threshold_method='exact',
   )
   config.log_every = 20
   config.eval_every = 250
@@ -166,6 +169,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.tensorboard = True
   config.plots = True
   # Weights by default; configs/digits_cnn_channels.py prunes whole channels.
-  config.channels = ml_collections.ConfigDict(
-      {'enabled': False, 'round_to': 8, 'min_channels': 1})
+  config.channels = ml_collections.ConfigDict({'enabled': False, 'round_to': 8, 'min_channels': 1})
   return config

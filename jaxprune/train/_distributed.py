@@ -56,9 +56,11 @@ _MESSAGE_BYTES = 2048  # how much of process 0's lock error the others receive
 def _lost(reason: str) -> str:
   # XLA repeats its prefix once per device: 'Error dispatching computation: ' x 4.
   reason = re.sub(r'(Error dispatching computation: )+', '', one_line(reason))
-  return (f'{PROGRAM}: process {jax.process_index()} of {jax.process_count()}: the job lost '
-          f'another process ({reason[:300]}); stopping. Launch the same '
-          f'{jax.process_count()} commands again to resume from the newest checkpoint.')
+  return (
+    f'{PROGRAM}: process {jax.process_index()} of {jax.process_count()}: the job lost '
+    f'another process ({reason[:300]}); stopping. Launch the same '
+    f'{jax.process_count()} commands again to resume from the newest checkpoint.'
+  )
 
 
 def stop_lost(reason: str) -> None:
@@ -81,9 +83,12 @@ _SET_LINE = b'\0jaxprune-lost-line:'  # how the process tells the child its line
 # coordination_service.cc:1549] ...`, several lines each, from the coordination
 # service, its agent and the preemption manager) come just before its fatal message:
 # they are held back for a few seconds, and dropped when that message follows.
-_RUNTIME_LOG = re.compile(rb'^[EWF]\d{4} [\d:.]+ +\d+ (?:coordination_service|'
-                          rb'coordination_service_agent|preemption_sync_manager|client)'
-                          rb'\.(?:cc|h):', re.M)
+_RUNTIME_LOG = re.compile(
+  rb'^[EWF]\d{4} [\d:.]+ +\d+ (?:coordination_service|'
+  rb'coordination_service_agent|preemption_sync_manager|client)'
+  rb'\.(?:cc|h):',
+  re.M,
+)
 _HOLD_SECONDS = 5.0
 
 
@@ -105,21 +110,24 @@ def _pass_stderr_on(source: int, target: int) -> None:
     start = chunk.find(_SET_LINE)
     if start >= 0:  # written in one piece, before anything JAX could stop
       end = chunk.index(b'\n', start)
-      line, chunk = chunk[start + len(_SET_LINE):end], chunk[:start] + chunk[end + 1:]
+      line, chunk = chunk[start + len(_SET_LINE) : end], chunk[:start] + chunk[end + 1 :]
     chunk, was_held, held = held + chunk, bool(held), b''
     at = chunk.find(_JAX_FATAL)
     if at >= 0:
       lost = True
-      chunk = chunk[:chunk.rfind(b'\n', 0, at) + 1]
+      chunk = chunk[: chunk.rfind(b'\n', 0, at) + 1]
       log = _RUNTIME_LOG.search(chunk)
-      os.write(target, chunk[:log.start() if log else len(chunk)] + line + b'\n')
+      os.write(target, chunk[: log.start() if log else len(chunk)] + line + b'\n')
       continue
     log = None if was_held else _RUNTIME_LOG.search(chunk)
     if was_held:
       held = chunk  # still within the moment the first held line started
     elif log:
-      chunk, held, held_until = chunk[:log.start()], chunk[log.start():], (
-          time.monotonic() + _HOLD_SECONDS)
+      chunk, held, held_until = (
+        chunk[: log.start()],
+        chunk[log.start() :],
+        (time.monotonic() + _HOLD_SECONDS),
+      )
       os.write(target, chunk)
     else:
       os.write(target, chunk)
@@ -143,6 +151,7 @@ def _detected_cluster() -> str | None:
   """The name of the cluster JAX's auto-detection finds (SLURM, Open MPI, a TPU pod), or None."""
   try:
     from jax._src import clusters
+
     for env in clusters.ClusterEnv._cluster_types:  # noqa: SLF001 -- JAX's own detection
       if not env.opt_in_only_method and env.is_env_present():
         return env.__name__
@@ -161,17 +170,20 @@ def _check_port_free(coordinator_address: str | None, process_id: int | None) ->
     return
   port = coordinator_address.rsplit(':', 1)[1]
   if not port.isdigit():
-    raise ConfigError(f'--coordinator_address={coordinator_address}: must be host:port, '
-                      'e.g. 10.0.0.1:1234 (the address of process 0).')
+    raise ConfigError(
+      f'--coordinator_address={coordinator_address}: must be host:port, '
+      'e.g. 10.0.0.1:1234 (the address of process 0).'
+    )
   with socket.socket() as probe:
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
       probe.bind(('', int(port)))
     except OSError as err:
       raise ConfigError(
-          f'--coordinator_address={coordinator_address}: process 0 cannot listen on port '
-          f'{port} ({err.strerror}): another job (or an earlier run still ending) uses it; '
-          'give every process another free port.') from None
+        f'--coordinator_address={coordinator_address}: process 0 cannot listen on port '
+        f'{port} ({err.strerror}): another job (or an earlier run still ending) uses it; '
+        'give every process another free port.'
+      ) from None
 
 
 def _check_agreement(num_processes: int | None, coordinator_address: str | None) -> None:
@@ -180,19 +192,25 @@ def _check_agreement(num_processes: int | None, coordinator_address: str | None)
   JAX takes the count of process 0 (which runs the coordination service) and
   would let the others train as part of a job of another size without a word.
   """
-  given = multihost_utils.process_allgather(np.int32(-1 if num_processes is None
-                                                     else num_processes))
+  given = multihost_utils.process_allgather(
+    np.int32(-1 if num_processes is None else num_processes)
+  )
   counts = [int(n) for n in np.ravel(given)]
   if any(n not in (-1, jax.process_count()) for n in counts):
     raise ConfigError(
-        f'the processes were given different --num_processes ({counts}, by process id; -1: '
-        f'not given), and JAX joined {jax.process_count()} of them (the count of process 0, '
-        f'at {coordinator_address}). Give every process the same --num_processes.')
+      f'the processes were given different --num_processes ({counts}, by process id; -1: '
+      f'not given), and JAX joined {jax.process_count()} of them (the count of process 0, '
+      f'at {coordinator_address}). Give every process the same --num_processes.'
+    )
 
 
-def initialize(coordinator_address: str | None, num_processes: int | None,
-               process_id: int | None, heartbeat_timeout_seconds: int = 100,
-               initialization_timeout: int = 30) -> None:
+def initialize(
+  coordinator_address: str | None,
+  num_processes: int | None,
+  process_id: int | None,
+  heartbeat_timeout_seconds: int = 100,
+  initialization_timeout: int = 30,
+) -> None:
   """Joins the job's processes with `jax.distributed.initialize`, if this is one.
 
   Must run before anything touches JAX's devices. With none of the three
@@ -214,8 +232,9 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
     ConfigError: the arguments do not describe a job, or the processes cannot join.
   """
   given = (coordinator_address, num_processes, process_id)
-  if ((num_processes == 1 and coordinator_address is None)
-      or (given == (None, None, None) and _detected_cluster() is None)):
+  if (num_processes == 1 and coordinator_address is None) or (
+    given == (None, None, None) and _detected_cluster() is None
+  ):
     return
   if num_processes == 1 and process_id is None:
     process_id = 0
@@ -225,30 +244,36 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
   _guard_stderr()
   # JAX's service ends a process that cannot join (a duplicate --process_id, a job of
   # another size) from C++, with a stack trace: this line replaces them.
-  joining = (f'{PROGRAM}: process {process_id} could not join the job at '
-             f'{coordinator_address}: JAX\'s coordination service stopped it (a process '
-             f'missing after {initialization_timeout} s, a --process_id given twice, or a job '
-             'of another size). Give every process the same --coordinator_address and '
-             '--num_processes, start them together, and give each its own '
-             f'--process_id from 0 to {num_processes - 1 if num_processes else "N - 1"}.')
+  joining = (
+    f'{PROGRAM}: process {process_id} could not join the job at '
+    f"{coordinator_address}: JAX's coordination service stopped it (a process "
+    f'missing after {initialization_timeout} s, a --process_id given twice, or a job '
+    'of another size). Give every process the same --coordinator_address and '
+    '--num_processes, start them together, and give each its own '
+    f'--process_id from 0 to {num_processes - 1 if num_processes else "N - 1"}.'
+  )
   sys.stderr.flush()
   os.write(2, _SET_LINE + joining.encode() + b'\n')
   try:
-    jax.distributed.initialize(coordinator_address, num_processes, process_id,
-                               initialization_timeout=initialization_timeout,
-                               heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-                               shutdown_timeout_seconds=heartbeat_timeout_seconds)
+    jax.distributed.initialize(
+      coordinator_address,
+      num_processes,
+      process_id,
+      initialization_timeout=initialization_timeout,
+      heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+      shutdown_timeout_seconds=heartbeat_timeout_seconds,
+    )
   except (ValueError, TypeError, RuntimeError) as err:
     raise ConfigError(
-        f'--coordinator_address={coordinator_address} --num_processes={num_processes} '
-        f'--process_id={process_id}: the processes could not join within '
-        f'{initialization_timeout} s ({one_line(str(err))[:300]}); give every process the '
-        'same address of process 0 and number of processes, each its own id from 0, and '
-        'start them together (or raise --initialization_timeout_seconds).') from err
+      f'--coordinator_address={coordinator_address} --num_processes={num_processes} '
+      f'--process_id={process_id}: the processes could not join within '
+      f'{initialization_timeout} s ({one_line(str(err))[:300]}); give every process the '
+      'same address of process 0 and number of processes, each its own id from 0, and '
+      'start them together (or raise --initialization_timeout_seconds).'
+    ) from err
   _check_agreement(num_processes, coordinator_address)
   sys.stderr.flush()
-  os.write(2, _SET_LINE + _lost("JAX's coordination service stopped this process").encode()
-           + b'\n')
+  os.write(2, _SET_LINE + _lost("JAX's coordination service stopped this process").encode() + b'\n')
 
 
 def is_primary() -> bool:
@@ -263,8 +288,10 @@ def multiprocess() -> bool:
 
 def describe() -> str:
   """'process 1 of 2, 4 of 8 devices' for the line a process prints first."""
-  return (f'process {jax.process_index()} of {jax.process_count()}, '
-          f'{jax.local_device_count()} of {jax.device_count()} devices')
+  return (
+    f'process {jax.process_index()} of {jax.process_count()}, '
+    f'{jax.local_device_count()} of {jax.device_count()} devices'
+  )
 
 
 def check_mesh(mesh_shape: Any) -> None:
@@ -272,9 +299,10 @@ def check_mesh(mesh_shape: Any) -> None:
   if not mesh_shape and multiprocess():
     n = jax.device_count()
     raise ValueError(
-        f'mesh_shape={tuple(mesh_shape or ())!r} runs on one device, but this job has '
-        f'{jax.process_count()} processes with {n} devices; give a (data, model) mesh using '
-        f'all of them, e.g. --config.mesh_shape="({n},1)".')
+      f'mesh_shape={tuple(mesh_shape or ())!r} runs on one device, but this job has '
+      f'{jax.process_count()} processes with {n} devices; give a (data, model) mesh using '
+      f'all of them, e.g. --config.mesh_shape="({n},1)".'
+    )
 
 
 def agree(ok: bool) -> bool:
@@ -302,19 +330,21 @@ def barrier(name: str) -> None:
 
 def _process_rows(sharding: NamedSharding, batch_size: int) -> tuple[int, int]:
   """The rows `[start, stop)` of a batch that this process's devices hold."""
-  slices = [index[0] for index in sharding.addressable_devices_indices_map(
-      (batch_size,)).values()]
+  slices = [index[0] for index in sharding.addressable_devices_indices_map((batch_size,)).values()]
   rows = sorted({(s.start or 0, batch_size if s.stop is None else s.stop) for s in slices})
   start, stop = rows[0][0], rows[-1][1]
   if sum(b - a for a, b in rows) != stop - start:
-    raise ValueError(f'the devices of process {jax.process_index()} hold rows {rows} of the '
-                     'batch, not one contiguous range; use a mesh whose "data" axis runs '
-                     'over the processes in order (jax.make_mesh does).')
+    raise ValueError(
+      f'the devices of process {jax.process_index()} hold rows {rows} of the '
+      'batch, not one contiguous range; use a mesh whose "data" axis runs '
+      'over the processes in order (jax.make_mesh does).'
+    )
   return start, stop
 
 
-def batch_feed(dataset: data.Dataset, seed: int, batch_size: int, mesh: Mesh | None
-               ) -> Callable[[int], tuple[Any, Any]]:
+def batch_feed(
+  dataset: data.Dataset, seed: int, batch_size: int, mesh: Mesh | None
+) -> Callable[[int], tuple[Any, Any]]:
   """`feed(step) -> (x, y)`: the training batch of `step`, this process's rows only.
 
   In one process the batch is the host arrays of `data.get_batch`; with
@@ -330,8 +360,11 @@ def batch_feed(dataset: data.Dataset, seed: int, batch_size: int, mesh: Mesh | N
   def feed(step: int) -> tuple[jax.Array, jax.Array]:
     index = data.batch_indices(seed, step, n, batch_size)[start:stop]
     x, y = dataset.x_train[index], dataset.y_train[index]
-    return (jax.make_array_from_process_local_data(sharding, x, (batch_size, *x.shape[1:])),
-            jax.make_array_from_process_local_data(sharding, y, (batch_size,)))
+    return (
+      jax.make_array_from_process_local_data(sharding, x, (batch_size, *x.shape[1:])),
+      jax.make_array_from_process_local_data(sharding, y, (batch_size,)),
+    )
+
   return feed
 
 
@@ -356,7 +389,7 @@ def locked(workdir: str) -> Iterator[None]:
     code = 0 if failure is None else 1 + isinstance(failure, WorkdirBusyError)
     text = f'{code}{failure or ""}'.encode()[:_MESSAGE_BYTES]
     buffer = np.zeros(_MESSAGE_BYTES, np.uint8)
-    buffer[:len(text)] = np.frombuffer(text, np.uint8)
+    buffer[: len(text)] = np.frombuffer(text, np.uint8)
     received = np.asarray(multihost_utils.broadcast_one_to_all(buffer))
     message = bytes(received).rstrip(b'\0').decode(errors='replace')
     if message[0] != '0':
@@ -366,8 +399,15 @@ def locked(workdir: str) -> Iterator[None]:
 
 
 # What a collective or a barrier raises when another process of the job is gone.
-_LOST_SIGNS = ('Gloo', 'Connection closed', 'Connection reset', 'UNAVAILABLE', 'heartbeat',
-               'DEADLINE_EXCEEDED', 'Barrier')
+_LOST_SIGNS = (
+  'Gloo',
+  'Connection closed',
+  'Connection reset',
+  'UNAVAILABLE',
+  'heartbeat',
+  'DEADLINE_EXCEEDED',
+  'Barrier',
+)
 
 
 def guarded(fn: Callable[..., Any], *args: Any) -> Any:
@@ -387,14 +427,19 @@ def guarded(fn: Callable[..., Any], *args: Any) -> Any:
     raise
   except KeyboardInterrupt:
     sys.stdout.flush()
-    print(f'\n{PROGRAM}: process {jax.process_index()} interrupted; the other processes stop '
-          f'too. Launch the same {jax.process_count()} commands again to resume from the '
-          'newest checkpoint.', file=sys.stderr, flush=True)
+    print(
+      f'\n{PROGRAM}: process {jax.process_index()} interrupted; the other processes stop '
+      f'too. Launch the same {jax.process_count()} commands again to resume from the '
+      'newest checkpoint.',
+      file=sys.stderr,
+      flush=True,
+    )
     os._exit(130)
   except Exception as err:  # noqa: BLE001 -- see the docstring
     if isinstance(err, jax.errors.JaxRuntimeError) and any(s in str(err) for s in _LOST_SIGNS):
       stop_lost(str(err))
     import traceback
+
     traceback.print_exc()
     sys.stderr.flush()
     os._exit(1)

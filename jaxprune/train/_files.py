@@ -21,8 +21,9 @@ from jaxprune.train._errors import ConfigError, StorageError, WorkdirBusyError
 LOCK_FILE = '.jaxprune-train.lock'
 
 # Errors that mean "this storage cannot take the write", as opposed to a bug.
-_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO,
-                             errno.EACCES, errno.EPERM})
+_STORAGE_ERRNOS = frozenset(
+  {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM}
+)
 # Orbax writes arrays with tensorstore, which reports an OS error inside a
 # ValueError's message: "... Failed to write ...: File too large [os_error_code='27']".
 _TENSORSTORE_ERRNO = re.compile(r"os_error_code='?(\d+)")
@@ -80,8 +81,9 @@ def writing(what: str, path: str, then: str) -> Iterator[None]:
     code = storage_errno(err)
     if code is None:
       raise
-    raise StorageError(f'cannot write {what} to {path}: {os.strerror(code)} '
-                       f'[errno {code}]; {then}.') from err
+    raise StorageError(
+      f'cannot write {what} to {path}: {os.strerror(code)} [errno {code}]; {then}.'
+    ) from err
 
 
 def check_file(path: str, what: str) -> None:
@@ -92,13 +94,17 @@ def check_file(path: str, what: str) -> None:
     what: what the run keeps there, e.g. 'metrics'.
   """
   if os.path.islink(path) and not os.path.exists(path):
-    raise ConfigError(f'{path} is a symbolic link to {os.readlink(path)!r}, which does not '
-                      f'exist; restore its target, or remove the link to start the {what} '
-                      'afresh, then run the same command again.')
+    raise ConfigError(
+      f'{path} is a symbolic link to {os.readlink(path)!r}, which does not '
+      f'exist; restore its target, or remove the link to start the {what} '
+      'afresh, then run the same command again.'
+    )
   if os.path.lexists(path) and not os.path.isfile(path):
     kind = 'a directory' if os.path.isdir(path) else 'not a regular file'
-    raise ConfigError(f'{path} is {kind}, where the run keeps its {what}; move it out of the '
-                      'way, then run the same command again.')
+    raise ConfigError(
+      f'{path} is {kind}, where the run keeps its {what}; move it out of the '
+      'way, then run the same command again.'
+    )
 
 
 @contextlib.contextmanager
@@ -118,22 +124,27 @@ def locked(workdir: str) -> Iterator[None]:
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as err:
-    raise ConfigError(f'--workdir={workdir!r} cannot be used ({err.strerror}: '
-                      f'{err.filename!r}); pick a directory you can write to.') from err
+    raise ConfigError(
+      f'--workdir={workdir!r} cannot be used ({err.strerror}: '
+      f'{err.filename!r}); pick a directory you can write to.'
+    ) from err
   check_file(path, 'lock')
   try:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   except OSError as err:
-    raise ConfigError(f'--workdir={workdir!r} cannot be used ({err.strerror}: '
-                      f'{err.filename!r}); pick a directory you can write to.') from err
+    raise ConfigError(
+      f'--workdir={workdir!r} cannot be used ({err.strerror}: '
+      f'{err.filename!r}); pick a directory you can write to.'
+    ) from err
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       holder = os.pread(fd, 32, 0).decode(errors='replace').strip() or 'unknown'
       raise WorkdirBusyError(
-          f'--workdir={workdir!r} is in use by another jaxprune-train run (pid {holder}); '
-          'wait for it to end, or give this run another --workdir.') from None
+        f'--workdir={workdir!r} is in use by another jaxprune-train run (pid {holder}); '
+        'wait for it to end, or give this run another --workdir.'
+      ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f'{os.getpid()}\n'.encode(), 0)
     yield

@@ -32,8 +32,10 @@ class Interrupts:
     Elsewhere (a worker thread, a program with its own handler) nothing changes
     and `check` never raises.
     """
-    if (threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    if (
+      threading.current_thread() is not threading.main_thread()
+      or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
       return cls(installed=False)
     interrupts = cls(installed=True)
     signal.signal(signal.SIGINT, interrupts._handle)
@@ -45,8 +47,11 @@ class Interrupts:
       raise KeyboardInterrupt
     self.pressed = True
     # os.write, not print: the handler may run in the middle of another write to stderr.
-    os.write(2, b'\nCtrl-C: stopping after this step and its checkpoint; press Ctrl-C '
-                b'again to stop at once.\n')
+    os.write(
+      2,
+      b'\nCtrl-C: stopping after this step and its checkpoint; press Ctrl-C '
+      b'again to stop at once.\n',
+    )
 
   def check(self) -> None:
     """Raises KeyboardInterrupt if Ctrl-C was pressed."""

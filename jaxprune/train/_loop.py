@@ -58,6 +58,7 @@ class TrainResult(NamedTuple):
     history: every metric record of the run, as in `metrics.jsonl`.
     workdir: where the outputs went (None when nothing was written).
   """
+
   state: TrainState
   report: report.RunReport
   history: list[dict[str, Any]]
@@ -66,6 +67,7 @@ class TrainResult(NamedTuple):
 
 class _Job(NamedTuple):
   """What a run is built from: everything but the state it trains."""
+
   config: ml_collections.ConfigDict
   dataset: data.Dataset
   state: TrainState
@@ -79,8 +81,9 @@ class _Job(NamedTuple):
 def _build(config: ml_collections.ConfigDict) -> _Job:
   """Loads the data, builds the model and the jitted step; ConfigError for bad inputs."""
   try:
-    dataset = data.load_dataset(config.data.name, config.data.path,
-                                config.data.seed, config.data.test_fraction)
+    dataset = data.load_dataset(
+      config.data.name, config.data.path, config.data.seed, config.data.test_fraction
+    )
     data.steps_per_epoch(len(dataset.y_train), config.batch_size)
     distributed.check_mesh(config.mesh_shape)
     mesh = sharding.make_mesh(config.mesh_shape)
@@ -99,20 +102,32 @@ def _build(config: ml_collections.ConfigDict) -> _Job:
   # Placed first, so that a checkpoint is restored straight into these shards.
   state = sharding.place(initial, mesh)
   # The one place the step is jitted: everything it needs is in its arguments.
-  train_step = sharding.jit_train_step(make_train_step(model.apply, tx), mesh, state,
-                                       config.batch_size)
+  train_step = sharding.jit_train_step(
+    make_train_step(model.apply, tx), mesh, state, config.batch_size
+  )
   feed = distributed.batch_feed(dataset, config.seed, config.batch_size, mesh)
   return _Job(config, dataset, state, train_step, make_evaluate(model.apply), model, rule, feed)
 
 
 @jax.jit
 def _all_finite(tree: Any) -> jax.Array:
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-                            if jnp.issubdtype(x.dtype, jnp.inexact)]))
+  return jnp.all(
+    jnp.stack(
+      [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+      ]
+    )
+  )
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | None = None, *,
-          on_step: Callable[[int, TrainState], None] | None = None) -> TrainResult:
+def train(
+  config: ml_collections.ConfigDict,
+  workdir: str | None = None,
+  *,
+  on_step: Callable[[int, TrainState], None] | None = None,
+) -> TrainResult:
   """Trains (and prunes) the model of `config`, resuming from `workdir`.
 
   Args:
@@ -158,8 +173,11 @@ class _Run:
     self.shrunk: channels.ChannelResult | None = None
 
   def _then(self) -> str:
-    where = (f'the newest checkpoint is step {self.saved_step}' if self.saved_step is not None
-             else 'no checkpoint was written yet')
+    where = (
+      f'the newest checkpoint is step {self.saved_step}'
+      if self.saved_step is not None
+      else 'no checkpoint was written yet'
+    )
     return f'{where}; free some space, then run the same command to resume'
 
   def _writing(self, what: str, path: str) -> Any:
@@ -174,7 +192,8 @@ class _Run:
       self.checkpointer = checkpoints.Checkpointer(workdir, config.max_checkpoints_to_keep)
     # The checkpoints' config is checksummed: where there is one, it decides.
     restored = self.checkpointer.restore_newest(
-        self.state, lambda meta: workdir_lib.check_compatible(meta['config'], config, workdir))
+      self.state, lambda meta: workdir_lib.check_compatible(meta['config'], config, workdir)
+    )
     if restored is None and recorded is not None:
       workdir_lib.check_compatible(recorded, config, workdir)
     if restored is not None:
@@ -206,20 +225,21 @@ class _Run:
     metrics_path = os.path.join(workdir, METRICS_FILE)
     if step > 0 and not os.path.exists(metrics_path):
       raise ConfigError(
-          f'{metrics_path} is missing, but the run resumes from its checkpoint of step {step}: '
-          'the history up to that step would be lost. Restore the file from a backup, or '
-          f'create an empty one ({os.path.basename(metrics_path)}) to resume without it.')
+        f'{metrics_path} is missing, but the run resumes from its checkpoint of step {step}: '
+        'the history up to that step would be lost. Restore the file from a backup, or '
+        f'create an empty one ({os.path.basename(metrics_path)}) to resume without it.'
+      )
 
   def _check_outputs(self) -> None:
     """ConfigError for an output file that is a directory or a dangling link.
 
     Checked before training, so that a run cannot fail on one after it.
     """
-    outputs = {workdir_lib.CONFIG_FILE: 'config', METRICS_FILE: 'metrics',
-               REPORT_FILE: 'report'}
+    outputs = {workdir_lib.CONFIG_FILE: 'config', METRICS_FILE: 'metrics', REPORT_FILE: 'report'}
     if self.config.plots:
-      outputs.update(dict.fromkeys(
-          (plots.SPARSITY_PNG, plots.ACCURACY_PNG, plots.LAYERS_PNG), 'plots'))
+      outputs.update(
+        dict.fromkeys((plots.SPARSITY_PNG, plots.ACCURACY_PNG, plots.LAYERS_PNG), 'plots')
+      )
     if self.job.rule is not None:
       outputs[channels.MODEL_FILE] = 'pruned model'
     for name, what in outputs.items():
@@ -234,13 +254,17 @@ class _Run:
     else:
       self.finite_step = step
       return
-    saved = (f'the newest checkpoint (step {self.saved_step}) is from before'
-             if self.saved_step is not None else 'no checkpoint was written')
+    saved = (
+      f'the newest checkpoint (step {self.saved_step}) is from before'
+      if self.saved_step is not None
+      else 'no checkpoint was written'
+    )
     raise DivergedError(
-        f'training diverged: at step {step} {what} (all finite at step {self.finite_step}); '
-        f'config.optimizer.learning_rate={self.config.optimizer.learning_rate} is likely too '
-        f'high. Nothing non-finite was saved: {saved}. Train again with a lower learning '
-        'rate and a new --workdir.')
+      f'training diverged: at step {step} {what} (all finite at step {self.finite_step}); '
+      f'config.optimizer.learning_rate={self.config.optimizer.learning_rate} is likely too '
+      f'high. Nothing non-finite was saved: {saved}. Train again with a lower learning '
+      'rate and a new --workdir.'
+    )
 
   def _save(self, state: TrainState) -> None:
     if self.checkpointer is None:
@@ -269,8 +293,11 @@ class _Run:
     start = int(self.state.step)
     metrics_path = os.path.join(self.workdir or '', METRICS_FILE)
     with self._writing('the metrics', metrics_path):
-      writer = MetricsWriter(self.workdir if self.writes else None, resume_step=start,
-                             tensorboard=config.tensorboard and self.writes)
+      writer = MetricsWriter(
+        self.workdir if self.writes else None,
+        resume_step=start,
+        tensorboard=config.tensorboard and self.writes,
+      )
 
     def write(step: int, scalars: dict[str, Any]) -> None:
       with self._writing('the metrics', metrics_path):
@@ -282,15 +309,21 @@ class _Run:
       # that a resumed run has it in `meta`.
       if step == self.dense_at and self.meta['dense_accuracy'] is None:
         self.meta['dense_accuracy'] = job.evaluate(
-            self.state.params, job.dataset.x_test, job.dataset.y_test)['accuracy']
+          self.state.params, job.dataset.x_test, job.dataset.y_test
+        )['accuracy']
         write(step, {'dense_test_accuracy': self.meta['dense_accuracy']})
 
     measure_dense(start)
     completed = self.state  # the newest state whose step was fully logged
-    bar = tqdm.tqdm(total=config.num_steps, initial=start, unit='step',
-                    disable=(not config.progress_bar or start >= config.num_steps
-                             or not distributed.is_primary()),
-                    dynamic_ncols=True)
+    bar = tqdm.tqdm(
+      total=config.num_steps,
+      initial=start,
+      unit='step',
+      disable=(
+        not config.progress_bar or start >= config.num_steps or not distributed.is_primary()
+      ),
+      dynamic_ncols=True,
+    )
     ctrl_c = interrupts.Interrupts.install()
     try:
       for step in range(start, config.num_steps):
@@ -302,8 +335,11 @@ class _Run:
           self._check_finite(done, scalars['loss'])
           scalars.update(stats.pruning_scalars(distributed.host_copy(self.state), self.hparams))
           write(done, scalars)
-          bar.set_postfix(loss=f'{scalars["loss"]:.3f}', acc=f'{scalars["accuracy"]:.3f}',
-                          sparsity=f'{scalars.get("achieved_sparsity", 0.0):.3f}')
+          bar.set_postfix(
+            loss=f'{scalars["loss"]:.3f}',
+            acc=f'{scalars["accuracy"]:.3f}',
+            sparsity=f'{scalars.get("achieved_sparsity", 0.0):.3f}',
+          )
         if done % config.eval_every == 0 or last:
           test = job.evaluate(self.state.params, job.dataset.x_test, job.dataset.y_test)
           write(done, {'test_loss': test['loss'], 'test_accuracy': test['accuracy']})
@@ -354,8 +390,9 @@ class _Run:
           if not failing:
             raise
 
-  def _shrink(self, write: Callable[[int, dict[str, Any]], None],
-              history: list[dict[str, Any]]) -> None:
+  def _shrink(
+    self, write: Callable[[int, dict[str, Any]], None], history: list[dict[str, Any]]
+  ) -> None:
     """Cuts the pruned channels out, writes pruned_model.bin, records what it gained.
 
     A rerun of a finished run keeps the record (and the speedup reported) of
@@ -367,8 +404,9 @@ class _Run:
       return
     path = os.path.join(self.workdir or '', channels.MODEL_FILE)
     with self._writing('the pruned model', path):
-      self.shrunk = channels.finish(job.rule, job.model, params, opt_state,
-                                    job.dataset.x_test, job.dataset.y_test, self.workdir)
+      self.shrunk = channels.finish(
+        job.rule, job.model, params, opt_state, job.dataset.x_test, job.dataset.y_test, self.workdir
+      )
     step = int(self.state.step)
     recorded = [r for r in history if r['step'] == step and 'speedup' in r]
     if recorded:
@@ -382,14 +420,18 @@ class _Run:
     final = job.evaluate(state.params, job.dataset.x_test, job.dataset.y_test)
     hparams, host = self.hparams, distributed.host_copy(state)
     run_report = report.RunReport(
-        # Channel runs report their groups instead (the thresholds are per group).
-        leaves=stats.leaf_reports(host, hparams) if job.rule is None else [],
-        **stats.param_counts(host.params),
-        dense_accuracy=self.meta['dense_accuracy'], dense_step=self.dense_at,
-        final_accuracy=final['accuracy'], final_step=int(state.step),
-        global_target=(hparams.target_sparsity
-                       if hparams is not None and hparams.global_pruning else None),
-        channels=tuple(self.shrunk.lines()) if self.shrunk is not None else ())
+      # Channel runs report their groups instead (the thresholds are per group).
+      leaves=stats.leaf_reports(host, hparams) if job.rule is None else [],
+      **stats.param_counts(host.params),
+      dense_accuracy=self.meta['dense_accuracy'],
+      dense_step=self.dense_at,
+      final_accuracy=final['accuracy'],
+      final_step=int(state.step),
+      global_target=(
+        hparams.target_sparsity if hparams is not None and hparams.global_pruning else None
+      ),
+      channels=tuple(self.shrunk.lines()) if self.shrunk is not None else (),
+    )
     if self.writes:
       path = os.path.join(self.workdir, REPORT_FILE)
       with self._writing('the report', path):
@@ -398,4 +440,3 @@ class _Run:
         with self._writing('the plots', self.workdir):
           plots.save_plots(self.workdir, history, run_report.leaves)
     return TrainResult(state, run_report, history, self.workdir)
-

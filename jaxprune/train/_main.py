@@ -39,21 +39,21 @@ from jaxprune.train import _usage as usage
 PROGRAM = 'jaxprune-train'
 
 _HELP = {
-    'config': 'An ml_collections config file (e.g. configs/digits_cnn.py); the default '
-              'trains a 300-100 MLP on digits and prunes it to 90% sparsity. Fields can '
-              'be overridden: --config.pruning.target_sparsity=0.95.',
-    'workdir': 'Output directory (checkpoints, metrics, plots); default runs/<config.name>. '
-               'The workdir of an earlier run resumes that run.',
-    'pruning_hparams': 'TF model_pruning HParams string applied on top of config.pruning, '
-                       'e.g. "target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]".',
-    'coordinator_address': 'Multi-process jobs: host:port of process 0, the same in every '
-                           'process (found by JAX on SLURM, Open MPI and TPU pod slices).',
-    'num_processes': 'Multi-process jobs: the number of processes (1: a one-process run).',
-    'process_id': 'Multi-process jobs: this process\'s index, 0 to num_processes - 1.',
-    'heartbeat_timeout_seconds': 'Multi-process jobs: how long a silent (dead) process is '
-                                 'waited for before the others stop (default 100).',
-    'initialization_timeout_seconds': 'Multi-process jobs: how long the processes wait for '
-                                      'each other to join at the start (default 30).',
+  'config': 'An ml_collections config file (e.g. configs/digits_cnn.py); the default '
+  'trains a 300-100 MLP on digits and prunes it to 90% sparsity. Fields can '
+  'be overridden: --config.pruning.target_sparsity=0.95.',
+  'workdir': 'Output directory (checkpoints, metrics, plots); default runs/<config.name>. '
+  'The workdir of an earlier run resumes that run.',
+  'pruning_hparams': 'TF model_pruning HParams string applied on top of config.pruning, '
+  'e.g. "target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]".',
+  'coordinator_address': 'Multi-process jobs: host:port of process 0, the same in every '
+  'process (found by JAX on SLURM, Open MPI and TPU pod slices).',
+  'num_processes': 'Multi-process jobs: the number of processes (1: a one-process run).',
+  'process_id': "Multi-process jobs: this process's index, 0 to num_processes - 1.",
+  'heartbeat_timeout_seconds': 'Multi-process jobs: how long a silent (dead) process is '
+  'waited for before the others stop (default 100).',
+  'initialization_timeout_seconds': 'Multi-process jobs: how long the processes wait for '
+  'each other to join at the start (default 30).',
 }
 
 
@@ -73,17 +73,21 @@ def _define_flags() -> _Flags:
   # ml_collections loads the default config and applies the --config.*
   # overrides of sys.argv right here, and its errors must become one line too.
   return _Flags(
-      config_flags.DEFINE_config_file('config', usage.DEFAULT_CONFIG, _HELP['config'],
-                                      lock_config=False),
-      flags.DEFINE_string('workdir', None, _HELP['workdir']),
-      flags.DEFINE_string('pruning_hparams', '', _HELP['pruning_hparams']),
-      flags.DEFINE_string('coordinator_address', None, _HELP['coordinator_address']),
-      flags.DEFINE_integer('num_processes', None, _HELP['num_processes'], lower_bound=1),
-      flags.DEFINE_integer('process_id', None, _HELP['process_id'], lower_bound=0),
-      flags.DEFINE_integer('heartbeat_timeout_seconds', 100, _HELP['heartbeat_timeout_seconds'],
-                           lower_bound=1),
-      flags.DEFINE_integer('initialization_timeout_seconds', 30,
-                           _HELP['initialization_timeout_seconds'], lower_bound=1))
+    config_flags.DEFINE_config_file(
+      'config', usage.DEFAULT_CONFIG, _HELP['config'], lock_config=False
+    ),
+    flags.DEFINE_string('workdir', None, _HELP['workdir']),
+    flags.DEFINE_string('pruning_hparams', '', _HELP['pruning_hparams']),
+    flags.DEFINE_string('coordinator_address', None, _HELP['coordinator_address']),
+    flags.DEFINE_integer('num_processes', None, _HELP['num_processes'], lower_bound=1),
+    flags.DEFINE_integer('process_id', None, _HELP['process_id'], lower_bound=0),
+    flags.DEFINE_integer(
+      'heartbeat_timeout_seconds', 100, _HELP['heartbeat_timeout_seconds'], lower_bound=1
+    ),
+    flags.DEFINE_integer(
+      'initialization_timeout_seconds', 30, _HELP['initialization_timeout_seconds'], lower_bound=1
+    ),
+  )
 
 
 def _fail(message: str) -> NoReturn:
@@ -104,8 +108,9 @@ def _route_warnings() -> None:
   garbage-collected, beside the one line the job prints about the failure.
   """
   warnings.showwarning = _show_warning
-  warnings.filterwarnings('ignore', message="coroutine '.*' was never awaited",
-                          category=RuntimeWarning)
+  warnings.filterwarnings(
+    'ignore', message="coroutine '.*' was never awaited", category=RuntimeWarning
+  )
 
 
 class _WithoutClosedLoopTracebacks(io.TextIOBase):
@@ -165,8 +170,10 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   from jaxprune.train._metrics import METRICS_FILE
 
   if len(argv) > 1:
-    _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value '
-          f'({PROGRAM} --help lists them).')
+    _fail(
+      f'unexpected arguments {argv[1:]}; flags take the form --name=value '
+      f'({PROGRAM} --help lists them).'
+    )
   if not flags.FLAGS['verbosity'].present:
     # Orbax logs every checkpoint step, and its failures at length; the job
     # reports them itself, in one line. --verbosity=0 shows the logs.
@@ -176,13 +183,18 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   config, hparams_text = defined.config.value, defined.pruning_hparams.value
   ignored = usage.pruning_flags(sys.argv[1:])
   if config.get('prune') is False and ignored:
-    _fail(f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
-          'drop the pruning flags, or set --config.prune=True.')
+    _fail(
+      f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
+      'drop the pruning flags, or set --config.prune=True.'
+    )
   # A config without a pruning block is reported by train(), with the other fields.
   if isinstance(config.get('pruning'), ml_collections.ConfigDict):
     try:
-      config.pruning = (defaults.parse_pruning_flag(hparams_text, config.pruning)
-                        if hparams_text else defaults.pruning_config(config.pruning))
+      config.pruning = (
+        defaults.parse_pruning_flag(hparams_text, config.pruning)
+        if hparams_text
+        else defaults.pruning_config(config.pruning)
+      )
     except (ValueError, TypeError) as err:
       _fail(str(err))
   workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
@@ -194,10 +206,15 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     _fail(str(err))
   except KeyboardInterrupt:
     if not _has_checkpoint(workdir):
-      _stop_interrupted(f'interrupted before the first checkpoint of {workdir}; run the same '
-                        'command again to start the run.')
-    print(f'\nInterrupted; run the same command again to resume from the newest checkpoint '
-          f'in {workdir} (training writes one when interrupted).', file=sys.stderr)
+      _stop_interrupted(
+        f'interrupted before the first checkpoint of {workdir}; run the same '
+        'command again to start the run.'
+      )
+    print(
+      f'\nInterrupted; run the same command again to resume from the newest checkpoint '
+      f'in {workdir} (training writes one when interrupted).',
+      file=sys.stderr,
+    )
     sys.exit(130)
   print()
   print(report.format_report(result.report))
@@ -220,16 +237,26 @@ def _join_processes(defined: _Flags, distributed: Any) -> None:
   their errors.
   """
   try:
-    distributed.initialize(defined.coordinator_address.value, defined.num_processes.value,
-                           defined.process_id.value, defined.heartbeat_timeout_seconds.value,
-                           defined.initialization_timeout_seconds.value)
+    distributed.initialize(
+      defined.coordinator_address.value,
+      defined.num_processes.value,
+      defined.process_id.value,
+      defined.heartbeat_timeout_seconds.value,
+      defined.initialization_timeout_seconds.value,
+    )
   except errors.RunError as err:
     _fail(str(err))
   if not distributed.multiprocess():
     return
-  print(f'{PROGRAM}: {distributed.describe()}'
-        + ('' if distributed.is_primary() else '; process 0 prints the report and writes the '
-           'metrics, the report and the plots'), flush=True)
+  print(
+    f'{PROGRAM}: {distributed.describe()}'
+    + (
+      ''
+      if distributed.is_primary()
+      else '; process 0 prints the report and writes the metrics, the report and the plots'
+    ),
+    flush=True,
+  )
   if not distributed.is_primary():
     sys.stdout = open(os.devnull, 'w')  # noqa: SIM115 -- for the life of the process
     warnings.simplefilter('ignore')  # process 0 shows the same warnings
@@ -260,8 +287,10 @@ def _on_interrupt_at_start(signum: int, frame: Any) -> None:
 def _catch_interrupts_at_start() -> None:
   """Until training starts, Ctrl-C ends the job at once with one line (no traceback of
   whatever import or flag parsing it hit)."""
-  if (threading.current_thread() is threading.main_thread()
-      and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+  if (
+    threading.current_thread() is threading.main_thread()
+    and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  ):
     signal.signal(signal.SIGINT, _on_interrupt_at_start)
 
 
@@ -276,8 +305,7 @@ def run() -> None:
   _catch_interrupts_at_start()
   argv = sys.argv
   if any(arg in usage.HELP_FLAGS for arg in argv[1:]) or '--helpfull' in argv[1:]:
-    print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()],
-                          argv))
+    print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()], argv))
     if '--helpfull' in argv[1:]:
       print('\nAll flags (absl, JAX and the libraries):\n' + flags.FLAGS.get_help())
     sys.exit(0)
@@ -286,5 +314,7 @@ def run() -> None:
   except Exception as err:  # noqa: BLE001 -- every parse failure is described in one line
     _fail(usage.describe_flag_error(err, argv))
   sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
-  app.run(functools.partial(main, defined=defined),
-          flags_parser=functools.partial(_parse_flags, config=defined.config))
+  app.run(
+    functools.partial(main, defined=defined),
+    flags_parser=functools.partial(_parse_flags, config=defined.config),
+  )

@@ -59,9 +59,12 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
       warnings.warn(f'{path}: line {number} is {what}; dropped it: {line[:80]!r}', stacklevel=2)
       continue
     if records and record['step'] < records[-1]['step']:
-      warnings.warn(f'{path}: line {number} has step {record["step"]} after step '
-                    f'{records[-1]["step"]}: the job writes steps in order, so it did not '
-                    f'write this line; dropped it: {line[:80]!r}', stacklevel=2)
+      warnings.warn(
+        f'{path}: line {number} has step {record["step"]} after step '
+        f'{records[-1]["step"]}: the job writes steps in order, so it did not '
+        f'write this line; dropped it: {line[:80]!r}',
+        stacklevel=2,
+      )
       continue
     records.append(record)
   return records
@@ -75,8 +78,7 @@ class MetricsWriter:
   whole history is also kept in memory as `history`.
   """
 
-  def __init__(self, workdir: str | None, *, resume_step: int = 0,
-               tensorboard: bool = True):
+  def __init__(self, workdir: str | None, *, resume_step: int = 0, tensorboard: bool = True):
     """Opens the writers.
 
     Args:
@@ -99,12 +101,16 @@ class MetricsWriter:
       try:
         import tensorboardX  # noqa: F401
       except ImportError:
-        warnings.warn(f'tensorboardX is not installed; writing only {self.path}. '
-                      'Install it with `pip install tensorboardX`.', stacklevel=2)
+        warnings.warn(
+          f'tensorboardX is not installed; writing only {self.path}. '
+          'Install it with `pip install tensorboardX`.',
+          stacklevel=2,
+        )
       else:
         # The purge step hides events an interrupted run wrote after its checkpoint.
-        self._tb = _EventFile(os.path.join(workdir, 'tensorboard'),
-                              purge_step=resume_step + 1 if resume_step else None)
+        self._tb = _EventFile(
+          os.path.join(workdir, 'tensorboard'), purge_step=resume_step + 1 if resume_step else None
+        )
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Records `{'step': step, **scalars}`."""
@@ -115,8 +121,14 @@ class MetricsWriter:
       self._file.write(json.dumps(record) + '\n')
       self._file.flush()
     if self._tb is not None:
-      self._tb.write(step, {name: value for name, value in record.items()
-                            if name != 'step' and not isinstance(value, str)})
+      self._tb.write(
+        step,
+        {
+          name: value
+          for name, value in record.items()
+          if name != 'step' and not isinstance(value, str)
+        },
+      )
 
   def close(self) -> None:
     """Flushes and closes the writers (both, even if the first one fails)."""
@@ -145,16 +157,20 @@ class _EventFile:
     self._event = Event
     if purge_step is not None:
       # TensorBoard drops the events of later steps written before this one.
-      self._writer.write_event(Event(wall_time=time.time(), step=purge_step,
-                                     session_log=SessionLog(status=SessionLog.START)))
+      self._writer.write_event(
+        Event(
+          wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)
+        )
+      )
     self._writer.flush()
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     from tensorboardX.summary import scalar
 
     for name, value in scalars.items():
-      self._writer.write_event(self._event(wall_time=time.time(), step=step,
-                                           summary=scalar(name, value)))
+      self._writer.write_event(
+        self._event(wall_time=time.time(), step=step, summary=scalar(name, value))
+      )
     self._writer.flush()
 
   def close(self) -> None:

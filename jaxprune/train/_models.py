@@ -17,6 +17,7 @@ class MLP(nn.Module):
     features: widths of the hidden layers.
     num_classes: number of output logits.
   """
+
   features: Sequence[int] = (300, 100)
   num_classes: int = 10
 
@@ -37,6 +38,7 @@ class CNN(nn.Module):
     dense: width of the hidden dense layer.
     num_classes: number of output logits.
   """
+
   features: Sequence[int] = (16, 32)
   dense: int = 64
   num_classes: int = 10
@@ -67,8 +69,7 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modu
   if config.name == 'mlp':
     return MLP(features=tuple(config.features), num_classes=num_classes)
   if config.name == 'cnn':
-    return CNN(features=tuple(config.features), dense=config.dense,
-               num_classes=num_classes)
+    return CNN(features=tuple(config.features), dense=config.dense, num_classes=num_classes)
   raise ValueError(f"model.name={config.name!r}: unknown model; use 'mlp' or 'cnn'.")
 
 
@@ -80,9 +81,10 @@ def init_params(model: nn.Module, input_shape: Sequence[int], seed: int) -> dict
   """
   if isinstance(model, CNN) and len(input_shape) not in (2, 3):
     raise ValueError(
-        f"model.name='cnn' takes images of shape (height, width) or (height, width, "
-        f'channels), but the inputs have shape {tuple(input_shape)}; reshape x_train and '
-        "x_test to images (e.g. x.reshape(len(x), 8, 8, 1)), or use model.name='mlp'.")
+      f"model.name='cnn' takes images of shape (height, width) or (height, width, "
+      f'channels), but the inputs have shape {tuple(input_shape)}; reshape x_train and '
+      "x_test to images (e.g. x.reshape(len(x), 8, 8, 1)), or use model.name='mlp'."
+    )
   dummy = jnp.zeros((1, *input_shape), jnp.float32)
   # Jitted: one compilation instead of one per initialiser op (a second of every run's
   # start), and the same values bit for bit.

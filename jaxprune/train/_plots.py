@@ -89,8 +89,9 @@ def plot_layer_sparsity(leaves: Sequence[LeafReport], path: str) -> Figure:
   return fig
 
 
-def save_plots(workdir: str, history: Sequence[Mapping[str, Any]],
-               leaves: Sequence[LeafReport]) -> list[str]:
+def save_plots(
+  workdir: str, history: Sequence[Mapping[str, Any]], leaves: Sequence[LeafReport]
+) -> list[str]:
   """Writes the run's PNG plots into `workdir`.
 
   Args:

@@ -19,6 +19,7 @@ class LeafReport(NamedTuple):
     block: the (height, width) of the blocks it is pruned in, -1 resolved.
     nm: (n, m) when it keeps n of every m weights, else None.
   """
+
   name: str
   shape: tuple[int, ...]
   nonzero: int
@@ -60,6 +61,7 @@ class RunReport(NamedTuple):
     channels: with channel pruning, the report's lines on the channel groups
       and the shrunk model (`jaxprune.train._channels.ChannelResult.lines`).
   """
+
   leaves: Sequence[LeafReport]
   total_params: int
   total_nonzero: int
@@ -73,11 +75,13 @@ class RunReport(NamedTuple):
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
   widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
   def line(row: Sequence[str]) -> str:
     # The first column (names) reads best left-aligned, numbers right-aligned.
     cells = [row[0].ljust(widths[0])]
     cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
     return '  '.join(cells).rstrip()
+
   rule = '  '.join('-' * w for w in widths)
   return [line(header), rule, *[line(r) for r in rows[:-1]], rule, line(rows[-1])]
 
@@ -93,15 +97,32 @@ def format_report(report: RunReport) -> str:
   """
   lines = []
   if report.leaves:
-    rows = [[leaf.name, 'x'.join(map(str, leaf.shape)), f'{leaf.size:,}',
-             f'{leaf.nonzero:,}', f'{leaf.target:.3f}', f'{leaf.achieved:.3f}',
-             '-' if leaf.threshold is None else f'{leaf.threshold:.4g}']
-            for leaf in report.leaves]
+    rows = [
+      [
+        leaf.name,
+        'x'.join(map(str, leaf.shape)),
+        f'{leaf.size:,}',
+        f'{leaf.nonzero:,}',
+        f'{leaf.target:.3f}',
+        f'{leaf.achieved:.3f}',
+        '-' if leaf.threshold is None else f'{leaf.threshold:.4g}',
+      ]
+      for leaf in report.leaves
+    ]
     size = sum(leaf.size for leaf in report.leaves)
     nonzero = sum(leaf.nonzero for leaf in report.leaves)
     target = sum(leaf.target * leaf.size for leaf in report.leaves) / size
-    rows.append(['all pruned leaves', '', f'{size:,}', f'{nonzero:,}',
-                 f'{target:.3f}', f'{1 - nonzero / size:.3f}', ''])
+    rows.append(
+      [
+        'all pruned leaves',
+        '',
+        f'{size:,}',
+        f'{nonzero:,}',
+        f'{target:.3f}',
+        f'{1 - nonzero / size:.3f}',
+        '',
+      ]
+    )
     header = ['leaf', 'shape', 'params', 'nonzero', 'target', 'achieved', 'threshold']
     if any(leaf.pattern != '1x1' for leaf in report.leaves):
       header.append('pattern')
@@ -110,19 +131,24 @@ def format_report(report: RunReport) -> str:
       rows[-1].append('')
     lines += _table(header, rows)
     if report.global_target is not None:
-      lines.append(f'global pruning: one threshold across the pruned leaves; the target '
-                   f'{report.global_target:.3f} holds for them together, not for each.')
+      lines.append(
+        f'global pruning: one threshold across the pruned leaves; the target '
+        f'{report.global_target:.3f} holds for them together, not for each.'
+      )
   elif not report.channels:
     lines.append('no pruned leaves')
   lines += report.channels
   sparse = 1 - report.total_nonzero / report.total_params
-  lines.append(f'all params: {report.total_params:,}, nonzero: '
-               f'{report.total_nonzero:,} ({sparse:.1%} zero)')
+  lines.append(
+    f'all params: {report.total_params:,}, nonzero: {report.total_nonzero:,} ({sparse:.1%} zero)'
+  )
   final = f'final (step {report.final_step}) {report.final_accuracy:.2%}'
   if report.dense_accuracy is None:
     lines.append(f'test accuracy: {final}')
   else:
     change = 100 * (report.final_accuracy - report.dense_accuracy)
-    lines.append(f'test accuracy: dense at start of pruning (step {report.dense_step}) '
-                 f'{report.dense_accuracy:.2%}, {final} ({change:+.2f} points)')
+    lines.append(
+      f'test accuracy: dense at start of pruning (step {report.dense_step}) '
+      f'{report.dense_accuracy:.2%}, {final} ({change:+.2f} points)'
+    )
   return '\n'.join(lines)

@@ -40,13 +40,16 @@ def make_mesh(mesh_shape: Sequence[int] | None) -> Mesh | None:
     return None
   shape = tuple(mesh_shape)
   if len(shape) != 2 or not all(isinstance(n, int) and n >= 1 for n in shape):
-    raise ValueError(f'mesh_shape={mesh_shape!r}: expected (data, model) sizes such as (2, 4), '
-                     'or () for one device.')
+    raise ValueError(
+      f'mesh_shape={mesh_shape!r}: expected (data, model) sizes such as (2, 4), '
+      'or () for one device.'
+    )
   if shape[0] * shape[1] != jax.device_count():
     raise ValueError(
-        f'mesh_shape={shape!r} uses {shape[0] * shape[1]} devices but {jax.device_count()} '
-        'are available; make the product of the sizes equal the device count, or use () '
-        'for one device.')
+      f'mesh_shape={shape!r} uses {shape[0] * shape[1]} devices but {jax.device_count()} '
+      'are available; make the product of the sizes equal the device count, or use () '
+      'for one device.'
+    )
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2)
 
 
@@ -62,8 +65,11 @@ def train_state_shardings(mesh: Mesh, state: TrainState) -> TrainState:
   """The `NamedSharding` of every array of a train state (or of its `jax.eval_shape`)."""
   model_size = mesh.shape['model']
   params = jax.tree.map(lambda p: NamedSharding(mesh, param_spec(p, model_size)), state.params)
-  return TrainState(step=NamedSharding(mesh, P()), params=params,
-                    opt_state=jaxprune.state_shardings(state.opt_state, params))
+  return TrainState(
+    step=NamedSharding(mesh, P()),
+    params=params,
+    opt_state=jaxprune.state_shardings(state.opt_state, params),
+  )
 
 
 def check_batch(mesh: Mesh | None, batch_size: int) -> None:
@@ -72,12 +78,15 @@ def check_batch(mesh: Mesh | None, batch_size: int) -> None:
     return
   data_size = mesh.shape['data']
   if batch_size % data_size:
-    raise ValueError(f'batch_size={batch_size} cannot be split over the {data_size} devices '
-                     f'of the mesh axis "data"; use a multiple of {data_size}.')
+    raise ValueError(
+      f'batch_size={batch_size} cannot be split over the {data_size} devices '
+      f'of the mesh axis "data"; use a multiple of {data_size}.'
+    )
 
 
-def jit_train_step(train_step: Callable, mesh: Mesh | None, state: TrainState,
-                   batch_size: int) -> Callable:
+def jit_train_step(
+  train_step: Callable, mesh: Mesh | None, state: TrainState, batch_size: int
+) -> Callable:
   """`jax.jit(train_step)`, with the state's and the batch's shardings when on a mesh.
 
   Args:
@@ -97,8 +106,11 @@ def jit_train_step(train_step: Callable, mesh: Mesh | None, state: TrainState,
   check_batch(mesh, batch_size)
   shardings = train_state_shardings(mesh, state)
   batch = NamedSharding(mesh, P('data'))
-  return jax.jit(train_step, in_shardings=(shardings, (batch, batch)),
-                 out_shardings=(shardings, NamedSharding(mesh, P())))
+  return jax.jit(
+    train_step,
+    in_shardings=(shardings, (batch, batch)),
+    out_shardings=(shardings, NamedSharding(mesh, P())),
+  )
 
 
 def place(state: TrainState, mesh: Mesh | None) -> TrainState:

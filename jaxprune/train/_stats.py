@@ -19,12 +19,14 @@ def pruned_params(state: TrainState) -> dict[str, np.ndarray]:
   masks = jaxprune.get_masks(state.opt_state)
   # named_leaves skips the None masks of unpruned leaves.
   names = {name for name, _ in jaxprune.named_leaves(masks)}
-  return {name: np.asarray(leaf) for name, leaf in jaxprune.named_leaves(state.params)
-          if name in names}
+  return {
+    name: np.asarray(leaf) for name, leaf in jaxprune.named_leaves(state.params) if name in names
+  }
 
 
-def pruning_scalars(state: TrainState, hparams: ml_collections.ConfigDict | None
-                    ) -> dict[str, float | int]:
+def pruning_scalars(
+  state: TrainState, hparams: ml_collections.ConfigDict | None
+) -> dict[str, float | int]:
   """The pruning summaries of `state` plus global target and achieved sparsity.
 
   Args:
@@ -41,8 +43,10 @@ def pruning_scalars(state: TrainState, hparams: ml_collections.ConfigDict | None
   if hparams is None:
     return {}
   # .item() keeps integer summaries (the last update step) integers.
-  scalars = {k: np.asarray(v).item() for k, v in
-             jax.device_get(jaxprune.summaries(state.opt_state, hparams)).items()}
+  scalars = {
+    k: np.asarray(v).item()
+    for k, v in jax.device_get(jaxprune.summaries(state.opt_state, hparams)).items()
+  }
   scalars['target_sparsity'] = scalars[f'{hparams.name}/sparsity']
   leaves = pruned_params(state).values()
   size = sum(leaf.size for leaf in leaves)
@@ -51,8 +55,7 @@ def pruning_scalars(state: TrainState, hparams: ml_collections.ConfigDict | None
   return scalars
 
 
-def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None
-                 ) -> list[LeafReport]:
+def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None) -> list[LeafReport]:
   """One `LeafReport` per pruned leaf (none when `hparams` is None).
 
   Each leaf's target, block shape (with -1 resolved) and N:M pattern are the
@@ -61,10 +64,14 @@ def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None
   if hparams is None:
     return []
   # Map entries that match no leaf were reported when the transform was built.
-  specs = {spec.name: spec for spec in specs_lib.spec_leaves(
-      specs_lib.leaf_specs(state.params, hparams, warn=False)) if spec is not None}
-  thresholds = {k: float(v) for k, v in
-                jax.device_get(jaxprune.get_thresholds(state.opt_state)).items()}
+  specs = {
+    spec.name: spec
+    for spec in specs_lib.spec_leaves(specs_lib.leaf_specs(state.params, hparams, warn=False))
+    if spec is not None
+  }
+  thresholds = {
+    k: float(v) for k, v in jax.device_get(jaxprune.get_thresholds(state.opt_state)).items()
+  }
   reports = []
   for name, leaf in pruned_params(state).items():
     spec = specs[name]
@@ -74,15 +81,25 @@ def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None
       target, threshold = 1 - spec.nm[0] / spec.nm[1], None
     else:
       target, threshold = spec.target, thresholds[name]
-    reports.append(LeafReport(
-        name=name, shape=tuple(leaf.shape), nonzero=nonzero, target=target,
-        achieved=1 - nonzero / leaf.size, threshold=threshold, block=spec.block_dims,
-        nm=spec.nm))
+    reports.append(
+      LeafReport(
+        name=name,
+        shape=tuple(leaf.shape),
+        nonzero=nonzero,
+        target=target,
+        achieved=1 - nonzero / leaf.size,
+        threshold=threshold,
+        block=spec.block_dims,
+        nm=spec.nm,
+      )
+    )
   return reports
 
 
 def param_counts(params: Any) -> dict[str, int]:
   """`{'total_params': entries in all leaves, 'total_nonzero': nonzero entries}`."""
   leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(params)]
-  return {'total_params': sum(leaf.size for leaf in leaves),
-          'total_nonzero': sum(int(np.count_nonzero(leaf)) for leaf in leaves)}
+  return {
+    'total_params': sum(leaf.size for leaf in leaves),
+    'total_nonzero': sum(int(np.count_nonzero(leaf)) for leaf in leaves),
+  }

@@ -30,14 +30,15 @@ class TrainState(NamedTuple):
     params: the model's params (pruned entries are exactly zero).
     opt_state: the optax state; with pruning it holds a `jaxprune.PruningState`.
   """
+
   step: jax.Array
   params: PyTree
   opt_state: optax.OptState
 
 
-def make_optimizer(config: ml_collections.ConfigDict,
-                   mask_rule: jaxprune.MaskRule | None = None
-                   ) -> optax.GradientTransformation:
+def make_optimizer(
+  config: ml_collections.ConfigDict, mask_rule: jaxprune.MaskRule | None = None
+) -> optax.GradientTransformation:
   """Builds `jaxprune.pruned(optimizer, config.pruning)`.
 
   The same masks and params as `optax.chain(optimizer, jaxprune.pruning(...))`,
@@ -60,7 +61,8 @@ def make_optimizer(config: ml_collections.ConfigDict,
     base = optax.sgd(opt.learning_rate, momentum=opt.momentum or None)
   else:
     raise ValueError(
-        f"optimizer.name={opt.name!r}: unknown optimizer; use 'adam', 'adamw' or 'sgd'.")
+      f"optimizer.name={opt.name!r}: unknown optimizer; use 'adam', 'adamw' or 'sgd'."
+    )
   if not config.prune:
     return base
   return jaxprune.pruned(base, config.pruning, mask_rule=mask_rule)
@@ -71,15 +73,17 @@ def create_train_state(params: PyTree, tx: optax.GradientTransformation) -> Trai
   return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
 
-def _loss_and_logits(apply_fn: Callable, params: PyTree, x: jax.Array,
-                     y: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _loss_and_logits(
+  apply_fn: Callable, params: PyTree, x: jax.Array, y: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   logits = apply_fn({'params': params}, x)
   loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
   return loss, logits
 
 
-def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation
-                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+def make_train_step(
+  apply_fn: Callable, tx: optax.GradientTransformation
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
   """Returns `train_step(state, batch) -> (state, {'loss', 'accuracy'})`.
 
   Args:
@@ -90,21 +94,22 @@ def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation
   Returns:
     A pure function, meant to be jitted once by the caller.
   """
+
   def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
     x, y = batch
-    grad_fn = jax.value_and_grad(
-        lambda p: _loss_and_logits(apply_fn, p, x, y), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p: _loss_and_logits(apply_fn, p, x, y), has_aux=True)
     (loss, logits), grads = grad_fn(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     accuracy = jnp.mean(jnp.argmax(logits, -1) == y)
-    return TrainState(state.step + 1, params, opt_state), {
-        'loss': loss, 'accuracy': accuracy}
+    return TrainState(state.step + 1, params, opt_state), {'loss': loss, 'accuracy': accuracy}
+
   return train_step
 
 
-def make_evaluate(apply_fn: Callable, batch_size: int = 1024
-                  ) -> Callable[[PyTree, np.ndarray, np.ndarray], dict[str, float]]:
+def make_evaluate(
+  apply_fn: Callable, batch_size: int = 1024
+) -> Callable[[PyTree, np.ndarray, np.ndarray], dict[str, float]]:
   """Returns `evaluate(params, x, y) -> {'loss', 'accuracy'}` over a whole split.
 
   Args:
@@ -114,6 +119,7 @@ def make_evaluate(apply_fn: Callable, batch_size: int = 1024
   Returns:
     A host function that runs a jitted forward pass per chunk and averages.
   """
+
   @jax.jit
   def sums(params: PyTree, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
     logits = apply_fn({'params': params}, x)
@@ -128,4 +134,5 @@ def make_evaluate(apply_fn: Callable, batch_size: int = 1024
       loss += float(chunk_loss)
       correct += int(chunk_correct)
     return {'loss': loss / len(y), 'accuracy': correct / len(y)}
+
   return evaluate

@@ -24,8 +24,13 @@ from jaxprune.train import _defaults as defaults
 
 HELP_FLAGS = frozenset({'--help', '-help', '-h', '-?', '--helpshort', '-helpshort'})
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), '_defaults.py')
-_KINDS = {bool: 'True or False', int: 'an integer', float: 'a number', str: 'a string',
-          tuple: 'a tuple such as "(2, 4)"'}
+_KINDS = {
+  bool: 'True or False',
+  int: 'an integer',
+  float: 'a number',
+  str: 'a string',
+  tuple: 'a tuple such as "(2, 4)"',
+}
 
 
 def config_argument(argv: Sequence[str]) -> str | None:
@@ -60,8 +65,9 @@ def ensure_loaded(config: Any) -> ml_collections.ConfigDict:
   if not isinstance(config, ml_collections.ConfigDict):
     # A file that cannot be found or read gives a stand-in that raises its error when used.
     getattr(config, 'keys', None)
-    raise TypeError(f'get_config() returned {type(config).__name__}, not an '
-                    'ml_collections.ConfigDict')
+    raise TypeError(
+      f'get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict'
+    )
   return config
 
 
@@ -96,15 +102,29 @@ def help_text(doc: str, flag_lines: Sequence[str], argv: Sequence[str]) -> str:
   source = 'the defaults' if path == DEFAULT_CONFIG else path
   fields = [(f'--config.{name}={_shown(name, value)}', name) for name, value in _flatten(config)]
   width = min(max(len(setting) for setting, _ in fields), 44)
-  meaning = {**defaults.FIELD_HELP,
-             **{f'pruning.{name}': text for name, text in defaults.PRUNING_HELP.items()}}
-  lines = [doc.strip(), '', 'Flags:', *flag_lines, '',
-           f'Config fields, with the values of {source}{note}:']
-  lines += [f'  {setting.ljust(width)}  {meaning.get(name, "")}'.rstrip()
-            for setting, name in fields if not name.startswith('pruning.')]
+  meaning = {
+    **defaults.FIELD_HELP,
+    **{f'pruning.{name}': text for name, text in defaults.PRUNING_HELP.items()},
+  }
+  lines = [
+    doc.strip(),
+    '',
+    'Flags:',
+    *flag_lines,
+    '',
+    f'Config fields, with the values of {source}{note}:',
+  ]
+  lines += [
+    f'  {setting.ljust(width)}  {meaning.get(name, "")}'.rstrip()
+    for setting, name in fields
+    if not name.startswith('pruning.')
+  ]
   lines += ['', f'Pruning fields: {defaults.FIELD_HELP["pruning"]}.']
-  lines += [f'  {setting.ljust(width)}  {meaning.get(name, "")}'.rstrip()
-            for setting, name in fields if name.startswith('pruning.')]
+  lines += [
+    f'  {setting.ljust(width)}  {meaning.get(name, "")}'.rstrip()
+    for setting, name in fields
+    if name.startswith('pruning.')
+  ]
   return '\n'.join(lines)
 
 
@@ -122,8 +142,10 @@ def describe_config_error(path: str, err: BaseException) -> str:
   if not file:
     return '--config is empty; give a config file such as configs/digits_cnn.py'
   if not os.path.isfile(file):
-    return (f'--config={path}: no such file (relative to {os.getcwd()}); give a config file '
-            'such as configs/digits_cnn.py, or leave --config out for the default')
+    return (
+      f'--config={path}: no such file (relative to {os.getcwd()}); give a config file '
+      'such as configs/digits_cnn.py, or leave --config out for the default'
+    )
   root = err
   while root.__cause__ is not None or root.__context__ is not None:
     root = root.__cause__ or root.__context__
@@ -135,14 +157,17 @@ def describe_config_error(path: str, err: BaseException) -> str:
     reason = text[-1] if text else type(root).__name__
     if not reason.startswith(type(root).__name__):
       reason = f'{type(root).__name__}: {reason}'
-  return (f'--config={path}: loading it failed ({reason}); a config file defines '
-          'get_config() returning an ml_collections.ConfigDict')
+  return (
+    f'--config={path}: loading it failed ({reason}); a config file defines '
+    'get_config() returning an ml_collections.ConfigDict'
+  )
 
 
 def pruning_flags(argv: Sequence[str]) -> list[str]:
   """The flags of `argv` that set pruning hparams (`--config.pruning.*`, `--pruning_hparams`)."""
-  return [arg for arg in argv
-          if re.match(r'--?(?:no)?(?:config\.pruning\.|pruning_hparams(?:=|$))', arg)]
+  return [
+    arg for arg in argv if re.match(r'--?(?:no)?(?:config\.pruning\.|pruning_hparams(?:=|$))', arg)
+  ]
 
 
 def _missing_field(config: Any, dotted: str) -> str | None:
@@ -151,7 +176,7 @@ def _missing_field(config: Any, dotted: str) -> str | None:
   for key in dotted.split('.'):
     fields = list(node.keys()) if isinstance(node, (Mapping, ml_collections.ConfigDict)) else []
     if key not in fields:
-      where = f"config.{'.'.join(walked)}" if walked else 'the config'
+      where = f'config.{".".join(walked)}' if walked else 'the config'
       close = difflib.get_close_matches(key, fields, n=1)
       hint = f"; did you mean '{close[0]}'?" if close else '; jaxprune-train --help lists them'
       return f'{where} has no field {key!r}{hint}'

@@ -33,8 +33,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-          and math.isfinite(value))
+  return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _int_in(low: int, high: int = MAX_STEPS) -> tuple[Callable[[Any], bool], str]:
@@ -51,42 +50,56 @@ _EVERY = _int_in(1)
 
 # field -> (check, rule); the message adds the default as the example of a good value.
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    'name': ((lambda v: isinstance(v, str) and v.strip() != ''), 'must be a non-empty string'),
-    'seed': _int_in(0),
-    'data.name': _one_of('digits', 'npz'),
-    'data.path': _STRING,
-    'data.test_fraction': ((lambda v: _is_number(v) and 0 < v < 1), 'must be a number in (0, 1)'),
-    'data.seed': _int_in(0),
-    'model.name': _one_of('mlp', 'cnn'),
-    'model.features': ((lambda v: isinstance(v, (tuple, list)) and len(v) > 0
-                        and all(_is_int(w) and 1 <= w <= MAX_STEPS for w in v)),
-                       'must be a non-empty tuple of positive integers'),
-    'model.dense': _int_in(1),
-    'optimizer.name': _one_of('adam', 'adamw', 'sgd'),
-    'optimizer.learning_rate': ((lambda v: _is_number(v) and v > 0),
-                                'must be a finite number > 0'),
-    'optimizer.momentum': ((lambda v: _is_number(v) and 0 <= v < 1),
-                           'must be a finite number in [0, 1)'),
-    'optimizer.weight_decay': ((lambda v: _is_number(v) and v >= 0),
-                               'must be a finite number >= 0'),
-    'batch_size': _int_in(1),
-    'mesh_shape': ((lambda v: isinstance(v, (tuple, list)) and (
-        len(v) == 0 or (len(v) == 2 and all(_is_int(n) and n >= 1 for n in v)))),
-                   'must be () for one device or (data, model) device counts such as (2, 4)'),
-    'num_steps': _int_in(1),
-    'prune': _BOOL,
-    'log_every': _EVERY,
-    'eval_every': _EVERY,
-    'checkpoint_every': _EVERY,
-    'max_checkpoints_to_keep': ((lambda v: _is_int(v) and 1 <= v <= 10**6),
-                                'must be an integer >= 1, or no checkpoint is kept to resume '
-                                'from'),
-    'progress_bar': _BOOL,
-    'tensorboard': _BOOL,
-    'plots': _BOOL,
-    'channels.enabled': _BOOL,
-    'channels.round_to': _int_in(1),
-    'channels.min_channels': _int_in(1),
+  'name': ((lambda v: isinstance(v, str) and v.strip() != ''), 'must be a non-empty string'),
+  'seed': _int_in(0),
+  'data.name': _one_of('digits', 'npz'),
+  'data.path': _STRING,
+  'data.test_fraction': ((lambda v: _is_number(v) and 0 < v < 1), 'must be a number in (0, 1)'),
+  'data.seed': _int_in(0),
+  'model.name': _one_of('mlp', 'cnn'),
+  'model.features': (
+    (
+      lambda v: (
+        isinstance(v, (tuple, list))
+        and len(v) > 0
+        and all(_is_int(w) and 1 <= w <= MAX_STEPS for w in v)
+      )
+    ),
+    'must be a non-empty tuple of positive integers',
+  ),
+  'model.dense': _int_in(1),
+  'optimizer.name': _one_of('adam', 'adamw', 'sgd'),
+  'optimizer.learning_rate': ((lambda v: _is_number(v) and v > 0), 'must be a finite number > 0'),
+  'optimizer.momentum': (
+    (lambda v: _is_number(v) and 0 <= v < 1),
+    'must be a finite number in [0, 1)',
+  ),
+  'optimizer.weight_decay': ((lambda v: _is_number(v) and v >= 0), 'must be a finite number >= 0'),
+  'batch_size': _int_in(1),
+  'mesh_shape': (
+    (
+      lambda v: (
+        isinstance(v, (tuple, list))
+        and (len(v) == 0 or (len(v) == 2 and all(_is_int(n) and n >= 1 for n in v)))
+      )
+    ),
+    'must be () for one device or (data, model) device counts such as (2, 4)',
+  ),
+  'num_steps': _int_in(1),
+  'prune': _BOOL,
+  'log_every': _EVERY,
+  'eval_every': _EVERY,
+  'checkpoint_every': _EVERY,
+  'max_checkpoints_to_keep': (
+    (lambda v: _is_int(v) and 1 <= v <= 10**6),
+    'must be an integer >= 1, or no checkpoint is kept to resume from',
+  ),
+  'progress_bar': _BOOL,
+  'tensorboard': _BOOL,
+  'plots': _BOOL,
+  'channels.enabled': _BOOL,
+  'channels.round_to': _int_in(1),
+  'channels.min_channels': _int_in(1),
 }
 
 
@@ -124,23 +137,32 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       raise _unknown(name, list(expected))
   for name, (check, rule) in RULES.items():
     if name not in fields:
-      raise ConfigError(f'config.{name} is missing; start the config from '
-                        'jaxprune.train.get_config(), whose value is '
-                        f'{expected[name]!r}.')
+      raise ConfigError(
+        f'config.{name} is missing; start the config from '
+        'jaxprune.train.get_config(), whose value is '
+        f'{expected[name]!r}.'
+      )
     if not check(fields[name]):
-      raise ConfigError(f'config.{name}={fields[name]!r}: {rule} (the default is '
-                        f'{expected[name]!r}).')
+      raise ConfigError(
+        f'config.{name}={fields[name]!r}: {rule} (the default is {expected[name]!r}).'
+      )
   if fields['channels.enabled'] and not fields['prune']:
-    raise ConfigError('config.channels.enabled=True prunes whole channels, but config.prune='
-                      'False trains the dense model only; set one of them the other way.')
+    raise ConfigError(
+      'config.channels.enabled=True prunes whole channels, but config.prune='
+      'False trains the dense model only; set one of them the other way.'
+    )
   if 'pruning' not in config:
-    raise ConfigError('config.pruning is missing; start the config from '
-                      'jaxprune.train.get_config(), or set it to '
-                      'jaxprune.train.pruning_config().')
+    raise ConfigError(
+      'config.pruning is missing; start the config from '
+      'jaxprune.train.get_config(), or set it to '
+      'jaxprune.train.pruning_config().'
+    )
   pruning = config.pruning
   if not isinstance(pruning, _BLOCKS):
-    raise ConfigError(f'config.pruning={pruning!r}: must be a ConfigDict of pruning hparams, '
-                      'e.g. jaxprune.train.pruning_config().')
+    raise ConfigError(
+      f'config.pruning={pruning!r}: must be a ConfigDict of pruning hparams, '
+      'e.g. jaxprune.train.pruning_config().'
+    )
   try:
     hparams_lib.freeze(pruning)
   except (ValueError, TypeError) as err:
@@ -163,9 +185,11 @@ def schedule_shortfall(config: ml_collections.ConfigDict) -> str | None:
   first = schedule.first_update_step(hparams)
   last = schedule.final_update_step(hparams, num_steps)
   if last is None:
-    return (f'config.num_steps={num_steps}: the run ends before its first mask update (at '
-            f'step max(begin_pruning_step, pruning_frequency) = {first}), so nothing is '
-            'pruned; raise num_steps or start pruning earlier.')
+    return (
+      f'config.num_steps={num_steps}: the run ends before its first mask update (at '
+      f'step max(begin_pruning_step, pruning_frequency) = {first}), so nothing is '
+      'pruned; raise num_steps or start pruning earlier.'
+    )
   reached = float(jaxprune.sparsity_at(hparams, last))
   if reached >= hparams.target_sparsity - 1e-6:
     return None
@@ -176,10 +200,15 @@ def schedule_shortfall(config: ml_collections.ConfigDict) -> str | None:
   frequency = hparams.pruning_frequency
   # The first update at or after the schedule's end: the one that reaches the target.
   needed = first + max(-(-(end - first) // frequency), 0) * frequency
-  cause = (f'config.pruning.end_pruning_step={hparams.end_pruning_step}' if by_window
-           else f'config.num_steps={num_steps}')
+  cause = (
+    f'config.pruning.end_pruning_step={hparams.end_pruning_step}'
+    if by_window
+    else f'config.num_steps={num_steps}'
+  )
   fix = f'end_pruning_step={needed} or later' if by_window else f'num_steps above {needed}'
-  return (f'{cause} stops the mask updates at step {last}, where the schedule is at '
-          f'{reached:.1%} sparsity, short of target_sparsity={hparams.target_sparsity} '
-          f'(reached at sparsity_function_end_step={end}, by the update at step {needed}); '
-          f'set {fix}, or end the schedule earlier.')
+  return (
+    f'{cause} stops the mask updates at step {last}, where the schedule is at '
+    f'{reached:.1%} sparsity, short of target_sparsity={hparams.target_sparsity} '
+    f'(reached at sparsity_function_end_step={end}, by the update at step {needed}); '
+    f'set {fix}, or end the schedule earlier.'
+  )

@@ -28,10 +28,18 @@ CONFIG_FILE = 'config.json'
 # Fields that may change between an interrupted run and its resumption: they
 # decide how long the run goes on and how often it reports, not the steps it
 # takes, so the resumed run still follows the uninterrupted one exactly.
-RESUMABLE_FIELDS = frozenset({
-    'num_steps', 'log_every', 'eval_every', 'checkpoint_every',
-    'max_checkpoints_to_keep', 'progress_bar', 'tensorboard', 'plots',
-})
+RESUMABLE_FIELDS = frozenset(
+  {
+    'num_steps',
+    'log_every',
+    'eval_every',
+    'checkpoint_every',
+    'max_checkpoints_to_keep',
+    'progress_bar',
+    'tensorboard',
+    'plots',
+  }
+)
 
 
 def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -49,9 +57,9 @@ def _flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
   return flat
 
 
-def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
-                       ignore: Iterable[str] = RESUMABLE_FIELDS
-                       ) -> list[tuple[str, Any, Any]]:
+def config_differences(
+  saved: Mapping[str, Any], current: Mapping[str, Any], ignore: Iterable[str] = RESUMABLE_FIELDS
+) -> list[tuple[str, Any, Any]]:
   """Lists `(field, saved value, current value)` for each differing field.
 
   Args:
@@ -75,8 +83,9 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
   return diffs
 
 
-def check_compatible(saved: Mapping[str, Any], config: ml_collections.ConfigDict,
-                     workdir: str) -> None:
+def check_compatible(
+  saved: Mapping[str, Any], config: ml_collections.ConfigDict, workdir: str
+) -> None:
   """Raises unless a run saved with config `saved` may resume under `config`.
 
   Args:
@@ -90,18 +99,25 @@ def check_compatible(saved: Mapping[str, Any], config: ml_collections.ConfigDict
   """
   # A field this version added is absent from runs saved before it: at its
   # default, it changes nothing those runs did.
-  added = {name: value for name, value in _flatten(config_to_json(defaults.get_config())).items()
-           if name not in _flatten(saved)}
-  diffs = [(name, before, after)
-           for name, before, after in config_differences(saved, config_to_json(config))
-           if not (before == '<absent>' and name in added and after == added[name])]
+  added = {
+    name: value
+    for name, value in _flatten(config_to_json(defaults.get_config())).items()
+    if name not in _flatten(saved)
+  }
+  diffs = [
+    (name, before, after)
+    for name, before, after in config_differences(saved, config_to_json(config))
+    if not (before == '<absent>' and name in added and after == added[name])
+  ]
   if diffs:
-    fields = '; '.join(f'config.{name}: {before!r} in the saved run, {after!r} now'
-                       for name, before, after in diffs)
+    fields = '; '.join(
+      f'config.{name}: {before!r} in the saved run, {after!r} now' for name, before, after in diffs
+    )
     raise IncompatibleWorkdirError(
-        f'--workdir={workdir!r} holds a run with a different config, so it cannot be '
-        f'resumed ({fields}). Pick a new --workdir (or restore the old values) instead '
-        'of overwriting that run.')
+      f'--workdir={workdir!r} holds a run with a different config, so it cannot be '
+      f'resumed ({fields}). Pick a new --workdir (or restore the old values) instead '
+      'of overwriting that run.'
+    )
 
 
 def read_config(workdir: str) -> dict[str, Any] | None:
@@ -120,9 +136,11 @@ def read_config(workdir: str) -> dict[str, Any] | None:
     if not isinstance(saved, dict):
       raise ValueError(f'expected a JSON object, found {type(saved).__name__}')
   except (OSError, ValueError) as err:
-    warnings.warn(f'{path} is unreadable ({err}); checking the run against the config '
-                  'stored in its newest checkpoint instead, and rewriting the file.',
-                  stacklevel=2)
+    warnings.warn(
+      f'{path} is unreadable ({err}); checking the run against the config '
+      'stored in its newest checkpoint instead, and rewriting the file.',
+      stacklevel=2,
+    )
     return None
   return saved
 
@@ -144,8 +162,9 @@ def _write(workdir: str, saved: Mapping[str, Any]) -> None:
   files.atomic_write(path, json.dumps(saved, indent=2, sort_keys=True) + '\n')
 
 
-def repair_config(workdir: str, recorded: Mapping[str, Any] | None,
-                  checkpointed: Mapping[str, Any], step: int) -> None:
+def repair_config(
+  workdir: str, recorded: Mapping[str, Any] | None, checkpointed: Mapping[str, Any], step: int
+) -> None:
   """Rewrites `config.json` from the checkpoint's config where the two disagree.
 
   The config stored in a checkpoint is covered by its checksum, `config.json`
@@ -164,9 +183,14 @@ def repair_config(workdir: str, recorded: Mapping[str, Any] | None,
   diffs = config_differences(recorded, checkpointed)
   if not diffs:
     return
-  fields = '; '.join(f'config.{name}: {before!r} in the file, {after!r} in the checkpoint'
-                     for name, before, after in diffs)
-  warnings.warn(f'{os.path.join(workdir, CONFIG_FILE)} disagrees with the checksummed config '
-                f'of the checkpoint of step {step} ({fields}), so it was changed outside the '
-                "job; rewrote it with the checkpoint's config.", stacklevel=2)
+  fields = '; '.join(
+    f'config.{name}: {before!r} in the file, {after!r} in the checkpoint'
+    for name, before, after in diffs
+  )
+  warnings.warn(
+    f'{os.path.join(workdir, CONFIG_FILE)} disagrees with the checksummed config '
+    f'of the checkpoint of step {step} ({fields}), so it was changed outside the '
+    "job; rewrote it with the checkpoint's config.",
+    stacklevel=2,
+  )
   _write(workdir, checkpointed)

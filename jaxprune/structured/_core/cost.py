@@ -27,8 +27,9 @@ from jaxprune.structured._primitives import table
 Scope = tuple[int, ...]
 
 
-def costed_eqns(jaxpr: Any, scope: Scope = (), times: float = 1.0
-                ) -> Iterator[tuple[Scope, Any, float, Any]]:
+def costed_eqns(
+  jaxpr: Any, scope: Scope = (), times: float = 1.0
+) -> Iterator[tuple[Scope, Any, float, Any]]:
   """`(scope, eqn, times run per call, flops rule)` of every costed equation."""
   for eqn_scope, _, eqn, eqn_times in jaxprs.equations(jaxpr, scope, times):
     entry = table.lookup(eqn.primitive.name)
@@ -36,8 +37,7 @@ def costed_eqns(jaxpr: Any, scope: Scope = (), times: float = 1.0
       yield eqn_scope, eqn, eqn_times, entry.flops
 
 
-def count(jaxpr: Any, var_axes: dict, n_groups: int,
-          scope: Scope = ()) -> tuple[np.ndarray, float]:
+def count(jaxpr: Any, var_axes: dict, n_groups: int, scope: Scope = ()) -> tuple[np.ndarray, float]:
   """FLOPs saved per channel of each group (first order) and the total, as traced.
 
   Args:
@@ -78,8 +78,9 @@ def plan_flops(graph: DependencyGraph, plan: Plan) -> float:
   return count_flops(graph, plan)
 
 
-def count_flops(graph: DependencyGraph, plan: Plan,
-                skip: Callable[[Scope, Any], bool] | None = None) -> float:
+def count_flops(
+  graph: DependencyGraph, plan: Plan, skip: Callable[[Scope, Any], bool] | None = None
+) -> float:
   """The one FLOPs counter: `plan_flops`, leaving out the equations `skip(scope, eqn)`
   picks (e.g. `kinds.activation_products` counts as layer-based counters do)."""
   shapes = PlanShapes(graph, plan.removed)
@@ -109,6 +110,7 @@ class FlopsReport:
   `flops_after` (the pruned model's) reports `flops_kept`, their fraction, and
   prints it as `FLOPs 1.2e+09 -> 3.5e+08 (29.2% kept, 3.42x fewer)`.
   """
+
   flops_before: float
   flops_after: float
 
@@ -118,5 +120,6 @@ class FlopsReport:
     return flops_kept(self.flops_before, self.flops_after)
 
   def flops_line(self) -> str:
-    return (f'FLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} '
-            f'({flops_text(self.flops_kept)})')
+    return (
+      f'FLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} ({flops_text(self.flops_kept)})'
+    )

@@ -43,6 +43,7 @@ class Member:
       `k > 1` for a merged axis (NHWC flatten -> Dense: channel c owns
       c, c + C, c + 2C, ...). A concat consumer's member owns an offset range.
   """
+
   leaf: str
   axis: int
   indices: np.ndarray
@@ -51,7 +52,8 @@ class Member:
     if not isinstance(other, Member):
       return NotImplemented
     return (self.leaf, self.axis) == (other.leaf, other.axis) and np.array_equal(
-        self.indices, other.indices)
+      self.indices, other.indices
+    )
 
   def __hash__(self) -> int:
     return hash((self.leaf, self.axis, self.indices.shape))
@@ -65,6 +67,7 @@ class AxisPart:
     group_id: the owning group's id.
     indices: int array `(group.size, k)`: row `c` = positions of channel `c`.
   """
+
   group_id: int
   indices: np.ndarray
 
@@ -91,6 +94,7 @@ class ChannelGroup:
       model only approximates the dense model with them zeroed (`_trace/norms.py`);
       selectors skip such groups unless `Constraint(allow_approximate=True)`.
   """
+
   id: int
   size: int
   members: list[Member]
@@ -114,6 +118,7 @@ class EntryPoint:
     scope: the scope of its top-level jaxpr in `var_axes` (see `VarKey`).
     arg_avals: `jax.ShapeDtypeStruct` of each flattened example argument.
   """
+
   fn: Callable[..., Any]
   kwargs: dict[str, Any]
   closed_jaxpr: jcore.ClosedJaxpr
@@ -176,6 +181,7 @@ class DependencyGraph:
     norm_sums: `(scope, eqn index)` of every `reduce_sum` over channels that
       `norms` let through (the statistics `verify` freezes).
   """
+
   groups: list[ChannelGroup]
   leaf_names: list[str]
   leaf_shapes: dict[str, tuple[int, ...]]
@@ -216,8 +222,9 @@ class DependencyGraph:
     """Prunable groups whose removal changes a norm's statistics (see `ChannelGroup`)."""
     return [g for g in self.groups if g.prunable and g.approximate]
 
-  def kept_positions(self, parts: Sequence[AxisPart], axis_size: int,
-                     removed: Mapping[int, np.ndarray]) -> np.ndarray:
+  def kept_positions(
+    self, parts: Sequence[AxisPart], axis_size: int, removed: Mapping[int, np.ndarray]
+  ) -> np.ndarray:
     """Positions of an axis that survive removing channels.
 
     Args:
@@ -229,18 +236,25 @@ class DependencyGraph:
     Returns:
       Sorted int array of the positions kept.
     """
-    dropped = [part.indices[np.asarray(removed[part.group_id], dtype=np.int64)].ravel()
-               for part in parts if part.group_id in removed]
+    dropped = [
+      part.indices[np.asarray(removed[part.group_id], dtype=np.int64)].ravel()
+      for part in parts
+      if part.group_id in removed
+    ]
     if not dropped:
       return np.arange(axis_size)
     return np.setdiff1d(np.arange(axis_size), np.concatenate(dropped))
 
-  def new_shape(self, shape: Sequence[int], axes: Mapping[int, Sequence[AxisPart]],
-                removed: Mapping[int, np.ndarray]) -> tuple[int, ...]:
+  def new_shape(
+    self,
+    shape: Sequence[int],
+    axes: Mapping[int, Sequence[AxisPart]],
+    removed: Mapping[int, np.ndarray],
+  ) -> tuple[int, ...]:
     """The shape of a tensor after removing channels (see `kept_positions`)."""
     return tuple(
-        len(self.kept_positions(axes[a], n, removed)) if a in axes else n
-        for a, n in enumerate(shape))
+      len(self.kept_positions(axes[a], n, removed)) if a in axes else n for a, n in enumerate(shape)
+    )
 
   def summary(self) -> str:
     """Groups, channels, prunable share, blocked primitives, FLOPs."""
@@ -257,4 +271,3 @@ class DependencyGraph:
   def unprunable_table(self) -> str:
     """All unprunable groups with their reasons."""
     return tables.unprunable_table(self)
-

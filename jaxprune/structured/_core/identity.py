@@ -34,6 +34,7 @@ class GroupKey:
       are sorted by their first position on the first member.
     label: a readable description ('params/conv1/kernel:3 (+5 members), 64 channels').
   """
+
   signature: tuple
   canonical: np.ndarray
   label: str
@@ -83,8 +84,9 @@ def index(graph: DependencyGraph) -> dict[tuple, Any]:
   return table
 
 
-def translate(removed: dict[int, np.ndarray], keys: dict[int, GroupKey],
-              graph: DependencyGraph) -> dict[int, np.ndarray]:
+def translate(
+  removed: dict[int, np.ndarray], keys: dict[int, GroupKey], graph: DependencyGraph
+) -> dict[int, np.ndarray]:
   """Maps `{group id: channels}` of another trace onto `graph` by group identity.
 
   Args:
@@ -105,12 +107,15 @@ def translate(removed: dict[int, np.ndarray], keys: dict[int, GroupKey],
     group = table.get(key.signature)
     if group is None:
       raise ValueError(
-          f'plan: group {gid} ({key.label}) is not a group of this trace: the traced function '
-          'ties these channels differently here (another input shape or entry point). Make '
-          'the plan on a trace of this function, or leave the group out.')
+        f'plan: group {gid} ({key.label}) is not a group of this trace: the traced function '
+        'ties these channels differently here (another input shape or entry point). Make '
+        'the plan on a trace of this function, or leave the group out.'
+      )
     if not group.prunable:
-      raise ValueError(f'plan: group {gid} ({key.label}) is group {group.id} of this trace, '
-                       f'which is not prunable ({group.reason}).')
+      raise ValueError(
+        f'plan: group {gid} ({key.label}) is group {group.id} of this trace, '
+        f'which is not prunable ({group.reason}).'
+      )
     rank_to_channel = np.argsort(group_key(group).canonical)
     out[group.id] = np.sort(rank_to_channel[key.canonical[np.asarray(channels, np.int64)]])
   return out

@@ -59,8 +59,9 @@ def call_body(eqn: Any) -> Any | None:
   return body
 
 
-def equations(jaxpr: Any, scope: Scope = (), times: float = 1.0
-              ) -> Iterator[tuple[Scope, int, Any, float]]:
+def equations(
+  jaxpr: Any, scope: Scope = (), times: float = 1.0
+) -> Iterator[tuple[Scope, int, Any, float]]:
   """`(scope, eqn index, eqn, times run per call)` of every equation, sub-jaxprs too.
 
   An equation comes before the equations of its sub-jaxprs; a scan's body runs
@@ -77,8 +78,14 @@ def literal_value(literal: Any) -> Any:
   return literal.val
 
 
-def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], step: Step,
-             scope: Scope = (), literal: Callable[[Any], Any] = literal_value) -> list:
+def evaluate(
+  jaxpr: Any,
+  consts: Sequence[Any],
+  args: Sequence[Any],
+  step: Step,
+  scope: Scope = (),
+  literal: Callable[[Any], Any] = literal_value,
+) -> list:
   """Runs an open jaxpr equation by equation; `step` computes each equation's results.
 
   Args:
@@ -129,7 +136,9 @@ def eqn_with_precision(eqn: Any, precision: lax.Precision) -> Any:
   """One equation as `with_precision` rewrites it."""
   params = {name: _sub_with_precision(value, precision) for name, value in eqn.params.items()}
   if eqn.primitive.name in _MATMULS and params.get('precision') in (
-      None, (lax.Precision.DEFAULT, lax.Precision.DEFAULT)):
+    None,
+    (lax.Precision.DEFAULT, lax.Precision.DEFAULT),
+  ):
     params['precision'] = (precision, precision)
   return eqn.replace(params=params)
 
@@ -137,7 +146,10 @@ def eqn_with_precision(eqn: Any, precision: lax.Precision) -> Any:
 def _sub_with_precision(value: Any, precision: lax.Precision) -> Any:
   if isinstance(value, (jcore.Jaxpr, jcore.ClosedJaxpr)):
     return with_precision(value, precision)
-  if isinstance(value, tuple) and value and all(
-      isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr)) for v in value):  # cond's branches
+  if (
+    isinstance(value, tuple)
+    and value
+    and all(isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr)) for v in value)
+  ):  # cond's branches
     return tuple(with_precision(v, precision) for v in value)
   return value

@@ -46,12 +46,14 @@ class PlanShapes:
 
   def shape(self, scope: Scope, var: Any) -> tuple:
     shape = tuple(getattr(var.aval, 'shape', ()))
-    return tuple(n if (k := self.kept(scope, var, a)) is None else len(k)
-                 for a, n in enumerate(shape))
+    return tuple(
+      n if (k := self.kept(scope, var, a)) is None else len(k) for a, n in enumerate(shape)
+    )
 
   def changed(self, scope: Scope, var: Any) -> bool:
-    return any(self.kept(scope, var, a) is not None
-               for a in range(len(getattr(var.aval, 'shape', ()))))
+    return any(
+      self.kept(scope, var, a) is not None for a in range(len(getattr(var.aval, 'shape', ())))
+    )
 
   def cut(self, scope: Scope, var: Any, value: Any) -> Any:
     """Takes the kept positions of a full-size value of `var`."""

@@ -22,14 +22,17 @@ Scope = tuple[int, ...]
 Watch = Callable[[Scope, int, Any, list, list], None]
 
 
-def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: Scope,
-             watch: Watch) -> list:
+def evaluate(
+  jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: Scope, watch: Watch
+) -> list:
   """Evaluates an open jaxpr on `args`, calling `watch` after every equation."""
+
   def step(s, index, eqn, invals):
     body = jaxprs.call_body(eqn)
     if body is not None:
-      outs = jaxprs.evaluate(control.inner(body), getattr(body, 'consts', ()), invals, step,
-                             s + (index, 0))
+      outs = jaxprs.evaluate(
+        control.inner(body), getattr(body, 'consts', ()), invals, step, s + (index, 0)
+      )
     else:
       outs = shrink_rules.bind(eqn, invals)
     watch(s, index, eqn, invals, outs)
@@ -38,8 +41,12 @@ def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: Scop
   return jaxprs.evaluate(jaxpr, consts, args, step, scope)
 
 
-def collect(closed: Any, flat_args: Sequence[Any], scope: Scope,
-            pick: Callable[[Scope, int, Any, list, list], Any]) -> dict:
+def collect(
+  closed: Any,
+  flat_args: Sequence[Any],
+  scope: Scope,
+  pick: Callable[[Scope, int, Any, list, list], Any],
+) -> dict:
   """Values `pick` returns for the equations it does not return None for, jitted.
 
   Args:
@@ -52,6 +59,7 @@ def collect(closed: Any, flat_args: Sequence[Any], scope: Scope,
   Returns:
     `{(scope, eqn_index): picked value}` as numpy-backed arrays.
   """
+
   def run(flat):
     found = {}
 

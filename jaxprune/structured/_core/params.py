@@ -56,6 +56,7 @@ class Scan:
   (the closed jaxpr of one step) takes the operands and gives the results in
   that order (without the scanned axis).
   """
+
   n_consts: int
   n_carry: int
   n_xs: int
@@ -75,6 +76,7 @@ class Scan:
 class While:
   """The layout of a `while` equation: `cond_nconsts` consts of `cond`, then
   `body_nconsts` consts of `body`, then the carry (also the results)."""
+
   cond_nconsts: int
   body_nconsts: int
   cond: Any
@@ -86,8 +88,9 @@ def _parts(descriptor: Any, n: int, name: str, eqn: Any) -> list[int]:
   parts = descriptor.unpack()
   if len(parts) != n:
     raise NotImplementedError(
-        f'jaxprune.structured reads a scan\'s {name} as {n} parts; this one has '
-        f'{len(parts)} (jax {jax.__version__}, parameters {sorted(eqn.params)}).')
+      f"jaxprune.structured reads a scan's {name} as {n} parts; this one has "
+      f'{len(parts)} (jax {jax.__version__}, parameters {sorted(eqn.params)}).'
+    )
   return [len(part) for part in parts]
 
 
@@ -103,19 +106,28 @@ def scan(eqn: Any) -> Scan:
     n_carry_out, n_ys = _parts(params['ft_out'], 2, 'ft_out', eqn)
     if n_carry_out != n_carry:
       raise NotImplementedError(
-          f'jaxprune.structured: a scan with {n_carry} carries in and {n_carry_out} out.')
+        f'jaxprune.structured: a scan with {n_carry} carries in and {n_carry_out} out.'
+      )
   elif 'num_consts' in params and 'num_carry' in params:
     n_consts, n_carry = params['num_consts'], params['num_carry']
     n_xs = len(eqn.invars) - n_consts - n_carry
     n_ys = len(eqn.outvars) - n_carry
   else:
     raise NotImplementedError(
-        f'jaxprune.structured reads lax.scan with num_consts/num_carry (jax<0.11) or '
-        f'ft_in/ft_out (jax>=0.11); jax {jax.__version__} wrote one with the parameters '
-        f'{sorted(params)}. Please report it, or unroll the loop.')
-  return Scan(n_consts=n_consts, n_carry=n_carry, n_xs=n_xs, n_ys=n_ys,
-              body=params['jaxpr'], length=params['length'],
-              reverse=bool(params.get('reverse', False)), unroll=params.get('unroll', 1))
+      f'jaxprune.structured reads lax.scan with num_consts/num_carry (jax<0.11) or '
+      f'ft_in/ft_out (jax>=0.11); jax {jax.__version__} wrote one with the parameters '
+      f'{sorted(params)}. Please report it, or unroll the loop.'
+    )
+  return Scan(
+    n_consts=n_consts,
+    n_carry=n_carry,
+    n_xs=n_xs,
+    n_ys=n_ys,
+    body=params['jaxpr'],
+    length=params['length'],
+    reverse=bool(params.get('reverse', False)),
+    unroll=params.get('unroll', 1),
+  )
 
 
 def scan_with_consts(eqn: Any, body: Any, n_new: int) -> dict[str, Any]:
@@ -146,26 +158,35 @@ def _flattree(descriptor: Any) -> Any:
   module = sys.modules.get(type(descriptor).__module__)
   if module is None or not all(hasattr(module, f) for f in ('pack', 'nones')):
     raise NotImplementedError(
-        f'jaxprune.structured cannot rebuild a scan\'s ft_in ({type(descriptor).__name__} '
-        f'of module {type(descriptor).__module__}) under jax {jax.__version__}: it has no '
-        'pack/nones. Please report it.')
+      f"jaxprune.structured cannot rebuild a scan's ft_in ({type(descriptor).__name__} "
+      f'of module {type(descriptor).__module__}) under jax {jax.__version__}: it has no '
+      'pack/nones. Please report it.'
+    )
   return module
 
 
 def while_loop(eqn: Any) -> While:
   """A `while` equation's layout."""
   params = eqn.params
-  return While(cond_nconsts=params['cond_nconsts'], body_nconsts=params['body_nconsts'],
-               cond=params['cond_jaxpr'], body=params['body_jaxpr'])
+  return While(
+    cond_nconsts=params['cond_nconsts'],
+    body_nconsts=params['body_nconsts'],
+    cond=params['cond_jaxpr'],
+    body=params['body_jaxpr'],
+  )
 
 
-def while_with_consts(eqn: Any, cond: Any, body: Any, n_cond_new: int,
-                      n_body_new: int) -> dict[str, Any]:
+def while_with_consts(
+  eqn: Any, cond: Any, body: Any, n_cond_new: int, n_body_new: int
+) -> dict[str, Any]:
   """Parameters that rebind a `while` with new bodies, each with more leading consts."""
   loop = while_loop(eqn)
-  return {'cond_jaxpr': cond, 'body_jaxpr': body,
-          'cond_nconsts': loop.cond_nconsts + n_cond_new,
-          'body_nconsts': loop.body_nconsts + n_body_new}
+  return {
+    'cond_jaxpr': cond,
+    'body_jaxpr': body,
+    'cond_nconsts': loop.cond_nconsts + n_cond_new,
+    'body_nconsts': loop.body_nconsts + n_body_new,
+  }
 
 
 def branches(eqn: Any) -> tuple[Any, ...]:
@@ -197,8 +218,10 @@ def call_body(eqn: Any, param: str) -> Any:
   renamed = _BODY_RENAMED.get(param)
   if renamed is not None and renamed in params:
     return params[renamed]
-  raise KeyError(f"jaxprune.structured: {eqn.primitive.name} has no body parameter "
-                 f"{param!r} (jax {jax.__version__} wrote {sorted(params)}).")
+  raise KeyError(
+    f'jaxprune.structured: {eqn.primitive.name} has no body parameter '
+    f'{param!r} (jax {jax.__version__} wrote {sorted(params)}).'
+  )
 
 
 def inlines(eqn: Any) -> bool:

@@ -31,6 +31,7 @@ class Plan:
     notes: what the selector could not do as asked (rounding that kept more
       channels, nothing removed); `summary()` prints them.
   """
+
   removed: Mapping[int, np.ndarray]
   sizes: Mapping[int, int]
   keys: Mapping[int, identity.GroupKey] = dataclasses.field(default_factory=dict)
@@ -48,11 +49,16 @@ class Plan:
 
   def summary(self) -> str:
     """One line per group that loses channels: `group 3: 64 -> 32`."""
-    lines = [f'group {gid}: {self.sizes[gid]} -> {self.sizes[gid] - len(r)}'
-             for gid, r in sorted(self.removed.items()) if len(r)]
+    lines = [
+      f'group {gid}: {self.sizes[gid]} -> {self.sizes[gid] - len(r)}'
+      for gid, r in sorted(self.removed.items())
+      if len(r)
+    ]
     total = sum(self.sizes.values())
-    lines.append(f'removed {self.num_removed} of {total} channels'
-                 + (' (nothing removed)' if not self.num_removed else ''))
+    lines.append(
+      f'removed {self.num_removed} of {total} channels'
+      + (' (nothing removed)' if not self.num_removed else '')
+    )
     return '\n'.join(lines + list(self.notes))
 
 
@@ -61,12 +67,16 @@ def _channel_indices(gid: int, size: int, channels: Any) -> np.ndarray:
   array = np.asarray(channels)
   if array.dtype == bool:
     if array.shape != (size,):
-      raise ValueError(f'plan: group {gid}: a boolean mask needs one entry per channel '
-                       f'(shape ({size},)), got shape {array.shape}; or give channel indices.')
+      raise ValueError(
+        f'plan: group {gid}: a boolean mask needs one entry per channel '
+        f'(shape ({size},)), got shape {array.shape}; or give channel indices.'
+      )
     return np.flatnonzero(array)
   if array.ndim > 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
-    raise TypeError(f'plan: group {gid}: give channel indices (ints) or a boolean mask of '
-                    f'{size} entries (True = remove); got {array.dtype} of shape {array.shape}.')
+    raise TypeError(
+      f'plan: group {gid}: give channel indices (ints) or a boolean mask of '
+      f'{size} entries (True = remove); got {array.dtype} of shape {array.shape}.'
+    )
   return np.unique(array.astype(np.int64))
 
 
@@ -95,11 +105,15 @@ def make_plan(graph: DependencyGraph, removed: Mapping[int, Sequence[int]]) -> P
     if not group.prunable:
       raise ValueError(f'plan: group {gid} is not prunable ({group.reason}); leave it out.')
     if channels[0] < 0 or channels[-1] >= group.size:
-      raise ValueError(f'plan: group {gid} has channels 0..{group.size - 1}, got '
-                       f'{channels.min()}..{channels.max()}.')
+      raise ValueError(
+        f'plan: group {gid} has channels 0..{group.size - 1}, got '
+        f'{channels.min()}..{channels.max()}.'
+      )
     if channels.size >= group.size:
-      raise ValueError(f'plan: removing all {group.size} channels of group {gid} would '
-                       'empty it; keep at least one.')
+      raise ValueError(
+        f'plan: removing all {group.size} channels of group {gid} would '
+        'empty it; keep at least one.'
+      )
     out[gid] = channels
     keys[gid] = identity.group_key(group)
   return Plan(removed=out, sizes={g.id: g.size for g in graph.groups}, keys=keys)
@@ -109,14 +123,18 @@ def check_variables(graph: DependencyGraph, variables: Any, where: str) -> None:
   """Raises a ValueError when `variables` are not shaped as the ones `graph` was traced with."""
   tree = jax.tree_util.tree_structure(variables)
   if tree != graph.variables_tree:
-    raise ValueError(f'{where}: variables have structure {tree}, the graph was traced with '
-                     f'{graph.variables_tree}; pass the dense variables given to trace.')
+    raise ValueError(
+      f'{where}: variables have structure {tree}, the graph was traced with '
+      f'{graph.variables_tree}; pass the dense variables given to trace.'
+    )
   for name, leaf in names.named_leaves(variables):
     shape = tuple(np.shape(leaf))
     if shape != graph.leaf_shapes[name]:
-      raise ValueError(f'{where}: variables leaf {name!r} has shape {shape}, the graph was '
-                       f'traced with {graph.leaf_shapes[name]}; pass the dense variables given '
-                       'to trace (or trace these).')
+      raise ValueError(
+        f'{where}: variables leaf {name!r} has shape {shape}, the graph was '
+        f'traced with {graph.leaf_shapes[name]}; pass the dense variables given '
+        'to trace (or trace these).'
+      )
 
 
 def _check_channels(plan: Plan) -> None:
@@ -125,13 +143,17 @@ def _check_channels(plan: Plan) -> None:
     channels = np.asarray(channels)
     size = plan.sizes.get(gid)
     if size is None:
-      raise ValueError(f'plan: group {gid} has no size in plan.sizes; build plans with '
-                       'make_plan or select.')
-    if channels.size and (not np.issubdtype(channels.dtype, np.integer)
-                          or channels.min() < 0 or channels.max() >= size):
-      raise ValueError(f'plan: group {gid} has channels 0..{size - 1}, the plan removes '
-                       f'{channels.tolist()}; build plans with make_plan or select, which '
-                       'check them.')
+      raise ValueError(
+        f'plan: group {gid} has no size in plan.sizes; build plans with make_plan or select.'
+      )
+    if channels.size and (
+      not np.issubdtype(channels.dtype, np.integer) or channels.min() < 0 or channels.max() >= size
+    ):
+      raise ValueError(
+        f'plan: group {gid} has channels 0..{size - 1}, the plan removes '
+        f'{channels.tolist()}; build plans with make_plan or select, which '
+        'check them.'
+      )
 
 
 def plan_for(graph: DependencyGraph, plan: Plan) -> Plan:
@@ -146,15 +168,20 @@ def plan_for(graph: DependencyGraph, plan: Plan) -> Plan:
   if plan.keys:
     _check_channels(plan)
     removed = identity.translate(dict(plan.removed), dict(plan.keys), graph)
-    return Plan(removed, {g.id: g.size for g in graph.groups},
-                {gid: identity.group_key(groups[gid]) for gid in removed})
+    return Plan(
+      removed,
+      {g.id: g.size for g in graph.groups},
+      {gid: identity.group_key(groups[gid]) for gid in removed},
+    )
   for gid, channels in plan.removed.items():
     group = groups.get(gid)
     if group is None or group.size != plan.sizes.get(gid):
-      raise ValueError(f'plan: group {gid} has {plan.sizes.get(gid)} channels in the plan and '
-                       f'{group.size if group else "no group"} in this graph; apply a plan to the '
-                       'graph it was made for, or make it with make_plan or select (they record '
-                       'what each group ties, so the plan carries over to other traces).')
+      raise ValueError(
+        f'plan: group {gid} has {plan.sizes.get(gid)} channels in the plan and '
+        f'{group.size if group else "no group"} in this graph; apply a plan to the '
+        'graph it was made for, or make it with make_plan or select (they record '
+        'what each group ties, so the plan carries over to other traces).'
+      )
     if len(channels) and not group.prunable:
       raise ValueError(f'plan: group {gid} is not prunable ({group.reason}).')
   _check_channels(plan)
@@ -171,8 +198,10 @@ def as_plan(graph: DependencyGraph, plan: Plan | Mapping[int, Sequence[int]]) ->
   if isinstance(plan, Plan):
     return plan_for(graph, plan)
   if not isinstance(plan, Mapping):
-    raise TypeError(f'plan: give a Plan (from select or make_plan) or {{group id: channels}}, '
-                    f'got {type(plan).__name__}.')
+    raise TypeError(
+      f'plan: give a Plan (from select or make_plan) or {{group id: channels}}, '
+      f'got {type(plan).__name__}.'
+    )
   return make_plan(graph, plan)
 
 
@@ -196,6 +225,7 @@ class Constraint:
       (`ChannelGroup.approximate`: width groups whose norm statistics change,
       see `trace(norms=...)`); off, selectors leave them whole.
   """
+
   min_channels: int = 1
   min_ratio: float = 0.0
   round_to: int = 1
@@ -207,12 +237,12 @@ class Constraint:
       value = getattr(self, field)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f'Constraint({field}={value!r}): give an int, e.g. {field}=1.')
-    if isinstance(self.min_ratio, bool) or not isinstance(self.min_ratio, (int, float,
-                                                                           np.number)):
+    if isinstance(self.min_ratio, bool) or not isinstance(self.min_ratio, (int, float, np.number)):
       raise TypeError(f'Constraint(min_ratio={self.min_ratio!r}): give a number in [0, 1].')
     if self.min_channels < 1:
-      raise ValueError(f'min_channels={self.min_channels}: must be >= 1 (a group is never '
-                       'emptied).')
+      raise ValueError(
+        f'min_channels={self.min_channels}: must be >= 1 (a group is never emptied).'
+      )
     if not 0.0 <= self.min_ratio <= 1.0:
       raise ValueError(f'min_ratio={self.min_ratio}: must be in [0, 1].')
     if not isinstance(self.allow_approximate, bool):
@@ -220,16 +250,20 @@ class Constraint:
     if self.round_to < 1:
       raise ValueError(f'round_to={self.round_to}: must be >= 1 (1 disables rounding).')
     if isinstance(self.locked, str) or not isinstance(self.locked, Sequence):
-      raise TypeError(f'locked={self.locked!r}: give a sequence of regexes, e.g. '
-                      f"('head',), not a {type(self.locked).__name__}.")
+      raise TypeError(
+        f'locked={self.locked!r}: give a sequence of regexes, e.g. '
+        f"('head',), not a {type(self.locked).__name__}."
+      )
     for i, pattern in enumerate(self.locked):
       if not isinstance(pattern, str):
         raise TypeError(f'locked[{i}]={pattern!r}: each entry must be a regex string.')
       try:
         re.compile(pattern)
       except re.error as e:
-        raise ValueError(f'locked[{i}]={pattern!r} is not a valid regex ({e}); escape special '
-                         'characters with re.escape.') from None
+        raise ValueError(
+          f'locked[{i}]={pattern!r} is not a valid regex ({e}); escape special '
+          'characters with re.escape.'
+        ) from None
 
   def min_keep(self, size: int) -> int:
     return min(size, max(self.min_channels, math.ceil(self.min_ratio * size - 1e-9)))

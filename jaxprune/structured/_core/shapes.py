@@ -36,5 +36,6 @@ def static_prod(dims: Iterable[Any]) -> float:
 def same_avals(avals: Sequence[Any], args: Sequence[Any]) -> bool:
   """Whether `args` have the shapes and dtypes of `avals` (a trace's example arguments)."""
   return len(avals) == len(args) and all(
-      tuple(a.shape) == tuple(jnp.shape(x)) and a.dtype == jnp.result_type(x)
-      for a, x in zip(avals, args, strict=True))
+    tuple(a.shape) == tuple(jnp.shape(x)) and a.dtype == jnp.result_type(x)
+    for a, x in zip(avals, args, strict=True)
+  )

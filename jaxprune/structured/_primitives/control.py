@@ -30,8 +30,14 @@ def inner(jaxpr: Any) -> Any:
   return getattr(jaxpr, 'jaxpr', jaxpr)
 
 
-def _tie(ctx, outer: list[Any], inner_vars: list[Any], scope: tuple[int, ...],
-         shift: int = 0, outer_scope: tuple[int, ...] | None = None) -> None:
+def _tie(
+  ctx,
+  outer: list[Any],
+  inner_vars: list[Any],
+  scope: tuple[int, ...],
+  shift: int = 0,
+  outer_scope: tuple[int, ...] | None = None,
+) -> None:
   """Joins axis a + shift of `outer[i]` with axis a of `inner_vars[i]` (in `scope`)."""
   for out_var, in_var in zip(outer, inner_vars, strict=True):
     for axis in range(len(var_shape(in_var))):
@@ -41,6 +47,7 @@ def _tie(ctx, outer: list[Any], inner_vars: list[Any], scope: tuple[int, ...],
 @functools.cache
 def call(param: str) -> Callable[[Any, Any], None]:
   """The rule of a call primitive whose body is `eqn.params[param]` (one per param)."""
+
   def rule(ctx, eqn) -> None:
     closed = params_lib.call_body(eqn, param)
     body = inner(closed)
@@ -50,6 +57,7 @@ def call(param: str) -> Callable[[Any, Any], None]:
     scope = ctx.walk(closed, 0)
     _tie(ctx, eqn.invars, body.invars, scope)
     _tie(ctx, eqn.outvars, body.outvars, scope)
+
   return rule
 
 
@@ -67,7 +75,7 @@ def scan(ctx, eqn) -> None:
   _tie(ctx, eqn.invars[:n_fixed], body.invars[:n_fixed], scope)
   _tie(ctx, eqn.invars[n_fixed:], body.invars[n_fixed:], scope, shift=1)
   _tie(ctx, eqn.outvars[:n_carry], body.outvars[:n_carry], scope)
-  carry_in = body.invars[loop.n_consts:n_fixed]
+  carry_in = body.invars[loop.n_consts : n_fixed]
   _tie(ctx, body.outvars[:n_carry], carry_in, scope, outer_scope=scope)
   _tie(ctx, eqn.outvars[n_carry:], body.outvars[n_carry:], scope, shift=1)
   _block_iteration_axis(ctx, [*eqn.invars[n_fixed:], *eqn.outvars[n_carry:]])
@@ -87,10 +95,10 @@ def while_loop(ctx, eqn) -> None:
   cond_scope = ctx.walk(loop.cond, 0)
   body_scope = ctx.walk(loop.body, 1)
   cond, body = inner(loop.cond), inner(loop.body)
-  carry = eqn.invars[n_cond + n_body:]
+  carry = eqn.invars[n_cond + n_body :]
   _tie(ctx, eqn.invars[:n_cond], cond.invars[:n_cond], cond_scope)
   _tie(ctx, carry, cond.invars[n_cond:], cond_scope)
-  _tie(ctx, eqn.invars[n_cond:n_cond + n_body], body.invars[:n_body], body_scope)
+  _tie(ctx, eqn.invars[n_cond : n_cond + n_body], body.invars[:n_body], body_scope)
   _tie(ctx, carry, body.invars[n_body:], body_scope)
   _tie(ctx, eqn.outvars, body.outvars, body_scope)
   _tie(ctx, carry, eqn.outvars, ctx.scope)

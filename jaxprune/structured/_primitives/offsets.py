@@ -25,9 +25,9 @@ def concatenate(ctx, eqn) -> None:
         ctx.join_axes(var, axis, out, axis)
     ids = ctx.ids(var, dim)
     if shape[dim] == 1 and out_ids is not None:
-      ctx.block_ids(out_ids[offset:offset + 1], "size-1 piece of 'concatenate'")
+      ctx.block_ids(out_ids[offset : offset + 1], "size-1 piece of 'concatenate'")
     elif out_ids is not None:
-      ctx.join(ids, out_ids[offset:offset + shape[dim]])
+      ctx.join(ids, out_ids[offset : offset + shape[dim]])
     offset += shape[dim]
 
 
@@ -42,7 +42,7 @@ def split(ctx, eqn) -> None:
       if a != axis:
         ctx.join_axes(operand, a, out, a)
     if in_ids is not None:
-      piece = in_ids[offset:offset + shape[axis]]
+      piece = in_ids[offset : offset + shape[axis]]
       if shape[axis] == 1:
         ctx.block_ids(piece, "size-1 piece of 'split'")
       else:
@@ -54,7 +54,8 @@ def slice_(ctx, eqn) -> None:
   operand, out = eqn.invars[0], eqn.outvars[0]
   strides = eqn.params['strides'] or (1,) * len(_shape(operand))
   for axis, (start, limit, stride) in enumerate(
-      zip(eqn.params['start_indices'], eqn.params['limit_indices'], strides, strict=True)):
+    zip(eqn.params['start_indices'], eqn.params['limit_indices'], strides, strict=True)
+  ):
     ids = ctx.ids(operand, axis)
     if ids is None:
       continue
@@ -104,15 +105,21 @@ def static_gather(eqn, indices: np.ndarray | None) -> list[tuple[int, int, bool]
   dnums, sizes = eqn.params['dimension_numbers'], eqn.params['slice_sizes']
   shape = _shape(eqn.invars[0])
   index_map = list(dnums.start_index_map)
-  if (np.shape(indices) != (len(index_map),) or dnums.operand_batching_dims
-      or not set(dnums.collapsed_slice_dims) <= set(index_map)
-      or list(dnums.offset_dims) != list(range(len(shape) - len(dnums.collapsed_slice_dims)))):
+  if (
+    np.shape(indices) != (len(index_map),)
+    or dnums.operand_batching_dims
+    or not set(dnums.collapsed_slice_dims) <= set(index_map)
+    or list(dnums.offset_dims) != list(range(len(shape) - len(dnums.collapsed_slice_dims)))
+  ):
     return None
   slices = []
   for axis, (dim, size) in enumerate(zip(shape, sizes, strict=True)):
     start = int(indices[index_map.index(axis)]) if axis in index_map else 0
-    if axis in index_map and str(eqn.params['mode']).endswith('FILL_OR_DROP') and not (
-        0 <= start <= dim - size):
+    if (
+      axis in index_map
+      and str(eqn.params['mode']).endswith('FILL_OR_DROP')
+      and not (0 <= start <= dim - size)
+    ):
       return None
     if axis in index_map:
       start = min(max(start, 0), dim - size)  # CLIP and PROMISE_IN_BOUNDS clamp
@@ -135,10 +142,11 @@ def gather(ctx, eqn) -> None:
     for axis, (start, size, collapsed) in enumerate(slices):
       ids = ctx.ids(operand, axis)
       if collapsed or (ids is not None and size == 1):
-        ctx.block_ids(None if ids is None else ids[start:start + size],
-                      "position picked by 'gather'")
+        ctx.block_ids(
+          None if ids is None else ids[start : start + size], "position picked by 'gather'"
+        )
       else:
-        ctx.join(None if ids is None else ids[start:start + size], ctx.ids(out, out_axis))
+        ctx.join(None if ids is None else ids[start : start + size], ctx.ids(out, out_axis))
       out_axis += not collapsed
     return
   dnums = eqn.params['dimension_numbers']
@@ -164,8 +172,9 @@ def gather(ctx, eqn) -> None:
       ctx.block(operand, axis)
   # A batched lookup (a per-head table under vmap): operand batching axis i
   # and index batching axis i are one axis, so they go together.
-  for axis, index_axis in zip(dnums.operand_batching_dims, dnums.start_indices_batching_dims,
-                              strict=True):
+  for axis, index_axis in zip(
+    dnums.operand_batching_dims, dnums.start_indices_batching_dims, strict=True
+  ):
     ctx.join_axes(operand, axis, indices, index_axis)
   index_rank = len(_shape(indices))
   index_axes = [a for a in range(index_rank) if a != index_rank - 1]
@@ -208,7 +217,7 @@ def tile(ctx, eqn) -> None:
     if ids is None:
       continue
     for rep in range(reps):
-      ctx.join(ids, out_ids[rep * len(ids):(rep + 1) * len(ids)])
+      ctx.join(ids, out_ids[rep * len(ids) : (rep + 1) * len(ids)])
 
 
 def stack(ctx, eqn) -> None:

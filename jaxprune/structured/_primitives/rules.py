@@ -131,8 +131,9 @@ def _mixed_radix(sizes: list[int]) -> list[np.ndarray]:
   return digits
 
 
-def _merge(ctx, merged: np.ndarray | None, factors: list[np.ndarray | None],
-           sizes: list[int]) -> None:
+def _merge(
+  ctx, merged: np.ndarray | None, factors: list[np.ndarray | None], sizes: list[int]
+) -> None:
   """`merged` (row-major flatten of `factors`) is derived from them."""
   if merged is None:
     # Merged into an untracked (symbolic) axis: the factors cannot be followed.
@@ -171,14 +172,15 @@ def reshape(ctx, eqn) -> None:
     if len(ins) == 1 and len(outs) == 1:
       ctx.join_axes(operand, ins[0], out, outs[0])
     elif len(outs) == 1:
-      _merge(ctx, ctx.ids(out, outs[0]), [ctx.ids(operand, a) for a in ins],
-             [in_shape[a] for a in ins])
+      _merge(
+        ctx, ctx.ids(out, outs[0]), [ctx.ids(operand, a) for a in ins], [in_shape[a] for a in ins]
+      )
     elif len(ins) == 1:
-      _merge(ctx, ctx.ids(operand, ins[0]), [ctx.ids(out, a) for a in outs],
-             [out_shape[a] for a in outs])
+      _merge(
+        ctx, ctx.ids(operand, ins[0]), [ctx.ids(out, a) for a in outs], [out_shape[a] for a in outs]
+      )
     else:
-      reason = (f'reshape mixes axes {[in_shape[a] for a in ins]} -> '
-                f'{[out_shape[a] for a in outs]}')
+      reason = f'reshape mixes axes {[in_shape[a] for a in ins]} -> {[out_shape[a] for a in outs]}'
       for a in ins:
         ctx.block_ids(ctx.ids(operand, a), reason)
       for a in outs:
@@ -226,8 +228,10 @@ def conv(ctx, eqn) -> None:
   group_ids = ctx.fresh(groups)
   per_in = var_shape(rhs)[rhs_spec[1]]
   per_out = var_shape(rhs)[rhs_spec[0]] // groups
-  for ids, size, inner in ((ctx.ids(lhs, lhs_spec[1]), per_in, ctx.ids(rhs, rhs_spec[1])),
-                           (ctx.ids(rhs, rhs_spec[0]), per_out, None)):
+  for ids, size, inner in (
+    (ctx.ids(lhs, lhs_spec[1]), per_in, ctx.ids(rhs, rhs_spec[1])),
+    (ctx.ids(rhs, rhs_spec[0]), per_out, None),
+  ):
     if size == 1:
       ctx.join(ids, group_ids)
     else:
@@ -236,6 +240,7 @@ def conv(ctx, eqn) -> None:
 
 def along_axis(param: str) -> Rule:
   """Ops that mix positions along one axis (cumsum, sort): block it, join the rest."""
+
   def rule(ctx, eqn) -> None:
     shape = var_shape(eqn.invars[0])
     axis = eqn.params[param] % len(shape)
@@ -246,6 +251,7 @@ def along_axis(param: str) -> Rule:
             ctx.join_axes(var, a, out, a)
     for var in (*eqn.invars, *eqn.outvars):
       ctx.block(var, axis)
+
   return rule
 
 
@@ -254,11 +260,15 @@ def reduce_window(ctx, eqn) -> None:
   rank = len(var_shape(eqn.invars[0]))
   base = params.get('base_dilation') or (1,) * rank
   window_dilation = params.get('window_dilation') or (1,) * rank
-  operands = eqn.invars[:len(eqn.outvars)]
+  operands = eqn.invars[: len(eqn.outvars)]
   for axis in range(rank):
-    plain = (params['window_dimensions'][axis] == 1 and params['window_strides'][axis] == 1
-             and tuple(params['padding'][axis]) == (0, 0) and base[axis] == 1
-             and window_dilation[axis] == 1)
+    plain = (
+      params['window_dimensions'][axis] == 1
+      and params['window_strides'][axis] == 1
+      and tuple(params['padding'][axis]) == (0, 0)
+      and base[axis] == 1
+      and window_dilation[axis] == 1
+    )
     for var, out in zip(operands, eqn.outvars, strict=True):
       if plain:
         ctx.join_axes(var, axis, out, axis)
@@ -279,5 +289,3 @@ def block_all(ctx, eqn) -> None:
   for var in (*eqn.invars, *eqn.outvars):
     for axis in range(len(var_shape(var))):
       ctx.block(var, axis)
-
-

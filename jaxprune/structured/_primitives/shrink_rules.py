@@ -42,9 +42,11 @@ def same_params(shrinker, eqn, scope, index, invals) -> list:
 
 def with_new_shape(param: str) -> ShrinkRule:
   """`broadcast_in_dim` / `reshape`: the output shape parameter takes the pruned shape."""
+
   def rule(shrinker, eqn, scope, index, invals):
     del index
     return bind(eqn, invals, **{param: shrinker.shape(scope, eqn.outvars[0])})
+
   return rule
 
 
@@ -70,7 +72,7 @@ def slice_(shrinker, eqn, scope, index, invals):
     n_out = out.aval.shape[axis]
     kept_out = np.arange(n_out) if kept_out is None else kept_out
     wanted = starts[axis] + kept_out * strides[axis]
-    position = (wanted if kept_in is None else np.searchsorted(kept_in, wanted))
+    position = wanted if kept_in is None else np.searchsorted(kept_in, wanted)
     x = jnp.take(x, position, axis=axis)
   return [x]
 
@@ -99,13 +101,16 @@ def conv(shrinker, eqn, scope, index, invals):
   in_features = shrinker.shape(scope, eqn.invars[0])[lhs_spec[1]]
   per_group = shrinker.shape(scope, eqn.invars[1])[rhs_spec[1]]
   if in_features % per_group:
-    raise NotImplementedError(f'pruned callable: grouped conv with {in_features} input '
-                              f'features and {per_group} per group after pruning.')
+    raise NotImplementedError(
+      f'pruned callable: grouped conv with {in_features} input '
+      f'features and {per_group} per group after pruning.'
+    )
   return bind(eqn, invals, feature_group_count=in_features // per_group)
 
 
 def slice_sizes(operand_index: int) -> ShrinkRule:
   """`gather` / `dynamic_slice`: full slices of a shrunk operand axis shrink with it."""
+
   def rule(shrinker, eqn, scope, index, invals):
     del index
     operand = eqn.invars[operand_index]
@@ -117,9 +122,11 @@ def slice_sizes(operand_index: int) -> ShrinkRule:
       if old != now and axis not in batching:  # a batching axis takes slices of size 1
         if sizes[axis] != old:
           raise NotImplementedError(
-              f'pruned callable: {eqn.primitive.name} takes a partial slice of a pruned axis.')
+            f'pruned callable: {eqn.primitive.name} takes a partial slice of a pruned axis.'
+          )
         sizes[axis] = now
     return bind(eqn, invals, slice_sizes=tuple(sizes))
+
   return rule
 
 
@@ -145,17 +152,18 @@ def gather(shrinker, eqn, scope, index, invals):
 @functools.cache
 def inline(param: str) -> ShrinkRule:
   """Call primitives: evaluate the body in place at the pruned shapes."""
+
   def rule(shrinker, eqn, scope, index, invals):
     sub = params_lib.call_body(eqn, param)
     jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, 'consts') else (sub, ())
     return shrinker.run(jaxpr, consts, invals, scope + (index, 0))
+
   return rule
 
 
 def scan(shrinker, eqn, scope, index, invals):
   body = shrinker.retrace(params_lib.scan(eqn).body, scope + (index, 0))
-  new = params_lib.scan_with_consts(eqn, jcore.ClosedJaxpr(_hoisted(body), ()),
-                                    len(body.consts))
+  new = params_lib.scan_with_consts(eqn, jcore.ClosedJaxpr(_hoisted(body), ()), len(body.consts))
   return bind(eqn, [*body.consts, *invals], **new)
 
 
@@ -164,17 +172,21 @@ def while_loop(shrinker, eqn, scope, index, invals):
   cond = shrinker.retrace(loop.cond, scope + (index, 0))
   body = shrinker.retrace(loop.body, scope + (index, 1))
   nc, nb = loop.cond_nconsts, loop.body_nconsts
-  cond_consts, body_consts, carry = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
+  cond_consts, body_consts, carry = invals[:nc], invals[nc : nc + nb], invals[nc + nb :]
   cond_j = jcore.ClosedJaxpr(_hoisted(cond), ())
   body_j = jcore.ClosedJaxpr(_hoisted(body), ())
   new = [*cond.consts, *cond_consts, *body.consts, *body_consts, *carry]
-  return bind(eqn, new, **params_lib.while_with_consts(eqn, cond_j, body_j, len(cond.consts),
-                                                      len(body.consts)))
+  return bind(
+    eqn,
+    new,
+    **params_lib.while_with_consts(eqn, cond_j, body_j, len(cond.consts), len(body.consts)),
+  )
 
 
 def cond(shrinker, eqn, scope, index, invals):
-  branches = [shrinker.retrace(b, scope + (index, i))
-              for i, b in enumerate(params_lib.branches(eqn))]
+  branches = [
+    shrinker.retrace(b, scope + (index, i)) for i, b in enumerate(params_lib.branches(eqn))
+  ]
   # Branches must share a signature, so each takes every branch's constants.
   all_consts = [c for b in branches for c in b.consts]
   new_branches = []
@@ -182,8 +194,9 @@ def cond(shrinker, eqn, scope, index, invals):
     before = sum(len(o.consts) for o in branches[:i])
     after = len(all_consts) - before - len(b.consts)
     new_branches.append(_pad_consts(b, before, after, all_consts))
-  return bind(eqn, [invals[0], *all_consts, *invals[1:]],
-              **params_lib.cond_with_branches(eqn, new_branches))
+  return bind(
+    eqn, [invals[0], *all_consts, *invals[1:]], **params_lib.cond_with_branches(eqn, new_branches)
+  )
 
 
 def _hoisted(closed):
@@ -197,6 +210,6 @@ def _pad_consts(closed, before, after, all_consts):
   jaxpr = closed.jaxpr
   unused = lambda c: jcore.Var(jax.typeof(c))
   head = [unused(c) for c in all_consts[:before]]
-  tail = [unused(c) for c in all_consts[before + len(closed.consts):][:after]]
+  tail = [unused(c) for c in all_consts[before + len(closed.consts) :][:after]]
   new = jaxpr.replace(invars=[*head, *jaxpr.constvars, *tail, *jaxpr.invars], constvars=[])
   return jcore.ClosedJaxpr(new, ())

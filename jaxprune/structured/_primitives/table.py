@@ -39,6 +39,7 @@ class Primitive:
 
   See `register_primitive` for what each column holds.
   """
+
   trace: rules.Rule
   shrink: shrink_rules.ShrinkRule | None = None
   flops: flops_lib.FlopsRule | None = None
@@ -60,61 +61,73 @@ def _same(rule: rules.Rule, names: str) -> dict[str, Primitive]:
 
 
 TABLE: dict[str, Primitive] = {
-    **_same(rules.elementwise, (
-        'abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt '
-        'ceil clamp clz complex conj convert_element_type copy copy_p cos cosh digamma div eq '
-        'erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag '
-        'integer_pow is_finite le lgamma log log1p logistic lt max min mul mulhi ne neg '
-        'nextafter not or polygamma population_count pow real regularized_incomplete_beta '
-        'reduce_precision rem round rsqrt select_n shift_left shift_right_arithmetic '
-        'shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh threefry2x32 '
-        'xor zeta')),
-    **_same(rules.reduce, 'reduce_max reduce_min reduce_prod reduce_and reduce_or '
-            'reduce_xor argmax argmin'),
-    'reduce_sum': Primitive(rules.reduce, shrink_rules.reduce_sum),
-    **_same(rules.collective, 'psum pmax pmin'),
-    **_same(rules.fresh_outputs, 'random_bits random_seed random_wrap random_unwrap '
-            'random_split random_fold_in rng_bit_generator'),
-    **_same(rules.along_axis('axis'), 'cumsum cumprod cummax cummin cumlogsumexp top_k'),
-    **_same(rules.reduce_window, 'reduce_window_sum reduce_window_max reduce_window_min '
-            'reduce_window'),
-    **_same(rules.identity_pairs, 'optimization_barrier sharding_constraint layout_constraint '
-            'with_memory_space_constraint reshard device_put'),
-    **_same(rules.no_values, 'debug_print debug_callback'),
-    'bitcast_convert_type': Primitive(rules.bitcast),
-    'broadcast_in_dim': Primitive(rules.broadcast_in_dim, shrink_rules.with_new_shape('shape')),
-    'transpose': Primitive(rules.transpose),
-    'squeeze': Primitive(rules.squeeze),
-    'reshape': Primitive(rules.reshape, shrink_rules.with_new_shape('new_sizes')),
-    'dot_general': Primitive(rules.dot_general, flops=flops_lib.dot_general),
-    'conv_general_dilated': Primitive(rules.conv, shrink_rules.conv,
-                                      flops_lib.conv_general_dilated),
-    'sort': Primitive(rules.along_axis('dimension')),
-    'concatenate': Primitive(offsets.concatenate),
-    'split': Primitive(offsets.split, shrink_rules.split),
-    'slice': Primitive(offsets.slice_, shrink_rules.slice_),
-    'pad': Primitive(offsets.pad),
-    'rev': Primitive(offsets.rev),
-    'gather': Primitive(offsets.gather, shrink_rules.gather),
-    'dynamic_slice': Primitive(offsets.dynamic_slice, shrink_rules.slice_sizes(0)),
-    'dynamic_update_slice': Primitive(offsets.dynamic_update_slice),
-    'tile': Primitive(offsets.tile),
-    'stack': Primitive(offsets.stack),
-    'unstack': Primitive(offsets.unstack),
-    'jit': _call('jaxpr'),
-    'pjit': _call('jaxpr'),  # the name of `jit` before jax 0.7
-    'closed_call': _call('call_jaxpr'),
-    'call': _call('call_jaxpr'),
-    # jax 0.11.2 stages `closed_call` and `call` as `eval_jaxpr` (the same body parameter).
-    'eval_jaxpr': _call('call_jaxpr'),
-    'remat2': _call('jaxpr'),
-    'custom_jvp_call': _call('call_jaxpr'),
-    'custom_vjp_call': _call('call_jaxpr'),
-    'composite': _call('jaxpr'),  # `call_jaxpr` in jax 0.11.2: read as either (`_core/params`)
-    'scan': Primitive(control.scan, shrink_rules.scan, subjaxprs=control.scan_subjaxprs),
-    'while': Primitive(control.while_loop, shrink_rules.while_loop,
-                       subjaxprs=control.while_subjaxprs),
-    'cond': Primitive(control.cond, shrink_rules.cond, subjaxprs=control.cond_subjaxprs),
+  **_same(
+    rules.elementwise,
+    (
+      'abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt '
+      'ceil clamp clz complex conj convert_element_type copy copy_p cos cosh digamma div eq '
+      'erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag '
+      'integer_pow is_finite le lgamma log log1p logistic lt max min mul mulhi ne neg '
+      'nextafter not or polygamma population_count pow real regularized_incomplete_beta '
+      'reduce_precision rem round rsqrt select_n shift_left shift_right_arithmetic '
+      'shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh threefry2x32 '
+      'xor zeta'
+    ),
+  ),
+  **_same(
+    rules.reduce, 'reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin'
+  ),
+  'reduce_sum': Primitive(rules.reduce, shrink_rules.reduce_sum),
+  **_same(rules.collective, 'psum pmax pmin'),
+  **_same(
+    rules.fresh_outputs,
+    'random_bits random_seed random_wrap random_unwrap '
+    'random_split random_fold_in rng_bit_generator',
+  ),
+  **_same(rules.along_axis('axis'), 'cumsum cumprod cummax cummin cumlogsumexp top_k'),
+  **_same(
+    rules.reduce_window, 'reduce_window_sum reduce_window_max reduce_window_min reduce_window'
+  ),
+  **_same(
+    rules.identity_pairs,
+    'optimization_barrier sharding_constraint layout_constraint '
+    'with_memory_space_constraint reshard device_put',
+  ),
+  **_same(rules.no_values, 'debug_print debug_callback'),
+  'bitcast_convert_type': Primitive(rules.bitcast),
+  'broadcast_in_dim': Primitive(rules.broadcast_in_dim, shrink_rules.with_new_shape('shape')),
+  'transpose': Primitive(rules.transpose),
+  'squeeze': Primitive(rules.squeeze),
+  'reshape': Primitive(rules.reshape, shrink_rules.with_new_shape('new_sizes')),
+  'dot_general': Primitive(rules.dot_general, flops=flops_lib.dot_general),
+  'conv_general_dilated': Primitive(rules.conv, shrink_rules.conv, flops_lib.conv_general_dilated),
+  'sort': Primitive(rules.along_axis('dimension')),
+  'concatenate': Primitive(offsets.concatenate),
+  'split': Primitive(offsets.split, shrink_rules.split),
+  'slice': Primitive(offsets.slice_, shrink_rules.slice_),
+  'pad': Primitive(offsets.pad),
+  'rev': Primitive(offsets.rev),
+  'gather': Primitive(offsets.gather, shrink_rules.gather),
+  'dynamic_slice': Primitive(offsets.dynamic_slice, shrink_rules.slice_sizes(0)),
+  'dynamic_update_slice': Primitive(offsets.dynamic_update_slice),
+  'tile': Primitive(offsets.tile),
+  'stack': Primitive(offsets.stack),
+  'unstack': Primitive(offsets.unstack),
+  'jit': _call('jaxpr'),
+  'pjit': _call('jaxpr'),  # the name of `jit` before jax 0.7
+  'closed_call': _call('call_jaxpr'),
+  'call': _call('call_jaxpr'),
+  # jax 0.11.2 stages `closed_call` and `call` as `eval_jaxpr` (the same body parameter).
+  'eval_jaxpr': _call('call_jaxpr'),
+  'remat2': _call('jaxpr'),
+  'custom_jvp_call': _call('call_jaxpr'),
+  'custom_vjp_call': _call('call_jaxpr'),
+  'composite': _call('jaxpr'),  # `call_jaxpr` in jax 0.11.2: read as either (`_core/params`)
+  'scan': Primitive(control.scan, shrink_rules.scan, subjaxprs=control.scan_subjaxprs),
+  'while': Primitive(
+    control.while_loop, shrink_rules.while_loop, subjaxprs=control.while_subjaxprs
+  ),
+  'cond': Primitive(control.cond, shrink_rules.cond, subjaxprs=control.cond_subjaxprs),
 }
 
 
@@ -140,8 +153,9 @@ def sub_jaxprs(eqn: Any) -> list[tuple[int, Any, float]]:
 
 def _check_name(primitive_name: Any) -> None:
   if not isinstance(primitive_name, str) or not primitive_name:
-    raise TypeError(f'primitive_name must be a non-empty str (eqn.primitive.name), got '
-                    f'{primitive_name!r}')
+    raise TypeError(
+      f'primitive_name must be a non-empty str (eqn.primitive.name), got {primitive_name!r}'
+    )
 
 
 def _check_callable(field: str, primitive_name: str, rule: Any, signature: str) -> None:
@@ -149,10 +163,15 @@ def _check_callable(field: str, primitive_name: str, rule: Any, signature: str) 
     raise TypeError(f'{field} for {primitive_name!r} must be callable{signature}, got {rule!r}')
 
 
-def register_primitive(primitive_name: str, *, trace: rules.Rule,
-                       shrink: shrink_rules.ShrinkRule | None = None,
-                       flops: flops_lib.FlopsRule | None = None, body: str | None = None,
-                       subjaxprs: control.SubJaxprs | None = None) -> None:
+def register_primitive(
+  primitive_name: str,
+  *,
+  trace: rules.Rule,
+  shrink: shrink_rules.ShrinkRule | None = None,
+  flops: flops_lib.FlopsRule | None = None,
+  body: str | None = None,
+  subjaxprs: control.SubJaxprs | None = None,
+) -> None:
   """Adds (or replaces) a primitive's entry: channel rule, shrink rule, cost, sub-jaxprs.
 
   `trace`, `shrink` and `flops` are set as given. The sub-jaxpr columns
@@ -185,13 +204,16 @@ def register_primitive(primitive_name: str, *, trace: rules.Rule,
   if flops is not None:
     _check_callable('flops', primitive_name, flops, '(shape, eqn)')
   if body is not None and not isinstance(body, str):
-    raise TypeError(f'body for {primitive_name!r} must be the name of the parameter holding '
-                    f"the call's body (a str, e.g. 'jaxpr'), got {body!r}")
+    raise TypeError(
+      f'body for {primitive_name!r} must be the name of the parameter holding '
+      f"the call's body (a str, e.g. 'jaxpr'), got {body!r}"
+    )
   if subjaxprs is not None:
     _check_callable('subjaxprs', primitive_name, subjaxprs, '(eqn)')
   if body is not None and subjaxprs is not None:
-    raise ValueError(f'{primitive_name!r}: give body (a call) or subjaxprs (loops, branches), '
-                     'not both')
+    raise ValueError(
+      f'{primitive_name!r}: give body (a call) or subjaxprs (loops, branches), not both'
+    )
   old = TABLE.get(primitive_name)
   if body is None and subjaxprs is None and old is not None:
     body, subjaxprs = old.body, old.subjaxprs

@@ -39,13 +39,14 @@ def explained(what: str) -> Iterator[None]:
     yield
   except (flax.errors.FlaxError, TypeError, ValueError) as e:
     raise RuntimeError(
-        f'prune: {what} fails on the pruned model ({type(e).__name__}: {str(e)[:300]}). '
-        'The model\'s code most likely branches on shapes that pruning changed (e.g. '
-        '`if x.shape[-1] != self.features: x = proj(x)`), so at the new sizes it takes another '
-        'path than the one traced. The pruned callable runs the traced computation at the new '
-        'sizes: prune(..., check=False) and call result.pruned_fn(result.variables, x) (it '
-        'exports with jax.export), or keep that group whole with '
-        'Constraint(locked=(...,)).') from e
+      f'prune: {what} fails on the pruned model ({type(e).__name__}: {str(e)[:300]}). '
+      "The model's code most likely branches on shapes that pruning changed (e.g. "
+      '`if x.shape[-1] != self.features: x = proj(x)`), so at the new sizes it takes another '
+      'path than the one traced. The pruned callable runs the traced computation at the new '
+      'sizes: prune(..., check=False) and call result.pruned_fn(result.variables, x) (it '
+      'exports with jax.export), or keep that group whole with '
+      'Constraint(locked=(...,)).'
+    ) from e
 
 
 class ResizedLinen:
@@ -76,9 +77,14 @@ class LinenModel:
 
   name = 'result.apply'
 
-  def __init__(self, model: nn.Module, variables: PyTree,
-               apply_kwargs: Mapping[str, Any] | None, train_model: nn.Module | None,
-               train_kwargs: Mapping[str, Any] | None):
+  def __init__(
+    self,
+    model: nn.Module,
+    variables: PyTree,
+    apply_kwargs: Mapping[str, Any] | None,
+    train_model: nn.Module | None,
+    train_kwargs: Mapping[str, Any] | None,
+  ):
     self.model, self.variables, self.apply_kwargs = model, variables, apply_kwargs
     self.train_model, self.train_kwargs = train_model, train_kwargs
 
@@ -90,22 +96,28 @@ class LinenModel:
     def run(*args):
       with flax_rebuild.linen_resized(new_variables), explained(self.name):
         return self.model.apply(new_variables, *args, **self.apply_kwargs)
+
     return run
 
-  def recalibrated(self, new_variables: PyTree, batches: Sequence[Any],
-                   inputs: Callable[[Any], tuple], progress: bool) -> PyTree:
+  def recalibrated(
+    self,
+    new_variables: PyTree,
+    batches: Sequence[Any],
+    inputs: Callable[[Any], tuple],
+    progress: bool,
+  ) -> PyTree:
     if 'batch_stats' not in new_variables:
       return new_variables
     kwargs = {'train': True} if self.train_kwargs is None else dict(self.train_kwargs)
-    update = calibrate.linen_update_fn(self.train_model or self.model, new_variables,
-                                       inputs=inputs, **kwargs)
+    update = calibrate.linen_update_fn(
+      self.train_model or self.model, new_variables, inputs=inputs, **kwargs
+    )
 
     def resized_update(stats, batch):
       with flax_rebuild.linen_resized(new_variables):
         return update(stats, batch)
 
-    stats = calibrate.recalibrate(resized_update, new_variables['batch_stats'], batches,
-                                  progress)
+    stats = calibrate.recalibrate(resized_update, new_variables['batch_stats'], batches, progress)
     return {**new_variables, 'batch_stats': stats}
 
   def committed(self, new_variables: PyTree) -> PyTree:
@@ -135,10 +147,16 @@ class NnxModel:
     def run(*args):
       with explained(self.name):
         return self.pruned(*args)
+
     return run
 
-  def recalibrated(self, new_variables: PyTree, batches: Sequence[Any],
-                   inputs: Callable[[Any], tuple], progress: bool) -> PyTree:
+  def recalibrated(
+    self,
+    new_variables: PyTree,
+    batches: Sequence[Any],
+    inputs: Callable[[Any], tuple],
+    progress: bool,
+  ) -> PyTree:
     calibrate.recalibrate_nnx(self.pruned, batches, inputs, progress)
     return new_variables
 
@@ -167,8 +185,13 @@ class FunctionModel:
   def runner(self, new_variables: PyTree) -> None:
     del new_variables  # the pruned callable, checked as such, is what users run
 
-  def recalibrated(self, new_variables: PyTree, batches: Sequence[Any],
-                   inputs: Callable[[Any], tuple], progress: bool) -> PyTree:
+  def recalibrated(
+    self,
+    new_variables: PyTree,
+    batches: Sequence[Any],
+    inputs: Callable[[Any], tuple],
+    progress: bool,
+  ) -> PyTree:
     raise AssertionError('unreachable: adapter refuses recalibrate_bn for a plain function')
 
   def committed(self, new_variables: PyTree) -> PyTree:
@@ -178,29 +201,45 @@ class FunctionModel:
     return pruned_fn
 
 
-def adapter(model: Any, variables: PyTree | None, apply_kwargs: Mapping[str, Any] | None,
-            train_model: Any, train_kwargs: Mapping[str, Any] | None,
-            recalibrate_bn: bool) -> LinenModel | NnxModel | FunctionModel:
+def adapter(
+  model: Any,
+  variables: PyTree | None,
+  apply_kwargs: Mapping[str, Any] | None,
+  train_model: Any,
+  train_kwargs: Mapping[str, Any] | None,
+  recalibrate_bn: bool,
+) -> LinenModel | NnxModel | FunctionModel:
   """The adapter of `model`; a TypeError or ValueError naming the fix for anything else."""
   if isinstance(model, nnx.Module):
     if variables is not None:
-      raise ValueError('prune: an NNX module holds its own variables; drop variables=... '
-                       f'(got variables={type(variables).__name__}).')
+      raise ValueError(
+        'prune: an NNX module holds its own variables; drop variables=... '
+        f'(got variables={type(variables).__name__}).'
+      )
     return NnxModel(model)
   if variables is None:
-    raise ValueError(f'prune: pass variables=... with a {type(model).__name__}: the Linen '
-                     "variables, or the pytree a plain function's first argument takes.")
+    raise ValueError(
+      f'prune: pass variables=... with a {type(model).__name__}: the Linen '
+      "variables, or the pytree a plain function's first argument takes."
+    )
   if isinstance(model, nn.Module):
     return LinenModel(model, variables, apply_kwargs, train_model, train_kwargs)
   if not callable(model):
-    raise TypeError(f'prune: model must be a Flax Linen or NNX module or a function '
-                    f'fn(variables, *args), got {type(model).__name__}.')
-  linen_only = {'apply_kwargs': apply_kwargs, 'train_model': train_model,
-                'train_kwargs': train_kwargs, 'recalibrate_bn': recalibrate_bn or None}
+    raise TypeError(
+      f'prune: model must be a Flax Linen or NNX module or a function '
+      f'fn(variables, *args), got {type(model).__name__}.'
+    )
+  linen_only = {
+    'apply_kwargs': apply_kwargs,
+    'train_model': train_model,
+    'train_kwargs': train_kwargs,
+    'recalibrate_bn': recalibrate_bn or None,
+  }
   given = [name for name, value in linen_only.items() if value is not None]
   if given:
     raise ValueError(
-        f'prune: {", ".join(given)} apply to Flax models, not to a plain function. Bind keyword '
-        'arguments in the function (functools.partial), and re-estimate BatchNorm statistics '
-        'of result.pruned_fn yourself with jaxprune.structured.recalibrate.')
+      f'prune: {", ".join(given)} apply to Flax models, not to a plain function. Bind keyword '
+      'arguments in the function (functools.partial), and re-estimate BatchNorm statistics '
+      'of result.pruned_fn yourself with jaxprune.structured.recalibrate.'
+    )
   return FunctionModel(model, variables)

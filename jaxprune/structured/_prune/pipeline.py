@@ -30,12 +30,12 @@ from jaxprune.structured._select import selectors
 from jaxprune.structured._shrink import flax_rebuild
 from jaxprune.structured._shrink.apply import apply_plan
 from jaxprune.structured._shrink.verify import (
-    VerifyReport,
-    checked_callable,
-    compare,
-    dense_reference,
-    full_precision,
-    verify,
+  VerifyReport,
+  checked_callable,
+  compare,
+  dense_reference,
+  full_precision,
+  verify,
 )
 from jaxprune.structured._trace.tracing import trace
 
@@ -65,6 +65,7 @@ class PruneResult(cost.FlopsReport):
       under `linen_resized`) or the pruned NNX model itself (for a plain
       function, `check` again: its users run the pruned callable).
   """
+
   model: Any
   variables: PyTree
   plan: Plan
@@ -84,12 +85,17 @@ class PruneResult(cost.FlopsReport):
   def __repr__(self) -> str:
     """One line: what was pruned, the FLOPs, the check (the fields hold whole models)."""
     sizes = [getattr(x, 'size', 0) for x in jax.tree.leaves(self.variables)]
-    check = 'not checked' if self.check is None else (
-        f'checked, largest difference {self.check.max_rel_diff:.2g} of the output scale')
-    return (f'PruneResult(channels removed from {len(self.plan.removed)} of '
-            f'{len(self.graph.groups)} channel groups, {sum(sizes):,} values left in '
-            f'{len(sizes)} arrays, {self.flops_line()}, {check}; see .summary(), .model, '
-            '.variables, .pruned_fn)')
+    check = (
+      'not checked'
+      if self.check is None
+      else (f'checked, largest difference {self.check.max_rel_diff:.2g} of the output scale')
+    )
+    return (
+      f'PruneResult(channels removed from {len(self.plan.removed)} of '
+      f'{len(self.graph.groups)} channel groups, {sum(sizes):,} values left in '
+      f'{len(sizes)} arrays, {self.flops_line()}, {check}; see .summary(), .model, '
+      '.variables, .pruned_fn)'
+    )
 
   def summary(self) -> str:
     """The plan's summary, then the FLOPs line (`FlopsReport`)."""
@@ -100,19 +106,33 @@ def _default_inputs(batch: Any) -> tuple:
   return tuple(batch[:1]) if isinstance(batch, (tuple, list)) else (batch,)
 
 
-def _check_arguments(example_args, ratio, flops_target, importance, scope, search, constraint,
-                     loss_fn, batches, inputs, recalibrate_bn, apply_kwargs, norms) -> None:
+def _check_arguments(
+  example_args,
+  ratio,
+  flops_target,
+  importance,
+  scope,
+  search,
+  constraint,
+  loss_fn,
+  batches,
+  inputs,
+  recalibrate_bn,
+  apply_kwargs,
+  norms,
+) -> None:
   """Every check `prune` can make before it traces or changes anything (the model's own,
   in `models.adapter`, come first)."""
   if not example_args:
-    raise ValueError('prune: give example inputs, prune(model, x, ...): the model is traced '
-                     'at them.')
-  selectors.check_target(ratio=ratio, flops_target=flops_target, scope=scope, search=search,
-                         constraint=constraint)
+    raise ValueError(
+      'prune: give example inputs, prune(model, x, ...): the model is traced at them.'
+    )
+  selectors.check_target(
+    ratio=ratio, flops_target=flops_target, scope=scope, search=search, constraint=constraint
+  )
   importance_lib.check_method(importance, extra=('taylor',))
   if importance == 'taylor' and (loss_fn is None or batches is None):
-    raise ValueError("importance='taylor': pass loss_fn(outputs, batch) and "
-                     'calibration_batches.')
+    raise ValueError("importance='taylor': pass loss_fn(outputs, batch) and calibration_batches.")
   if loss_fn is not None and not callable(loss_fn):
     raise TypeError(f'loss_fn must be callable(outputs, batch) -> scalar, got {loss_fn!r}.')
   if recalibrate_bn and not batches:
@@ -123,14 +143,16 @@ def _check_arguments(example_args, ratio, flops_target, importance, scope, searc
     raise TypeError(f'inputs must map a batch to the model inputs (a callable), got {inputs!r}.')
   if norms == 'exact':
     raise ValueError(
-        "prune: norms='exact' keeps dividing each norm by the full width, which only the pruned "
-        'callable of apply_plan does; the resized Flax model prune returns divides by the kept '
-        "width. Pass norms='renormalise' with constraint=Constraint(allow_approximate=True) "
-        "(checked within the approximate bound), or use trace(..., norms='exact'), select and "
-        'apply_plan for the exact pruned callable.')
+      "prune: norms='exact' keeps dividing each norm by the full width, which only the pruned "
+      'callable of apply_plan does; the resized Flax model prune returns divides by the kept '
+      "width. Pass norms='renormalise' with constraint=Constraint(allow_approximate=True) "
+      "(checked within the approximate bound), or use trace(..., norms='exact'), select and "
+      'apply_plan for the exact pruned callable.'
+    )
   if apply_kwargs is not None and not isinstance(apply_kwargs, Mapping):
-    raise TypeError(f'apply_kwargs must be a dict of keyword arguments, got '
-                    f'{type(apply_kwargs).__name__}.')
+    raise TypeError(
+      f'apply_kwargs must be a dict of keyword arguments, got {type(apply_kwargs).__name__}.'
+    )
 
 
 def _verified(graph, variables, plan, example_args, runs):
@@ -152,9 +174,10 @@ def _verified(graph, variables, plan, example_args, runs):
       report = compare(reference, outputs)
     if not report.ok:
       raise RuntimeError(
-          f'prune: {what} differs from the dense model with the removed channels zeroed '
-          f'(largest difference {report.max_rel_diff:.3g} of the output scale); nothing was '
-          'changed. Please report this model.')
+        f'prune: {what} differs from the dense model with the removed channels zeroed '
+        f'(largest difference {report.max_rel_diff:.3g} of the output scale); nothing was '
+        'changed. Please report this model.'
+      )
     reports.append(report)
   return reports
 
@@ -166,17 +189,29 @@ def _scores(graph, variables, method, fn, loss_fn, batches, inputs, progress, ma
   return importance_lib.taylor_importance(graph, variables, loss, batches, progress)
 
 
-def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
-          ratio: float | None = None, flops_target: float | None = None,
-          importance: str | Mapping[int, Any] = 'l2', scope: str = 'uniform',
-          search: str = 'greedy', constraint: Constraint | None = None,
-          loss_fn: Callable[[Any, Any], Any] | None = None,
-          calibration_batches: Iterable[Any] | None = None,
-          inputs: Callable[[Any], tuple] = _default_inputs, recalibrate_bn: bool = False,
-          apply_kwargs: Mapping[str, Any] | None = None,
-          train_kwargs: Mapping[str, Any] | None = None, train_model: Any = None,
-          masks: PyTree | None = None, norms: str | None = None,
-          seed: int = 0, check: bool = True, progress: bool = True) -> PruneResult:
+def prune(
+  model: Any,
+  *example_args: Any,
+  variables: PyTree | None = None,
+  ratio: float | None = None,
+  flops_target: float | None = None,
+  importance: str | Mapping[int, Any] = 'l2',
+  scope: str = 'uniform',
+  search: str = 'greedy',
+  constraint: Constraint | None = None,
+  loss_fn: Callable[[Any, Any], Any] | None = None,
+  calibration_batches: Iterable[Any] | None = None,
+  inputs: Callable[[Any], tuple] = _default_inputs,
+  recalibrate_bn: bool = False,
+  apply_kwargs: Mapping[str, Any] | None = None,
+  train_kwargs: Mapping[str, Any] | None = None,
+  train_model: Any = None,
+  masks: PyTree | None = None,
+  norms: str | None = None,
+  seed: int = 0,
+  check: bool = True,
+  progress: bool = True,
+) -> PruneResult:
   """Prunes a Flax Linen or NNX model, or a JAX function, to a ratio or a FLOPs target.
 
   Every argument is checked before anything is traced, and an NNX model is
@@ -235,16 +270,39 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   if variables is None and len(example_args) >= 2 and not isinstance(model, nnx.Module):
     # prune(model, variables, x): the order of oneshot.prune and of model.apply.
     variables, example_args = example_args[0], example_args[1:]
-  adapted = models.adapter(model, variables, apply_kwargs, train_model, train_kwargs,
-                           recalibrate_bn)
-  _check_arguments(example_args, ratio, flops_target, importance, scope, search, constraint,
-                   loss_fn, calibration_batches, inputs, recalibrate_bn, apply_kwargs, norms)
+  adapted = models.adapter(
+    model, variables, apply_kwargs, train_model, train_kwargs, recalibrate_bn
+  )
+  _check_arguments(
+    example_args,
+    ratio,
+    flops_target,
+    importance,
+    scope,
+    search,
+    constraint,
+    loss_fn,
+    calibration_batches,
+    inputs,
+    recalibrate_bn,
+    apply_kwargs,
+    norms,
+  )
   fn, variables = adapted.traced()
   graph = trace(fn, variables, *example_args, norms=norms)
-  scores = _scores(graph, variables, importance, fn, loss_fn, calibration_batches, inputs,
-                   progress, masks, seed)
-  plan = selectors.select(graph, variables, ratio=ratio, flops_target=flops_target,
-                          importance=scores, scope=scope, search=search, constraint=constraint)
+  scores = _scores(
+    graph, variables, importance, fn, loss_fn, calibration_batches, inputs, progress, masks, seed
+  )
+  plan = selectors.select(
+    graph,
+    variables,
+    ratio=ratio,
+    flops_target=flops_target,
+    importance=scores,
+    scope=scope,
+    search=search,
+    constraint=constraint,
+  )
   new_variables, pruned_fn = apply_plan(graph, variables, plan)
   checked_fn = checked_callable(graph, plan, pruned_fn)
   runs = [('the pruned callable', lambda *a: checked_fn(new_variables, *a))]
@@ -259,5 +317,13 @@ def prune(model: Any, *example_args: Any, variables: PyTree | None = None,
   if recalibrate_bn:
     new_variables = adapted.recalibrated(new_variables, calibration_batches, inputs, progress)
   new_variables = adapted.committed(new_variables)  # only now is an NNX model changed
-  return PruneResult(adapted.pruned_model(pruned_fn), new_variables, plan, graph, pruned_fn,
-                     *flops, check_fn, model_check)
+  return PruneResult(
+    adapted.pruned_model(pruned_fn),
+    new_variables,
+    plan,
+    graph,
+    pruned_fn,
+    *flops,
+    check_fn,
+    model_check,
+  )

@@ -48,8 +48,9 @@ def _mean_abs(value: Any, axis: int) -> jax.Array:
   return jnp.mean(value, axis=others) if others else value
 
 
-def activation_importance(graph: DependencyGraph, variables: PyTree, batches: Iterable[Any],
-                          progress: bool = False) -> Scores:
+def activation_importance(
+  graph: DependencyGraph, variables: PyTree, batches: Iterable[Any], progress: bool = False
+) -> Scores:
   """Mean |activation| per channel on calibration batches (see the module docstring).
 
   Args:
@@ -74,8 +75,10 @@ def activation_importance(graph: DependencyGraph, variables: PyTree, batches: It
     sites = wanted.get((scope, index))
     if not sites:
       return None
-    return {f'{operand}:{axis}': _mean_abs(outs[0] if operand < 0 else invals[operand], axis)
-            for operand, axis in sites}
+    return {
+      f'{operand}:{axis}': _mean_abs(outs[0] if operand < 0 else invals[operand], axis)
+      for operand, axis in sites
+    }
 
   leaves = jax.tree_util.tree_leaves(variables)
   if progress:
@@ -87,9 +90,11 @@ def activation_importance(graph: DependencyGraph, variables: PyTree, batches: It
     flat = jax.tree_util.tree_leaves(args)
     if not same_avals(point.arg_avals, flat):
       shapes = ', '.join(f'{a.dtype}{list(a.shape)}' for a in point.arg_avals)
-      raise ValueError(f'batches[{count}]: activation importance runs the traced function at '
-                       f'the shapes it was traced with ({shapes}); give batches of those '
-                       'shapes, or trace at the calibration batch shape.')
+      raise ValueError(
+        f'batches[{count}]: activation importance runs the traced function at '
+        f'the shapes it was traced with ({shapes}); give batches of those '
+        'shapes, or trace at the calibration batch shape.'
+      )
     found = observe.collect(point.closed_jaxpr, [*leaves, *flat], point.scope, pick)
     for key, stats in found.items():
       into = totals.setdefault(key, {})

@@ -54,9 +54,13 @@ def _reduce_positions(array: np.ndarray, axis: int, reduce: Callable) -> np.ndar
   return reduce(moved.reshape(moved.shape[0], -1))
 
 
-def group_scores(graph: DependencyGraph, leaves: Mapping[str, Any], reduce: Callable,
-                 leaf_filter: Callable[[str], bool] = is_weight,
-                 normalise: bool = True) -> Scores:
+def group_scores(
+  graph: DependencyGraph,
+  leaves: Mapping[str, Any],
+  reduce: Callable,
+  leaf_filter: Callable[[str], bool] = is_weight,
+  normalise: bool = True,
+) -> Scores:
   """Sums a per-position statistic over each channel's slices in its group.
 
   Args:
@@ -131,8 +135,9 @@ def _mask_for(leaf: str, masks: Mapping[str, Any]) -> Any:
   return None
 
 
-def density_importance(graph: DependencyGraph, variables: PyTree,
-                       masks: PyTree | None = None) -> Scores:
+def density_importance(
+  graph: DependencyGraph, variables: PyTree, masks: PyTree | None = None
+) -> Scores:
   """Fraction of nonzero (or mask-kept) entries in each channel's slices.
 
   After gradual magnitude pruning a channel whose slices are all zero scores 0
@@ -157,14 +162,19 @@ def density_importance(graph: DependencyGraph, variables: PyTree,
     mask = _mask_for(leaf, mask_leaves)
     counted[leaf] = np.asarray(value if mask is None else mask) != 0
   nonzero = group_scores(graph, counted, lambda x: x.sum(1), normalise=False)
-  sizes = group_scores(graph, counted, lambda x: np.full(x.shape[0], x.shape[1], np.float64),
-                       normalise=False)
+  sizes = group_scores(
+    graph, counted, lambda x: np.full(x.shape[0], x.shape[1], np.float64), normalise=False
+  )
   return {gid: np.divide(nonzero[gid], np.maximum(sizes[gid], 1.0)) for gid in nonzero}
 
 
-def taylor_importance(graph: DependencyGraph, variables: PyTree,
-                      loss_fn: Callable[[PyTree, Any], Any],
-                      batches: Iterable[Any], progress: bool = False) -> Scores:
+def taylor_importance(
+  graph: DependencyGraph,
+  variables: PyTree,
+  loss_fn: Callable[[PyTree, Any], Any],
+  batches: Iterable[Any],
+  progress: bool = False,
+) -> Scores:
   """First-order Taylor importance |w * dL/dw| (Molchanov et al. 2019, arXiv 1906.10771).
 
   The elementwise |w * grad| is averaged over the calibration batches, then
@@ -210,9 +220,14 @@ def taylor_importance(graph: DependencyGraph, variables: PyTree,
   return group_scores(graph, mean, lambda x: x.sum(1))
 
 
-def score_channels(graph: DependencyGraph, variables: PyTree,
-                   method: str | Mapping[int, Any] = 'l2', *,
-                   masks: PyTree | None = None, seed: int = 0) -> Scores:
+def score_channels(
+  graph: DependencyGraph,
+  variables: PyTree,
+  method: str | Mapping[int, Any] = 'l2',
+  *,
+  masks: PyTree | None = None,
+  seed: int = 0,
+) -> Scores:
   """Scores every group with a named criterion, or validates precomputed scores.
 
   Args:
@@ -230,11 +245,11 @@ def score_channels(graph: DependencyGraph, variables: PyTree,
     return _finite(graph, _given_scores(graph, method), 'the given scores')
   check_method(method)
   methods = {
-      'l1': lambda: magnitude_importance(graph, variables, p=1),
-      'l2': lambda: magnitude_importance(graph, variables, p=2),
-      'bn_scale': lambda: bn_scale_importance(graph, variables),
-      'density': lambda: density_importance(graph, variables, masks),
-      'random': lambda: random_importance(graph, seed),
+    'l1': lambda: magnitude_importance(graph, variables, p=1),
+    'l2': lambda: magnitude_importance(graph, variables, p=2),
+    'bn_scale': lambda: bn_scale_importance(graph, variables),
+    'density': lambda: density_importance(graph, variables, masks),
+    'random': lambda: random_importance(graph, seed),
   }
   return _finite(graph, methods[method](), f'importance={method!r}')
 
@@ -245,9 +260,10 @@ def _finite(graph: DependencyGraph, scores: Scores, what: str) -> Scores:
     bad = int(np.isnan(score).sum())
     if bad and graph.groups[gid].prunable:
       raise ValueError(
-          f'importance[{gid}]: {bad} of {score.size} scores are NaN ({what}); channels cannot '
-          'be ranked. Replace them (e.g. np.nan_to_num for given scores), or, when the scores '
-          'come from the weights, check the variables for NaN.')
+        f'importance[{gid}]: {bad} of {score.size} scores are NaN ({what}); channels cannot '
+        'be ranked. Replace them (e.g. np.nan_to_num for given scores), or, when the scores '
+        'come from the weights, check the variables for NaN.'
+      )
   return scores
 
 
@@ -259,8 +275,10 @@ def check_method(method: Any, extra: tuple[str, ...] = ()) -> None:
   if isinstance(method, Mapping):
     return
   if method not in METHODS + extra:
-    raise ValueError(f'importance={method!r}: use one of {sorted(METHODS + extra)}, or pass '
-                     "precomputed scores (e.g. from taylor_importance) as {group id: array}.")
+    raise ValueError(
+      f'importance={method!r}: use one of {sorted(METHODS + extra)}, or pass '
+      'precomputed scores (e.g. from taylor_importance) as {group id: array}.'
+    )
 
 
 def _given_scores(graph: DependencyGraph, given: Mapping[int, Any]) -> Scores:
@@ -268,13 +286,17 @@ def _given_scores(graph: DependencyGraph, given: Mapping[int, Any]) -> Scores:
   unknown = sorted(set(given) - set(sizes), key=str)
   if unknown:
     prunable = [g.id for g in graph.groups if g.prunable]
-    raise ValueError(f'importance: group id(s) {unknown} do not exist; scores are keyed by '
-                     f'group id, the prunable groups are {prunable}.')
+    raise ValueError(
+      f'importance: group id(s) {unknown} do not exist; scores are keyed by '
+      f'group id, the prunable groups are {prunable}.'
+    )
   out = {}
   for gid, score in given.items():
     score = np.asarray(score, np.float64)
     if score.shape != (sizes[gid],):
-      raise ValueError(f'importance[{gid}]: shape {score.shape}, expected '
-                       f'({sizes[gid]},) (one score per channel of the group).')
+      raise ValueError(
+        f'importance[{gid}]: shape {score.shape}, expected '
+        f'({sizes[gid]},) (one score per channel of the group).'
+      )
     out[gid] = score
   return out

@@ -31,43 +31,68 @@ from jaxprune.structured._trace.kinds import KINDS
 PyTree = Any
 
 
-def _candidates(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
-                constraint: Constraint) -> list:
-  return [g for g in graph.groups
-          if g.prunable and g.id in scores and not constraint.is_locked(g)
-          and constraint.min_keep(g.size) < g.size]
+def _candidates(
+  graph: DependencyGraph, scores: Mapping[int, np.ndarray], constraint: Constraint
+) -> list:
+  return [
+    g
+    for g in graph.groups
+    if g.prunable
+    and g.id in scores
+    and not constraint.is_locked(g)
+    and constraint.min_keep(g.size) < g.size
+  ]
 
 
 def _least_important(scores: np.ndarray, count: int) -> np.ndarray:
   return np.sort(np.argsort(scores, kind='stable')[:count])
 
 
-def _plan_from_counts(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
-                      counts: Mapping[int, int], notes: tuple[str, ...] = ()) -> Plan:
-  plan = make_plan(graph, {gid: _least_important(scores[gid], n)
-                           for gid, n in counts.items() if n > 0})
+def _plan_from_counts(
+  graph: DependencyGraph,
+  scores: Mapping[int, np.ndarray],
+  counts: Mapping[int, int],
+  notes: tuple[str, ...] = (),
+) -> Plan:
+  plan = make_plan(
+    graph, {gid: _least_important(scores[gid], n) for gid, n in counts.items() if n > 0}
+  )
   return dataclasses.replace(plan, notes=notes) if notes else plan
 
 
-def _rounding_notes(graph: DependencyGraph, asked: Mapping[int, int], counts: Mapping[int, int],
-                    constraint: Constraint) -> tuple[str, ...]:
+def _rounding_notes(
+  graph: DependencyGraph,
+  asked: Mapping[int, int],
+  counts: Mapping[int, int],
+  constraint: Constraint,
+) -> tuple[str, ...]:
   """One note per group where the constraint removed fewer channels than asked."""
   sizes = {g.id: g.size for g in graph.groups}
-  changed = [f'group {gid}: {sizes[gid]} -> {sizes[gid] - counts[gid]}, not '
-             f'{sizes[gid] - n}' for gid, n in sorted(asked.items()) if counts[gid] < n]
+  changed = [
+    f'group {gid}: {sizes[gid]} -> {sizes[gid] - counts[gid]}, not {sizes[gid] - n}'
+    for gid, n in sorted(asked.items())
+    if counts[gid] < n
+  ]
   if not changed:
     return ()
-  why = (f'kept counts rounded up to a multiple of round_to={constraint.round_to} '
-         '(or the whole group)' if constraint.round_to > 1 else
-         'min_channels / min_ratio keep more')
+  why = (
+    f'kept counts rounded up to a multiple of round_to={constraint.round_to} (or the whole group)'
+    if constraint.round_to > 1
+    else 'min_channels / min_ratio keep more'
+  )
   shown = '; '.join(changed[:6]) + (f'; ... (+{len(changed) - 6})' if len(changed) > 6 else '')
-  return (f'{why}: {shown}' + (' (Constraint(round_to=1) removes what was asked)'
-                               if constraint.round_to > 1 else ''),)
+  return (
+    f'{why}: {shown}'
+    + (' (Constraint(round_to=1) removes what was asked)' if constraint.round_to > 1 else ''),
+  )
 
 
-def uniform(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
-            ratio: float | Mapping[str, float],
-            constraint: Constraint | None = None) -> Plan:
+def uniform(
+  graph: DependencyGraph,
+  scores: Mapping[int, np.ndarray],
+  ratio: float | Mapping[str, float],
+  constraint: Constraint | None = None,
+) -> Plan:
   """Removes `ratio` of the channels of every prunable, unlocked group.
 
   The kept count is `size - floor(ratio * size)`, rounded up to a count the
@@ -83,8 +108,7 @@ def uniform(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
     group_ratio = ratio.get(g.kind, 0.0) if isinstance(ratio, Mapping) else ratio
     asked[g.id] = int(np.floor(group_ratio * g.size + 1e-9))  # never more than the ratio
     counts[g.id] = g.size - constraint.keep_up(g.size, g.size - asked[g.id])
-  return _plan_from_counts(graph, scores, counts,
-                           _rounding_notes(graph, asked, counts, constraint))
+  return _plan_from_counts(graph, scores, counts, _rounding_notes(graph, asked, counts, constraint))
 
 
 class _GlobalOrder:
@@ -104,8 +128,10 @@ class _GlobalOrder:
   def counts(self, k: int) -> dict[int, int]:
     ids, n = np.unique(self.order_gids[:k], return_counts=True)
     sizes = {g.id: g.size for g in self.groups}
-    return {int(gid): self.constraint.most_removal(sizes[int(gid)], int(c))
-            for gid, c in zip(ids, n, strict=True)}
+    return {
+      int(gid): self.constraint.most_removal(sizes[int(gid)], int(c))
+      for gid, c in zip(ids, n, strict=True)
+    }
 
   def plan(self, k: int) -> Plan:
     return _plan_from_counts(self.graph, self.scores, self.counts(k))
@@ -125,8 +151,11 @@ class _GlobalOrder:
     """The plan of the shortest prefix for which `ok(plan)` holds (monotone in k)."""
     lo, hi = 0, self.total
     if not ok(self.plan(hi)):
-      warnings.warn('the target cannot be reached within the constraints; removing as many '
-                    'channels as they allow.', stacklevel=3)
+      warnings.warn(
+        'the target cannot be reached within the constraints; removing as many '
+        'channels as they allow.',
+        stacklevel=3,
+      )
       return self.plan(hi)
     while lo < hi:
       mid = (lo + hi) // 2
@@ -137,8 +166,12 @@ class _GlobalOrder:
     return self.plan(lo)
 
 
-def global_(graph: DependencyGraph, scores: Mapping[int, np.ndarray], amount: float,
-            constraint: Constraint | None = None) -> Plan:
+def global_(
+  graph: DependencyGraph,
+  scores: Mapping[int, np.ndarray],
+  amount: float,
+  constraint: Constraint | None = None,
+) -> Plan:
   """Removes the least important channels network-wide.
 
   Args:
@@ -162,13 +195,19 @@ def global_(graph: DependencyGraph, scores: Mapping[int, np.ndarray], amount: fl
     raise ValueError(f'amount={amount!r}: give a fraction in [0, 1) or a channel count >= 1.')
   plan = order.largest_prefix(lambda plan: plan.num_removed <= target)
   if order.plan(order.total).num_removed < target:
-    warnings.warn(f'the target ({target} channels) cannot be reached within the constraints; '
-                  'removing as many channels as they allow.', stacklevel=2)
+    warnings.warn(
+      f'the target ({target} channels) cannot be reached within the constraints; '
+      'removing as many channels as they allow.',
+      stacklevel=2,
+    )
   if plan.num_removed < target:
-    why = (f'round_to={order.constraint.round_to}' if order.constraint.round_to > 1
-           else 'the constraint')
-    plan = dataclasses.replace(plan, notes=(
-        f'{why} removed {plan.num_removed} of the {target} channels asked for (never more)',))
+    why = (
+      f'round_to={order.constraint.round_to}' if order.constraint.round_to > 1 else 'the constraint'
+    )
+    plan = dataclasses.replace(
+      plan,
+      notes=(f'{why} removed {plan.num_removed} of the {target} channels asked for (never more)',),
+    )
   return plan
 
 
@@ -202,8 +241,9 @@ def _knapsack(graph, scores, constraint, cost_fn, target, buckets=256):
     if not np.isfinite(best[need]):
       return None
     counts, s = {}, need
-    for g, (removals, _, _), (arg, units) in reversed(list(zip(groups, options, choices,
-                                                              strict=True))):
+    for g, (removals, _, _), (arg, units) in reversed(
+      list(zip(groups, options, choices, strict=True))
+    ):
       j = int(arg[s])
       counts[g.id] = int(removals[j])
       s = max(0, s - int(units[j]))
@@ -220,9 +260,14 @@ def _knapsack(graph, scores, constraint, cost_fn, target, buckets=256):
   return found
 
 
-def by_cost(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
-            cost_fn: Callable[[Plan], float],
-            target: float, constraint: Constraint | None = None, search: str = 'greedy') -> Plan:
+def by_cost(
+  graph: DependencyGraph,
+  scores: Mapping[int, np.ndarray],
+  cost_fn: Callable[[Plan], float],
+  target: float,
+  constraint: Constraint | None = None,
+  search: str = 'greedy',
+) -> Plan:
   """Removes channels until `cost_fn(plan) <= target`.
 
   Args:
@@ -244,7 +289,8 @@ def by_cost(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
   constraint = constraint or Constraint()
   if search == 'greedy':
     return _GlobalOrder(graph, scores, constraint).smallest_prefix(
-        lambda plan: cost_fn(plan) <= target)
+      lambda plan: cost_fn(plan) <= target
+    )
   if search == 'knapsack':
     plan = _knapsack(graph, scores, constraint, cost_fn, target)
     if plan is None:
@@ -253,14 +299,22 @@ def by_cost(graph: DependencyGraph, scores: Mapping[int, np.ndarray],
   raise ValueError(f"search={search!r}: use 'greedy' or 'knapsack'.")
 
 
-def select(graph: DependencyGraph, variables: PyTree, *,
-           ratio: float | Mapping[str, float] | None = None,
-           flops_target: float | None = None, importance: Any = 'l2',
-           scope: str = 'uniform', n_channels: int | None = None,
-           latency_fn: Callable[[Plan], float] | None = None,
-           latency_target: float | None = None, search: str = 'greedy',
-           constraint: Constraint | None = None, masks: PyTree | None = None,
-           seed: int = 0) -> Plan:
+def select(
+  graph: DependencyGraph,
+  variables: PyTree,
+  *,
+  ratio: float | Mapping[str, float] | None = None,
+  flops_target: float | None = None,
+  importance: Any = 'l2',
+  scope: str = 'uniform',
+  n_channels: int | None = None,
+  latency_fn: Callable[[Plan], float] | None = None,
+  latency_target: float | None = None,
+  search: str = 'greedy',
+  constraint: Constraint | None = None,
+  masks: PyTree | None = None,
+  seed: int = 0,
+) -> Plan:
   """Chooses the channels to remove.
 
   Give exactly one target: `ratio` (with `scope='uniform'` or `'global'`),
@@ -290,9 +344,16 @@ def select(graph: DependencyGraph, variables: PyTree, *,
   Returns:
     A `Plan`.
   """
-  check_target(ratio=ratio, flops_target=flops_target, n_channels=n_channels,
-               latency_fn=latency_fn, latency_target=latency_target, scope=scope,
-               search=search, constraint=constraint)
+  check_target(
+    ratio=ratio,
+    flops_target=flops_target,
+    n_channels=n_channels,
+    latency_fn=latency_fn,
+    latency_target=latency_target,
+    scope=scope,
+    search=search,
+    constraint=constraint,
+  )
   if variables is not None:
     check_variables(graph, variables, 'select')
   constraint = constraint or Constraint()
@@ -305,8 +366,14 @@ def select(graph: DependencyGraph, variables: PyTree, *,
     return global_(graph, scores, int(n_channels), constraint)
   if flops_target is not None:
     dense = cost_lib.plan_flops(graph, make_plan(graph, {}))
-    return by_cost(graph, scores, lambda plan: cost_lib.plan_flops(graph, plan),
-                   flops_target * dense, constraint, search)
+    return by_cost(
+      graph,
+      scores,
+      lambda plan: cost_lib.plan_flops(graph, plan),
+      flops_target * dense,
+      constraint,
+      search,
+    )
   return by_cost(graph, scores, latency_fn, latency_target, constraint, search)
 
 
@@ -319,12 +386,17 @@ def check_ratio(ratio: Any) -> None:
   if isinstance(ratio, Mapping):
     for kind, value in ratio.items():
       if kind not in KINDS:
-        raise ValueError(f'ratio[{kind!r}]: unknown kind of group; use {list(KINDS)} '
-                         '(ChannelGroup.kind).')
-      if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not (
-          0.0 <= value < 1.0):
-        raise ValueError(f'ratio[{kind!r}]={value!r}: the fraction of channels to remove must '
-                         'be in [0, 1).')
+        raise ValueError(
+          f'ratio[{kind!r}]: unknown kind of group; use {list(KINDS)} (ChannelGroup.kind).'
+        )
+      if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.number))
+        or not (0.0 <= value < 1.0)
+      ):
+        raise ValueError(
+          f'ratio[{kind!r}]={value!r}: the fraction of channels to remove must be in [0, 1).'
+        )
     return
   if isinstance(ratio, bool) or not isinstance(ratio, (int, float, np.number)):
     raise TypeError(f'ratio={ratio!r}: give a fraction in [0, 1) or {{kind: fraction}}.')
@@ -332,41 +404,67 @@ def check_ratio(ratio: Any) -> None:
     raise ValueError(f'ratio={ratio}: the fraction of channels to remove must be in [0, 1).')
 
 
-def check_target(*, ratio: float | None = None, flops_target: float | None = None,
-                 n_channels: int | None = None, latency_fn: Callable | None = None,
-                 latency_target: float | None = None, scope: str = 'uniform',
-                 search: str = 'greedy', constraint: Constraint | None = None) -> None:
+def check_target(
+  *,
+  ratio: float | None = None,
+  flops_target: float | None = None,
+  n_channels: int | None = None,
+  latency_fn: Callable | None = None,
+  latency_target: float | None = None,
+  scope: str = 'uniform',
+  search: str = 'greedy',
+  constraint: Constraint | None = None,
+) -> None:
   """Checks `select`'s target arguments (before anything is traced or changed).
 
   Raises:
     ValueError: naming the argument, its value and what it accepts.
     TypeError: for a constraint that is not a `Constraint`.
   """
-  given = [name for name, v in (('ratio', ratio), ('flops_target', flops_target),
-                                ('n_channels', n_channels), ('latency_target', latency_target))
-           if v is not None]
+  given = [
+    name
+    for name, v in (
+      ('ratio', ratio),
+      ('flops_target', flops_target),
+      ('n_channels', n_channels),
+      ('latency_target', latency_target),
+    )
+    if v is not None
+  ]
   if len(given) != 1:
-    raise ValueError(f'select: give exactly one of ratio, n_channels, flops_target, '
-                     f'latency_target; got {given or "none"}.')
+    raise ValueError(
+      f'select: give exactly one of ratio, n_channels, flops_target, '
+      f'latency_target; got {given or "none"}.'
+    )
   if scope not in ('uniform', 'global'):
     raise ValueError(f"scope={scope!r}: use 'uniform' or 'global'.")
   if search not in ('greedy', 'knapsack'):
     raise ValueError(f"search={search!r}: use 'greedy' or 'knapsack'.")
   if constraint is not None and not isinstance(constraint, Constraint):
-    raise TypeError(f'constraint: give a jaxprune.structured.Constraint, got '
-                    f'{type(constraint).__name__}.')
+    raise TypeError(
+      f'constraint: give a jaxprune.structured.Constraint, got {type(constraint).__name__}.'
+    )
   if ratio is not None:
     check_ratio(ratio)
     if isinstance(ratio, Mapping) and scope != 'uniform':
-      raise ValueError(f"ratio={dict(ratio)!r} per kind works with scope='uniform', not "
-                       f'{scope!r}; for one target across kinds use flops_target.')
-  if n_channels is not None and (not _is_number(n_channels) or not np.isfinite(n_channels)
-                                 or int(n_channels) != n_channels or n_channels < 1):
-    raise ValueError(f'n_channels={n_channels!r}: give the number of channels to remove, an '
-                     'int >= 1 (or ratio= for a fraction).')
-  if flops_target is not None and (not _is_number(flops_target)
-                                   or not 0.0 < flops_target <= 1.0):
-    raise ValueError(f'flops_target={flops_target!r}: give the fraction of FLOPs to keep, a '
-                     'number in (0, 1], e.g. flops_target=0.5.')
+      raise ValueError(
+        f"ratio={dict(ratio)!r} per kind works with scope='uniform', not "
+        f'{scope!r}; for one target across kinds use flops_target.'
+      )
+  if n_channels is not None and (
+    not _is_number(n_channels)
+    or not np.isfinite(n_channels)
+    or int(n_channels) != n_channels
+    or n_channels < 1
+  ):
+    raise ValueError(
+      f'n_channels={n_channels!r}: give the number of channels to remove, an '
+      'int >= 1 (or ratio= for a fraction).'
+    )
+  if flops_target is not None and (not _is_number(flops_target) or not 0.0 < flops_target <= 1.0):
+    raise ValueError(
+      f'flops_target={flops_target!r}: give the fraction of FLOPs to keep, a '
+      'number in (0, 1], e.g. flops_target=0.5.'
+    )
   if latency_target is not None and not callable(latency_fn):
     raise ValueError('latency_target needs latency_fn(plan) -> float.')

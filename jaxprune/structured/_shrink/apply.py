@@ -24,8 +24,9 @@ from jaxprune.structured._trace import tracing as trace_lib
 PyTree = Any
 
 
-def _leaf_kept(graph: DependencyGraph, name: str, shape: Sequence[int],
-               removed: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+def _leaf_kept(
+  graph: DependencyGraph, name: str, shape: Sequence[int], removed: Mapping[int, np.ndarray]
+) -> dict[int, np.ndarray]:
   """`{axis: kept positions}` for the axes of a leaf that lose positions."""
   kept = {}
   for axis, parts in graph.leaf_axes.get(name, {}).items():
@@ -52,12 +53,15 @@ def shrink_variables(graph: DependencyGraph, variables: PyTree, plan: Plan | Map
 
 def cut_variables(graph: DependencyGraph, variables: PyTree, plan: Plan) -> PyTree:
   """`shrink_variables` for a normalised plan."""
+
   def cut(path, leaf):
     name = names.leaf_name(path)
     traced = graph.leaf_shapes.get(name)
     if traced is not None and tuple(jnp.shape(leaf)) != traced:
-      raise ValueError(f'shrink_variables: leaf {name!r} has shape {jnp.shape(leaf)}, the graph '
-                       f'was traced with {traced}; pass the dense variables given to trace.')
+      raise ValueError(
+        f'shrink_variables: leaf {name!r} has shape {jnp.shape(leaf)}, the graph '
+        f'was traced with {traced}; pass the dense variables given to trace.'
+      )
     kept = _leaf_kept(graph, name, jnp.shape(leaf), plan.removed)
     if not kept:
       return leaf
@@ -83,6 +87,7 @@ def zero_removed(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping
 
 def zeroed_variables(graph: DependencyGraph, variables: PyTree, plan: Plan) -> PyTree:
   """`zero_removed` for a normalised plan."""
+
   def zero(path, leaf):
     name = names.leaf_name(path)
     shape = jnp.shape(leaf)
@@ -114,8 +119,9 @@ class _Replay:
     return jax.tree_util.tree_unflatten(self.point.out_tree, outs)
 
 
-def pruned_callable(graph: DependencyGraph, plan: Plan | Mapping, jit: bool = True,
-                    entry: int = 0) -> Callable:
+def pruned_callable(
+  graph: DependencyGraph, plan: Plan | Mapping, jit: bool = True, entry: int = 0
+) -> Callable:
   """The traced function at the pruned shapes: `pruned_fn(new_variables, *args)`.
 
   It replays the traced jaxpr (see `Shrinker`), so it works for any function
@@ -137,8 +143,10 @@ def pruned_callable(graph: DependencyGraph, plan: Plan | Mapping, jit: bool = Tr
     `pruned_fn(new_variables, *args) -> output` with the entry point's output pytree.
   """
   if not 0 <= entry < len(graph.entries):
-    raise ValueError(f'entry={entry}: the graph has {len(graph.entries)} entry point(s) '
-                     f'(0..{len(graph.entries) - 1}).')
+    raise ValueError(
+      f'entry={entry}: the graph has {len(graph.entries)} entry point(s) '
+      f'(0..{len(graph.entries) - 1}).'
+    )
   return replayed_fn(graph, as_plan(graph, plan), jit, entry)
 
 
@@ -146,13 +154,14 @@ def replayed_fn(graph: DependencyGraph, plan: Plan, jit: bool = True, entry: int
   """`pruned_callable` for a normalised plan and a valid entry point."""
   point = graph.entries[entry]
   shrinker = Shrinker(graph, plan.removed)
-  leaf_vars = point.closed_jaxpr.jaxpr.invars[:len(graph.leaf_names)]
+  leaf_vars = point.closed_jaxpr.jaxpr.invars[: len(graph.leaf_names)]
   expected = [shrinker.shape(point.scope, v) for v in leaf_vars]
   replays = {id(graph): _Replay(graph, plan, entry)}
 
   def replay_for(new_variables, args):
-    example = (jax.tree_util.tree_structure((new_variables, *args)) == point.in_tree
-               and same_avals(point.arg_avals, jax.tree_util.tree_leaves(args)))
+    example = jax.tree_util.tree_structure((new_variables, *args)) == point.in_tree and same_avals(
+      point.arg_avals, jax.tree_util.tree_leaves(args)
+    )
     if example:
       return replays[id(graph)]
     traced = trace_lib.retrace(graph, entry, args)
@@ -165,20 +174,25 @@ def replayed_fn(graph: DependencyGraph, plan: Plan, jit: bool = True, entry: int
   def pruned_fn(new_variables, *args):
     flat, tree = jax.tree_util.tree_flatten(new_variables)
     if tree != graph.variables_tree:
-      raise ValueError(f'pruned_fn: new_variables have structure {tree}, the traced variables '
-                       f'had {graph.variables_tree}; pass the variables apply_plan returned.')
+      raise ValueError(
+        f'pruned_fn: new_variables have structure {tree}, the traced variables '
+        f'had {graph.variables_tree}; pass the variables apply_plan returned.'
+      )
     for name, x, want in zip(graph.leaf_names, flat, expected, strict=True):
       if tuple(jnp.shape(x)) != want:
-        raise ValueError(f'pruned_fn: variables leaf {name!r} has shape {jnp.shape(x)}, '
-                         f'expected {want} (pass the variables apply_plan returned for this '
-                         'plan).')
+        raise ValueError(
+          f'pruned_fn: variables leaf {name!r} has shape {jnp.shape(x)}, '
+          f'expected {want} (pass the variables apply_plan returned for this '
+          'plan).'
+        )
     return replay_for(new_variables, args)([*flat, *jax.tree_util.tree_leaves(args)])
 
   return jax.jit(pruned_fn) if jit else pruned_fn
 
 
-def apply_plan(graph: DependencyGraph, variables: PyTree,
-               plan: Plan | Mapping) -> tuple[PyTree, Callable]:
+def apply_plan(
+  graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping
+) -> tuple[PyTree, Callable]:
   """Removes the plan's channels: `(new_variables, pruned_fn)`.
 
   Args:

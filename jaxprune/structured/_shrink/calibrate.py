@@ -23,8 +23,12 @@ from jaxprune.structured._core.progress import progress_bar
 PyTree = Any
 
 
-def recalibrate(update_fn: Callable[[PyTree, Any], PyTree], stats: PyTree,
-                batches: Iterable[Any], progress: bool = False) -> PyTree:
+def recalibrate(
+  update_fn: Callable[[PyTree, Any], PyTree],
+  stats: PyTree,
+  batches: Iterable[Any],
+  progress: bool = False,
+) -> PyTree:
   """Recomputes running statistics as the average of per-batch statistics.
 
   Args:
@@ -41,8 +45,12 @@ def recalibrate(update_fn: Callable[[PyTree, Any], PyTree], stats: PyTree,
   Raises:
     ValueError: when `batches` is empty.
   """
-  step = jax.jit(lambda batch: (update_fn(jax.tree.map(jnp.zeros_like, stats), batch),
-                                update_fn(jax.tree.map(jnp.ones_like, stats), batch)))
+  step = jax.jit(
+    lambda batch: (
+      update_fn(jax.tree.map(jnp.zeros_like, stats), batch),
+      update_fn(jax.tree.map(jnp.ones_like, stats), batch),
+    )
+  )
   if progress:
     batches = progress_bar(batches, 'batchnorm recalibration')
   total, count = None, 0
@@ -50,19 +58,24 @@ def recalibrate(update_fn: Callable[[PyTree, Any], PyTree], stats: PyTree,
     from_zero, from_one = step(batch)
     weight = jax.tree.map(lambda z, o: 1.0 - o + z, from_zero, from_one)  # 1 - momentum
     batch_stat = jax.tree.map(
-        lambda z, w: jnp.where(w > 1e-6, z / jnp.where(w > 1e-6, w, 1.0), jnp.nan),
-        from_zero, weight)
+      lambda z, w: jnp.where(w > 1e-6, z / jnp.where(w > 1e-6, w, 1.0), jnp.nan), from_zero, weight
+    )
     total = batch_stat if total is None else jax.tree.map(jnp.add, total, batch_stat)
     count += 1
   if total is None:
     raise ValueError('batches: recalibration needs at least one calibration batch.')
-  return jax.tree.map(lambda t, old: jnp.where(jnp.isnan(t), old, t / count).astype(old.dtype),
-                      total, stats)
+  return jax.tree.map(
+    lambda t, old: jnp.where(jnp.isnan(t), old, t / count).astype(old.dtype), total, stats
+  )
 
 
-def linen_update_fn(model: Any, variables: PyTree, collection: str = 'batch_stats',
-                    inputs: Callable[[Any], tuple] = lambda batch: (batch,),
-                    **train_kwargs: Any) -> Callable[[PyTree, Any], PyTree]:
+def linen_update_fn(
+  model: Any,
+  variables: PyTree,
+  collection: str = 'batch_stats',
+  inputs: Callable[[Any], tuple] = lambda batch: (batch,),
+  **train_kwargs: Any,
+) -> Callable[[PyTree, Any], PyTree]:
   """`update_fn` for a Linen model: `model.apply(..., mutable=[collection])`.
 
   Args:
@@ -75,16 +88,22 @@ def linen_update_fn(model: Any, variables: PyTree, collection: str = 'batch_stat
   Returns:
     `update_fn(stats, batch) -> new stats`.
   """
+
   def update_fn(stats, batch):
-    _, updates = model.apply({**variables, collection: stats}, *inputs(batch),
-                             mutable=[collection], **train_kwargs)
+    _, updates = model.apply(
+      {**variables, collection: stats}, *inputs(batch), mutable=[collection], **train_kwargs
+    )
     return updates[collection]
+
   return update_fn
 
 
-def recalibrate_nnx(model: Any, batches: Iterable[Any],
-                    inputs: Callable[[Any], tuple] = lambda batch: (batch,),
-                    progress: bool = False) -> Any:
+def recalibrate_nnx(
+  model: Any,
+  batches: Iterable[Any],
+  inputs: Callable[[Any], tuple] = lambda batch: (batch,),
+  progress: bool = False,
+) -> Any:
   """Re-estimates every `nnx.BatchStat` of an NNX model in place.
 
   Args:
@@ -97,6 +116,7 @@ def recalibrate_nnx(model: Any, batches: Iterable[Any],
     The same model.
   """
   from flax import nnx
+
   graphdef, stats, rest = nnx.split(model, nnx.BatchStat, ...)
 
   def update_fn(stats, batch):

@@ -36,8 +36,10 @@ def _grouped(groups: int, old_out: int, new_out: int) -> int:
     return 1
   per_group = old_out // groups
   if new_out % per_group:
-    raise ValueError(f'grouped conv: {new_out} output features is not a multiple of the '
-                     f'{per_group} features per group; prune whole groups.')
+    raise ValueError(
+      f'grouped conv: {new_out} output features is not a multiple of the '
+      f'{per_group} features per group; prune whole groups.'
+    )
   return new_out // per_group
 
 
@@ -48,10 +50,12 @@ def _keep_scale(attention_fn: Callable[..., Any], head_dim: int) -> Callable[...
   head_dim changes; the dense model with those channels zeroed (what the
   pruned model must equal) keeps the original scale.
   """
+
   @functools.wraps(attention_fn)
   def attention(query, key, value, *args, **kwargs):
     query = query * jnp.sqrt(query.shape[-1] / head_dim).astype(query.dtype)
     return attention_fn(query, key, value, *args, **kwargs)
+
   attention.keeps_head_dim = head_dim
   return attention
 
@@ -62,10 +66,12 @@ def _scaled_attention(module: Any, old_head_dim: int, new_head_dim: int) -> None
   if new_head_dim == old_head_dim or hasattr(fn, 'keeps_head_dim'):
     return  # a wrapped function already scales by the shape it is given
   if fn not in (nn.dot_product_attention, nnx.dot_product_attention):
-    raise ValueError(f'{type(module).__name__}: head_dim was pruned from {old_head_dim} to '
-                     f'{new_head_dim} and its attention_fn {fn!r} is not Flax\'s '
-                     'dot_product_attention, so its scale cannot be kept; leave the head_dim '
-                     "groups out (Constraint(locked=('query',)))")
+    raise ValueError(
+      f'{type(module).__name__}: head_dim was pruned from {old_head_dim} to '
+      f"{new_head_dim} and its attention_fn {fn!r} is not Flax's "
+      'dot_product_attention, so its scale cannot be kept; leave the head_dim '
+      "groups out (Constraint(locked=('query',)))"
+    )
   _set(module, attention_fn=_keep_scale(fn, old_head_dim))
 
 
@@ -94,9 +100,13 @@ def update_nnx_attributes(model: nnx.Module) -> nnx.Module:
     if isinstance(module, (nnx.Conv, nnx.ConvTranspose)):
       kernel = _shape(module.kernel)
       groups = _grouped(module.feature_group_count, module.out_features, kernel[-1])
-      _set(module, out_features=kernel[-1], feature_group_count=groups,
-           in_features=kernel[-2] * groups if isinstance(module, nnx.Conv) else kernel[-2],
-           kernel_shape=kernel)
+      _set(
+        module,
+        out_features=kernel[-1],
+        feature_group_count=groups,
+        in_features=kernel[-2] * groups if isinstance(module, nnx.Conv) else kernel[-2],
+        kernel_shape=kernel,
+      )
     elif isinstance(module, nnx.Linear):
       kernel = _shape(module.kernel)
       _set(module, in_features=kernel[0], out_features=kernel[1])
@@ -116,9 +126,15 @@ def update_nnx_attributes(model: nnx.Module) -> nnx.Module:
     elif isinstance(module, nnx.MultiHeadAttention):
       query, out = _shape(module.query.kernel), _shape(module.out.kernel)
       _scaled_attention(module, module.head_dim, query[2])
-      _set(module, in_features=query[0], num_heads=query[1], head_dim=query[2],
-           qkv_features=query[1] * query[2], out_features=out[-1],
-           in_kv_features=_shape(module.key.kernel)[0])
+      _set(
+        module,
+        in_features=query[0],
+        num_heads=query[1],
+        head_dim=query[2],
+        qkv_features=query[1] * query[2],
+        out_features=out[-1],
+        in_kv_features=_shape(module.key.kernel)[0],
+      )
       if hasattr(module, 'num_kv_heads'):
         _set(module, num_kv_heads=_shape(module.key.kernel)[1])
   return model
@@ -159,7 +175,7 @@ def _resize_linen(module: nn.Module, sub: PyTree, args: tuple) -> None:
     _set(module, features=_shape(sub['kernel'])[-1])
   elif isinstance(module, nn.DenseGeneral) and 'kernel' in sub:
     axes = module.axis if isinstance(module.axis, tuple) else (module.axis,)
-    features = _shape(sub['kernel'])[len(axes):]
+    features = _shape(sub['kernel'])[len(axes) :]
     _set(module, features=features if isinstance(module.features, tuple) else features[0])
   elif isinstance(module, nn.Embed) and 'embedding' in sub:
     num, features = _shape(sub['embedding'])
@@ -169,8 +185,7 @@ def _resize_linen(module: nn.Module, sub: PyTree, args: tuple) -> None:
     qkv_features = module.qkv_features or (args[0].shape[-1] if args else None)
     if qkv_features is not None:
       _scaled_attention(module, qkv_features // module.num_heads, query[-1])
-    _set(module, num_heads=query[-2], qkv_features=query[-2] * query[-1],
-         out_features=out[-1])
+    _set(module, num_heads=query[-2], qkv_features=query[-2] * query[-1], out_features=out[-1])
 
 
 @contextlib.contextmanager
@@ -219,8 +234,9 @@ def linen_feature_sizes(variables: PyTree) -> dict[str, int | tuple[int, ...]]:
       continue
     shape = _shape(leaf)
     module = '/'.join(keys[:-1])
-    sizes[module] = shape[1:] if len(shape) == 3 and keys[-2] in ('query', 'key', 'value') \
-        else shape[-1]
+    sizes[module] = (
+      shape[1:] if len(shape) == 3 and keys[-2] in ('query', 'key', 'value') else shape[-1]
+    )
   return sizes
 
 
@@ -237,12 +253,20 @@ def check_linen_shapes(model: nn.Module, variables: PyTree, *args: Any, **kwargs
     ValueError: listing every leaf whose shape differs or that is missing.
   """
   expected = jax.eval_shape(model.init, jax.random.key(0), *args, **kwargs)
-  want = {'/'.join(str(getattr(k, 'key', k)) for k in p): tuple(x.shape)
-          for p, x in jax.tree_util.tree_flatten_with_path(expected)[0]}
-  have = {'/'.join(str(getattr(k, 'key', k)) for k in p): _shape(x)
-          for p, x in jax.tree_util.tree_flatten_with_path(variables)[0]}
-  wrong = [f'{name}: model makes {want.get(name)}, variables have {have.get(name)}'
-           for name in sorted(set(want) | set(have)) if want.get(name) != have.get(name)]
+  want = {
+    '/'.join(str(getattr(k, 'key', k)) for k in p): tuple(x.shape)
+    for p, x in jax.tree_util.tree_flatten_with_path(expected)[0]
+  }
+  have = {
+    '/'.join(str(getattr(k, 'key', k)) for k in p): _shape(x)
+    for p, x in jax.tree_util.tree_flatten_with_path(variables)[0]
+  }
+  wrong = [
+    f'{name}: model makes {want.get(name)}, variables have {have.get(name)}'
+    for name in sorted(set(want) | set(have))
+    if want.get(name) != have.get(name)
+  ]
   if wrong:
-    raise ValueError('rebuilt Linen model does not match the pruned variables:\n  ' +
-                     '\n  '.join(wrong))
+    raise ValueError(
+      'rebuilt Linen model does not match the pruned variables:\n  ' + '\n  '.join(wrong)
+    )

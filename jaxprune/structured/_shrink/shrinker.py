@@ -42,8 +42,7 @@ class Shrinker(PlanShapes):
     # (`verify` freezes norm statistics to the dense model's this way).
     self.overrides: dict[tuple[Scope, int], Sequence[Any]] = {}
 
-  def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
-          scope: Scope = ()) -> list:
+  def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: Scope = ()) -> list:
     """Evaluates an (open) jaxpr whose consts and args already have their new shapes."""
     return jaxprs.evaluate(jaxpr, consts, args, self.step, scope)
 
@@ -56,24 +55,31 @@ class Shrinker(PlanShapes):
     """The evaluator's hook: one equation at the new shapes, its results checked."""
     proxied = self.graph.proxied.get((scope, index))
     if proxied is not None:
-      invals = [x if var is proxy else self.cut(scope, proxy, x)
-                for var, proxy, x in zip(eqn.invars, proxied.invars, invals, strict=True)]
+      invals = [
+        x if var is proxy else self.cut(scope, proxy, x)
+        for var, proxy, x in zip(eqn.invars, proxied.invars, invals, strict=True)
+      ]
       eqn = proxied
     if (scope, index) in self.overrides:
-      outs = [self.cut(scope, v, x)
-              for v, x in zip(eqn.outvars, self.overrides[(scope, index)], strict=True)]
+      outs = [
+        self.cut(scope, v, x)
+        for v, x in zip(eqn.outvars, self.overrides[(scope, index)], strict=True)
+      ]
     elif not any(self.changed(scope, v) for v in eqn.invars):
-      outs = [self.cut(scope, v, x)
-              for v, x in zip(eqn.outvars, shrink_rules.bind(eqn, invals), strict=True)]
+      outs = [
+        self.cut(scope, v, x)
+        for v, x in zip(eqn.outvars, shrink_rules.bind(eqn, invals), strict=True)
+      ]
     else:
       outs = _shrink_rule(eqn)(self, eqn, scope, index, invals)
     for v, x in zip(eqn.outvars, outs, strict=True):
       expected = None if isinstance(v, jcore.DropVar) else self.shape(scope, v)
       if expected is not None and tuple(jnp.shape(x)) != expected:
         raise NotImplementedError(
-            f'pruned callable: primitive {eqn.primitive.name!r} gave shape {jnp.shape(x)}, the '
-            f'channel groups predict {expected}. Register a rule for it with '
-            'jaxprune.structured.register_shrink_rule.')
+          f'pruned callable: primitive {eqn.primitive.name!r} gave shape {jnp.shape(x)}, the '
+          f'channel groups predict {expected}. Register a rule for it with '
+          'jaxprune.structured.register_shrink_rule.'
+        )
     return outs
 
 
@@ -83,6 +89,7 @@ def _shrink_rule(eqn: Any) -> shrink_rules.ShrinkRule:
     return entry.shrink
   if entry is not None and entry.sub_jaxprs(eqn):
     raise NotImplementedError(
-        f'pruned callable: primitive {eqn.primitive.name!r} holds sub-jaxprs and has no shrink '
-        'rule; register one with jaxprune.structured.register_shrink_rule.')
+      f'pruned callable: primitive {eqn.primitive.name!r} holds sub-jaxprs and has no shrink '
+      'rule; register one with jaxprune.structured.register_shrink_rule.'
+    )
   return shrink_rules.same_params

@@ -44,6 +44,7 @@ class VerifyReport:
       statistics must then agree to the exact tolerance.
     bound: the tolerance `max_rel_diff` was held to for approximate groups.
   """
+
   ok: bool
   max_rel_diff: float
   max_abs_diff: float
@@ -61,8 +62,12 @@ class VerifyReport:
 # zero) leaves, relative to an output's scale: a few hundred ulps of deep
 # float32 models (haiku ResNet-18: 7e-7), far below what a wrong channel
 # mapping gives (1e-2 and more).
-_RTOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-4,
-         np.dtype(np.float16): 1e-2, np.dtype(jnp.bfloat16): 2e-2}
+_RTOL = {
+  np.dtype(np.float64): 1e-10,
+  np.dtype(np.float32): 1e-4,
+  np.dtype(np.float16): 1e-2,
+  np.dtype(jnp.bfloat16): 2e-2,
+}
 
 
 # How far (relative to an output's scale) `verify` lets approximate groups
@@ -96,9 +101,10 @@ def full_precision_graph(graph: DependencyGraph) -> DependencyGraph:
   if jax.default_backend() == 'cpu':
     return graph
   highest = lax.Precision.HIGHEST
-  entries = [dataclasses.replace(point, closed_jaxpr=jaxprs.with_precision(point.closed_jaxpr,
-                                                                           highest))
-             for point in graph.entries]
+  entries = [
+    dataclasses.replace(point, closed_jaxpr=jaxprs.with_precision(point.closed_jaxpr, highest))
+    for point in graph.entries
+  ]
   proxied = {key: jaxprs.eqn_with_precision(eqn, highest) for key, eqn in graph.proxied.items()}
   return dataclasses.replace(graph, entries=entries, proxied=proxied, retraced={})
 
@@ -118,8 +124,9 @@ def default_rtol(dtype: Any) -> float:
   return _RTOL.get(dtype, 1e-4)
 
 
-def traced_outputs(graph: DependencyGraph, plan: Plan, variables: PyTree, *args: Any,
-                   jit: bool = True) -> PyTree:
+def traced_outputs(
+  graph: DependencyGraph, plan: Plan, variables: PyTree, *args: Any, jit: bool = True
+) -> PyTree:
   """The traced function run as traced on full-size `variables`, its outputs tied to
   variables (e.g. Linen's updated `batch_stats`) cut to the positions `plan` keeps: the
   outputs the pruned model must return when `variables` zero the removed channels.
@@ -129,13 +136,16 @@ def traced_outputs(graph: DependencyGraph, plan: Plan, variables: PyTree, *args:
   run = jcore.jaxpr_as_fun(full_precision_graph(graph).closed_jaxpr)
   outs = (jax.jit(run) if jit else run)(*flat)
   kept = PlanShapes(graph, plan.removed)
-  outs = [x if isinstance(v, jcore.Literal) else kept.cut((), v, x)
-          for v, x in zip(graph.closed_jaxpr.jaxpr.outvars, outs, strict=True)]
+  outs = [
+    x if isinstance(v, jcore.Literal) else kept.cut((), v, x)
+    for v, x in zip(graph.closed_jaxpr.jaxpr.outvars, outs, strict=True)
+  ]
   return jax.tree_util.tree_unflatten(graph.out_tree, outs)
 
 
-def dense_reference(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping,
-                    *args: Any, jit: bool = True) -> PyTree:
+def dense_reference(
+  graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping, *args: Any, jit: bool = True
+) -> PyTree:
   """Outputs of the traced jaxpr, run as traced, on the zeroed dense variables.
 
   Outputs tied to variables (e.g. Linen's updated `batch_stats`) are cut to
@@ -149,8 +159,9 @@ def dense_reference(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapp
   return traced_outputs(graph, plan, zeroed_variables(graph, variables, plan), *args, jit=jit)
 
 
-def compare(reference: PyTree, outputs: PyTree, rtol: float | None = None,
-            atol: float = 0.0) -> VerifyReport:
+def compare(
+  reference: PyTree, outputs: PyTree, rtol: float | None = None, atol: float = 0.0
+) -> VerifyReport:
   """Compares two output pytrees leaf by leaf, relative to each leaf's scale.
 
   A leaf agrees when `max|a - b| <= atol + rtol * max|ref|`: float32
@@ -189,16 +200,21 @@ def compare(reference: PyTree, outputs: PyTree, rtol: float | None = None,
   return VerifyReport(ok, rel, diff, scale)
 
 
-def _frozen_outputs(graph: DependencyGraph, variables: PyTree, plan: Plan, args: tuple,
-                    jit: bool) -> PyTree:
+def _frozen_outputs(
+  graph: DependencyGraph, variables: PyTree, plan: Plan, args: tuple, jit: bool
+) -> PyTree:
   """The pruned model's outputs with each norm sum taken from the zeroed dense model."""
   flat_args = jax.tree_util.tree_leaves(args)
   graph = full_precision_graph(graph)
   point = graph.entries[0]
   watched = set(graph.norm_sums)
   zeroed = jax.tree_util.tree_leaves(zeroed_variables(graph, variables, plan))
-  sums = observe.collect(point.closed_jaxpr, [*zeroed, *flat_args], point.scope,
-                         lambda s, i, eqn, ins, outs: outs if (s, i) in watched else None)
+  sums = observe.collect(
+    point.closed_jaxpr,
+    [*zeroed, *flat_args],
+    point.scope,
+    lambda s, i, eqn, ins, outs: outs if (s, i) in watched else None,
+  )
   shrinker = Shrinker(graph, plan.removed)
   shrinker.overrides = sums
   closed = point.closed_jaxpr
@@ -208,10 +224,18 @@ def _frozen_outputs(graph: DependencyGraph, variables: PyTree, plan: Plan, args:
   return jax.tree_util.tree_unflatten(point.out_tree, outs)
 
 
-def verify(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping, *example_args: Any,
-           pruned_fn: Callable | None = None, per_group: bool = False,
-           rtol: float | None = None, atol: float = 0.0, jit: bool = True,
-           approximate_rtol: float = APPROXIMATE_RTOL) -> VerifyReport:
+def verify(
+  graph: DependencyGraph,
+  variables: PyTree,
+  plan: Plan | Mapping,
+  *example_args: Any,
+  pruned_fn: Callable | None = None,
+  per_group: bool = False,
+  rtol: float | None = None,
+  atol: float = 0.0,
+  jit: bool = True,
+  approximate_rtol: float = APPROXIMATE_RTOL,
+) -> VerifyReport:
   """Checks a shrink against the zero-the-removed-channels oracle.
 
   Both models run with float32 matrix products at full precision
@@ -245,36 +269,63 @@ def verify(graph: DependencyGraph, variables: PyTree, plan: Plan | Mapping, *exa
   Returns:
     A `VerifyReport`; truthy when the pruned outputs match.
   """
-  return _verify(graph, variables, as_plan(graph, plan), example_args, pruned_fn, per_group,
-                 rtol, atol, jit, approximate_rtol)
+  return _verify(
+    graph,
+    variables,
+    as_plan(graph, plan),
+    example_args,
+    pruned_fn,
+    per_group,
+    rtol,
+    atol,
+    jit,
+    approximate_rtol,
+  )
 
 
-def _verify(graph: DependencyGraph, variables: PyTree, plan: Plan, example_args: tuple,
-            pruned_fn: Callable | None, per_group: bool, rtol: float | None, atol: float,
-            jit: bool, approximate_rtol: float) -> VerifyReport:
+def _verify(
+  graph: DependencyGraph,
+  variables: PyTree,
+  plan: Plan,
+  example_args: tuple,
+  pruned_fn: Callable | None,
+  per_group: bool,
+  rtol: float | None,
+  atol: float,
+  jit: bool,
+  approximate_rtol: float,
+) -> VerifyReport:
   """`verify` for a normalised plan."""
   fn = pruned_fn or replayed_fn(full_precision_graph(graph), plan, jit=jit)
   # The public shrink_variables (it maps the normalised plan onto itself): what is checked
   # is the variables users get.
   with full_precision():
     outputs = fn(shrink_variables(graph, variables, plan), *example_args)
-  reference = traced_outputs(graph, plan, zeroed_variables(graph, variables, plan),
-                             *example_args, jit=jit)
+  reference = traced_outputs(
+    graph, plan, zeroed_variables(graph, variables, plan), *example_args, jit=jit
+  )
   approximate = tuple(sorted(gid for gid in plan.removed if graph.groups[gid].approximate))
   if not approximate:
     report = compare(reference, outputs, rtol, atol)
   else:
     free = compare(reference, outputs, approximate_rtol, atol)
-    frozen = compare(reference, _frozen_outputs(graph, variables, plan, example_args, jit),
-                     rtol, atol)
-    report = dataclasses.replace(free, ok=free.ok and frozen.ok, approximate=approximate,
-                                 frozen_rel_diff=frozen.max_rel_diff, bound=approximate_rtol)
+    frozen = compare(
+      reference, _frozen_outputs(graph, variables, plan, example_args, jit), rtol, atol
+    )
+    report = dataclasses.replace(
+      free,
+      ok=free.ok and frozen.ok,
+      approximate=approximate,
+      frozen_rel_diff=frozen.max_rel_diff,
+      bound=approximate_rtol,
+    )
   if not per_group:
     return report
   errors, ok = {}, report.ok
   for gid, channels in plan.removed.items():
     single = Plan({gid: channels}, plan.sizes)
-    one = _verify(graph, variables, single, example_args, None, False, rtol, atol, jit,
-                  approximate_rtol)
+    one = _verify(
+      graph, variables, single, example_args, None, False, rtol, atol, jit, approximate_rtol
+    )
     errors[gid], ok = one.max_rel_diff, ok and one.ok
   return dataclasses.replace(report, ok=ok, per_group=errors)

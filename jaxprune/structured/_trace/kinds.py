@@ -68,12 +68,12 @@ def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[
         sub = control.inner(sub)
         dependent(sub, [any(ins)] * len(sub.invars), s + (index, sub_index), found)
       outs = [any(ins)] * len(eqn.outvars)
-    found.update((s, v) for v, d in zip(eqn.outvars, outs, strict=True)
-                 if d and jaxprs.is_var(v))
+    found.update((s, v) for v, d in zip(eqn.outvars, outs, strict=True) if d and jaxprs.is_var(v))
     return outs
 
-  return jaxprs.evaluate(jaxpr, [False] * len(jaxpr.constvars), inputs, step, scope,
-                         literal=lambda _: False)
+  return jaxprs.evaluate(
+    jaxpr, [False] * len(jaxpr.constvars), inputs, step, scope, literal=lambda _: False
+  )
 
 
 def _scan(eqn: Any, ins: list[bool], scope: Scope, found: set) -> list[bool]:
@@ -81,10 +81,11 @@ def _scan(eqn: Any, ins: list[bool], scope: Scope, found: set) -> list[bool]:
   loop = params_lib.scan(eqn)
   n_consts, n_carry = loop.n_consts, loop.n_carry
   body = control.inner(loop.body)
-  carry = ins[n_consts:n_consts + n_carry]
+  carry = ins[n_consts : n_consts + n_carry]
   while True:
-    outs = dependent(body, [*ins[:n_consts], *carry, *ins[n_consts + n_carry:]],
-                     scope + (0,), found)
+    outs = dependent(
+      body, [*ins[:n_consts], *carry, *ins[n_consts + n_carry :]], scope + (0,), found
+    )
     settled = [a or b for a, b in zip(carry, outs[:n_carry], strict=True)]
     if settled == carry:
       return outs
@@ -97,10 +98,10 @@ def _while(eqn: Any, ins: list[bool], scope: Scope, found: set) -> list[bool]:
   n_cond, n_body = loop.cond_nconsts, loop.body_nconsts
   cond = control.inner(loop.cond)
   body = control.inner(loop.body)
-  carry = ins[n_cond + n_body:]
+  carry = ins[n_cond + n_body :]
   while True:
     dependent(cond, [*ins[:n_cond], *carry], scope + (0,), found)
-    outs = dependent(body, [*ins[n_cond:n_cond + n_body], *carry], scope + (1,), found)
+    outs = dependent(body, [*ins[n_cond : n_cond + n_body], *carry], scope + (1,), found)
     settled = [a or b for a, b in zip(carry, outs, strict=True)]
     if settled == carry:
       return carry
@@ -126,10 +127,10 @@ def _recurrent(scope: Scope, index: int, eqn: Any, found: set) -> list[Any]:
     return []
   loop = params_lib.scan(eqn)
   body = control.inner(loop.body)
-  xs = body.invars[loop.n_fixed:]
+  xs = body.invars[loop.n_fixed :]
   if not any((scope + (index, 0), v) in found for v in xs):
     return []
-  return body.invars[loop.n_consts:loop.n_fixed]
+  return body.invars[loop.n_consts : loop.n_fixed]
 
 
 def input_dependent(graph: DependencyGraph, n_inputs: int) -> set:
@@ -141,13 +142,16 @@ def input_dependent(graph: DependencyGraph, n_inputs: int) -> set:
   """
   point = graph.entries[0]
   found: set = set()
-  dependent(point.closed_jaxpr.jaxpr, [False] * len(graph.leaf_names) + [True] * n_inputs,
-            point.scope, found)
+  dependent(
+    point.closed_jaxpr.jaxpr,
+    [False] * len(graph.leaf_names) + [True] * n_inputs,
+    point.scope,
+    found,
+  )
   return found
 
 
-def activation_products(graph: DependencyGraph,
-                        n_inputs: int) -> Callable[[Scope, Any], bool]:
+def activation_products(graph: DependencyGraph, n_inputs: int) -> Callable[[Scope, Any], bool]:
   """`is_product(scope, eqn)`: whether an equation multiplies two activations (attention's
   queries by keys and scores by values), not an activation by a weight.
 
@@ -156,8 +160,7 @@ def activation_products(graph: DependencyGraph,
   FLOPs as they do.
   """
   found = input_dependent(graph, n_inputs)
-  return lambda scope, eqn: all(jaxprs.is_var(v) and (scope, v) in found
-                                for v in eqn.invars[:2])
+  return lambda scope, eqn: all(jaxprs.is_var(v) and (scope, v) in found for v in eqn.invars[:2])
 
 
 def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict[int, list]]:
@@ -221,6 +224,5 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
   for gid in experts | recurrent:
     if kinds.get(gid) != 'heads':
       kinds[gid] = 'experts' if gid in experts else 'recurrent'
-  sites = {gid: contracted.get(gid) or produced[gid]
-           for gid in set(contracted) | set(produced)}
+  sites = {gid: contracted.get(gid) or produced[gid] for gid in set(contracted) | set(produced)}
   return kinds, sites

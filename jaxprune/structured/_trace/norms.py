@@ -45,9 +45,11 @@ MODES = ('exact', 'renormalise')
 def check_mode(norms: Any) -> None:
   """Checks `trace`'s `norms` argument."""
   if norms is not None and norms not in MODES:
-    raise ValueError(f"norms={norms!r}: use None (norms block the channels they sum over), "
-                     "'exact' (prune through them, keeping their full-width divisors) or "
-                     "'renormalise' (prune through them, dividing by the kept width).")
+    raise ValueError(
+      f'norms={norms!r}: use None (norms block the channels they sum over), '
+      "'exact' (prune through them, keeping their full-width divisors) or "
+      "'renormalise' (prune through them, dividing by the kept width)."
+    )
 
 
 def _value(x: Any, rng: np.random.Generator) -> Any:
@@ -80,19 +82,25 @@ def _parts(graph: DependencyGraph, reduction: tuple) -> list:
   return graph.var_axes.get((scope, var), {}).get(axis, [])
 
 
-def _observed_exact(graph: DependencyGraph, reductions: list, variables: Any, args: Sequence[Any],
-                    width: set[int]) -> set[int]:
+def _observed_exact(
+  graph: DependencyGraph, reductions: list, variables: Any, args: Sequence[Any], width: set[int]
+) -> set[int]:
   """Groups all of whose sums (in the first entry point) sum exact zeros at removed channels."""
   rng = np.random.default_rng(0)
-  removed = {gid: np.sort(rng.choice(graph.groups[gid].size, graph.groups[gid].size // 2,
-                                     replace=False)) for gid in width}
+  removed = {
+    gid: np.sort(rng.choice(graph.groups[gid].size, graph.groups[gid].size // 2, replace=False))
+    for gid in width
+  }
   leaves = [_value(x, rng) for x in jax.tree_util.tree_leaves(variables)]
   inputs = [_value(x, rng) for x in jax.tree_util.tree_leaves(tuple(args))]
   point = graph.entries[0]
   watched = {(r[0], r[1]) for r in reductions}
   operands = observe.collect(
-      point.closed_jaxpr, [*_zeroed(graph, leaves, removed), *inputs], point.scope,
-      lambda s, i, eqn, invals, outs: invals[0] if (s, i) in watched else None)
+    point.closed_jaxpr,
+    [*_zeroed(graph, leaves, removed), *inputs],
+    point.scope,
+    lambda s, i, eqn, invals, outs: invals[0] if (s, i) in watched else None,
+  )
   exact = set(width)
   for reduction in reductions:
     value = operands.get((reduction[0], reduction[1]))
@@ -103,8 +111,9 @@ def _observed_exact(graph: DependencyGraph, reductions: list, variables: Any, ar
   return exact
 
 
-def classify(graph: DependencyGraph, reductions: list, variables: Any,
-             args: Sequence[Any]) -> dict[int, bool]:
+def classify(
+  graph: DependencyGraph, reductions: list, variables: Any, args: Sequence[Any]
+) -> dict[int, bool]:
   """The groups the norms sum over (their kind is 'width'), and which are approximate.
 
   Args:
@@ -117,8 +126,12 @@ def classify(graph: DependencyGraph, reductions: list, variables: Any,
   Returns:
     `{group id: approximate}` for every prunable group a norm sums over.
   """
-  width = {part.group_id for r in reductions for part in _parts(graph, r)
-           if graph.groups[part.group_id].prunable}
+  width = {
+    part.group_id
+    for r in reductions
+    for part in _parts(graph, r)
+    if graph.groups[part.group_id].prunable
+  }
   if not width:
     return {}
   # Scopes of entry point k > 0 start with -k (see `graph.VarKey`).

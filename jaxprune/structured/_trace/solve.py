@@ -40,14 +40,17 @@ def _first_rows(classes: np.ndarray) -> np.ndarray:
   return first[np.searchsorted(uniq, classes)]
 
 
-def _settle_merges(walker) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]],
-                                     list[tuple[np.ndarray, str]]]:
+def _settle_merges(
+  walker,
+) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]], list[tuple[np.ndarray, str]]]:
   """Labels, and per arity (derived classes, their factor classes), and extra blocks."""
   by_arity: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
   for ids, factors in walker.derived:
     by_arity.setdefault(factors.shape[1], []).append((ids, factors))
-  records = {f: (np.concatenate([r[0] for r in rs]), np.concatenate([r[1] for r in rs]))
-             for f, rs in by_arity.items()}
+  records = {
+    f: (np.concatenate([r[0] for r in rs]), np.concatenate([r[1] for r in rs]))
+    for f, rs in by_arity.items()
+  }
   edges = list(walker.edges)
   for _ in range(_MAX_ROUNDS):
     labels = _components(walker.count, edges)
@@ -99,15 +102,17 @@ def _ownership(labels: np.ndarray, tables) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _reason_priority(reason: str) -> int:
-  for rank, prefix in enumerate(('blocked by primitive', 'reaches model input',
-                                 'reaches model output')):
+  for rank, prefix in enumerate(
+    ('blocked by primitive', 'reaches model input', 'reaches model output')
+  ):
     if reason.startswith(prefix):
       return rank
   return 3
 
 
-def _class_reasons(count: int, blocks, own_e: np.ndarray, own_o: np.ndarray,
-                   n_classes: int) -> tuple[np.ndarray, list[str]]:
+def _class_reasons(
+  count: int, blocks, own_e: np.ndarray, own_o: np.ndarray, n_classes: int
+) -> tuple[np.ndarray, list[str]]:
   """Per channel class, the index of its most telling block reason, or -1."""
   reasons = sorted({r for _, r in blocks}, key=lambda r: (_reason_priority(r), r))
   code_of = {r: i for i, r in enumerate(reasons)}
@@ -162,8 +167,7 @@ def _group_channels(own_o, node, pos, class_code, node_keys, n_classes, count):
   return class_group, class_rank, sizes, classes[order[group_start]]
 
 
-def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, leaf_of,
-                leaf_vars):
+def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, leaf_of, leaf_vars):
   """Returns (var_axes, leaf_axes, members per group, ids of the groups some
   value computed by an equation carries) from the ownership table."""
   entries = np.lexsort((pos, class_rank[own_o], class_group[own_o], node))
@@ -194,25 +198,40 @@ def _axis_parts(own_o, node, pos, class_group, class_rank, sizes, node_keys, lea
 _UNREAD = 'never read by the traced function'
 
 
-def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_tree,
-                variables_avals, blocked_primitives, warnings, norms) -> DependencyGraph:
+def build_graph(
+  walker,
+  *,
+  entries,
+  leaf_names,
+  leaf_shapes,
+  unread,
+  variables_tree,
+  variables_avals,
+  blocked_primitives,
+  warnings,
+  norms,
+) -> DependencyGraph:
   """Groups the walker's channels; see the module docstring."""
   labels, tables, extra_blocks = _settle_merges(walker)
   own_e, own_o = _ownership(labels, tables)
   n_classes = int(labels.max()) + 1 if len(labels) else 0
-  class_code, reasons = _class_reasons(walker.count, walker.blocks + extra_blocks,
-                                       own_e, own_o, n_classes)
+  class_code, reasons = _class_reasons(
+    walker.count, walker.blocks + extra_blocks, own_e, own_o, n_classes
+  )
   bases = np.asarray(walker.node_bases, dtype=np.int64)
   node = np.searchsorted(bases, own_e, side='right') - 1
   pos = own_e - bases[node]
   class_group, class_rank, sizes, first_class = _group_channels(
-      own_o, node, pos, class_code, walker.node_keys, n_classes, walker.count)
+    own_o, node, pos, class_code, walker.node_keys, n_classes, walker.count
+  )
   first = entries[0].closed_jaxpr.jaxpr
   leaf_of = {id(v): n for v, n in zip(first.invars, leaf_names, strict=False)}
-  leaf_vars = {(e.scope, id(v)) for e in entries
-               for v in e.closed_jaxpr.jaxpr.invars[:len(leaf_names)]}
+  leaf_vars = {
+    (e.scope, id(v)) for e in entries for v in e.closed_jaxpr.jaxpr.invars[: len(leaf_names)]
+  }
   var_axes, leaf_axes, members, carried = _axis_parts(
-      own_o, node, pos, class_group, class_rank, sizes, walker.node_keys, leaf_of, leaf_vars)
+    own_o, node, pos, class_group, class_rank, sizes, walker.node_keys, leaf_of, leaf_vars
+  )
   group_flops, total_flops = cost.count(first, var_axes, len(sizes), entries[0].scope)
   unread_set = set(unread)
   groups = []
@@ -224,16 +243,33 @@ def build_graph(walker, *, entries, leaf_names, leaf_shapes, unread, variables_t
     # Unread leaves, and positions of read leaves that no equation takes (rows
     # of a position table beyond the traced length): removing them saves
     # nothing, so a selector must not spend its budget on them.
-    if reason is None and (gid not in carried or all(m.leaf in unread_set
-                                                     for m in members[gid])):
+    if reason is None and (gid not in carried or all(m.leaf in unread_set for m in members[gid])):
       reason = _UNREAD
-    groups.append(ChannelGroup(id=gid, size=int(size), members=members[gid],
-                               prunable=reason is None, reason=reason,
-                               flops_per_channel=float(group_flops[gid])))
+    groups.append(
+      ChannelGroup(
+        id=gid,
+        size=int(size),
+        members=members[gid],
+        prunable=reason is None,
+        reason=reason,
+        flops_per_channel=float(group_flops[gid]),
+      )
+    )
   return DependencyGraph(
-      groups=groups, leaf_names=leaf_names, leaf_shapes=leaf_shapes,
-      blocked_primitives=blocked_primitives, total_flops=total_flops, entries=entries,
-      var_axes=var_axes, leaf_axes=leaf_axes, unread=list(unread), proxied=walker.proxied,
-      notes=walker.notes, variables_tree=variables_tree, variables_avals=variables_avals,
-      warnings=warnings, norms=norms,
-      norm_sums=sorted({(r[0], r[1]) for r in walker.reductions}))
+    groups=groups,
+    leaf_names=leaf_names,
+    leaf_shapes=leaf_shapes,
+    blocked_primitives=blocked_primitives,
+    total_flops=total_flops,
+    entries=entries,
+    var_axes=var_axes,
+    leaf_axes=leaf_axes,
+    unread=list(unread),
+    proxied=walker.proxied,
+    notes=walker.notes,
+    variables_tree=variables_tree,
+    variables_avals=variables_avals,
+    warnings=warnings,
+    norms=norms,
+    norm_sums=sorted({(r[0], r[1]) for r in walker.reductions}),
+  )

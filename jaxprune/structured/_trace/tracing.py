@@ -30,8 +30,9 @@ from jaxprune.structured._trace.walker import Walker
 _Spec = tuple[Callable[..., Any], tuple, dict]
 
 
-def _output_state_leaf(out_name: str, shape: tuple[int, ...],
-                       leaf_shapes: dict[str, tuple[int, ...]]) -> str | None:
+def _output_state_leaf(
+  out_name: str, shape: tuple[int, ...], leaf_shapes: dict[str, tuple[int, ...]]
+) -> str | None:
   """The variables leaf an output is the new value of (Linen mutable collections).
 
   An output matches a leaf when its name ends with '/' + the leaf's name, the
@@ -52,22 +53,30 @@ def _aval(x: Any) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
-def _walk_entry(walker: Walker, spec: _Spec, k: int, variables: Any, leaf_names: list[str],
-                leaf_shapes: dict[str, tuple[int, ...]]) -> tuple[EntryPoint, set[str]]:
+def _walk_entry(
+  walker: Walker,
+  spec: _Spec,
+  k: int,
+  variables: Any,
+  leaf_names: list[str],
+  leaf_shapes: dict[str, tuple[int, ...]],
+) -> tuple[EntryPoint, set[str]]:
   """Walks entry point `k`; returns it and the names of the leaves it reads."""
   fn, args, kwargs = spec
-  closed, out_shapes = jax.make_jaxpr(
-      lambda v, *a: fn(v, *a, **kwargs), return_shape=True)(variables, *args)
+  closed, out_shapes = jax.make_jaxpr(lambda v, *a: fn(v, *a, **kwargs), return_shape=True)(
+    variables, *args
+  )
   scope = () if k == 0 else (-k,)
   walker.walk_jaxpr(closed, scope)
   walker.eqn = None
   invars = closed.jaxpr.invars
   leaf_vars = dict(zip(leaf_names, invars, strict=False))
   arg_paths = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
-  for var, (path, _) in zip(invars[len(leaf_names):], arg_paths, strict=True):
+  for var, (path, _) in zip(invars[len(leaf_names) :], arg_paths, strict=True):
     for axis in range(len(var.aval.shape)):
-      walker.block_ids(walker.ids(var, axis, scope),
-                       f'reaches model input {names.leaf_name(path)} axis {axis}')
+      walker.block_ids(
+        walker.ids(var, axis, scope), f'reaches model input {names.leaf_name(path)} axis {axis}'
+      )
   out_paths = jax.tree_util.tree_flatten_with_path(out_shapes)[0]
   live_outputs = []
   for var, (path, shape) in zip(closed.jaxpr.outvars, out_paths, strict=True):
@@ -79,18 +88,27 @@ def _walk_entry(walker: Walker, spec: _Spec, k: int, variables: Any, leaf_names:
       if state_leaf is not None:
         walker.join_axes(var, axis, leaf_vars[state_leaf], axis, scope, scope)
       else:
-        walker.block_ids(walker.ids(var, axis, scope),
-                         f'reaches model output {out_name or 0} axis {axis}')
+        walker.block_ids(
+          walker.ids(var, axis, scope), f'reaches model output {out_name or 0} axis {axis}'
+        )
   live = dataflow.live_inputs(closed.jaxpr, live_outputs)
   read = {name for name, used in zip(leaf_names, live, strict=False) if used}
-  arg_avals = tuple(_aval(v.aval) for v in invars[len(leaf_names):])
-  entry = EntryPoint(fn, dict(kwargs), closed, jax.tree_util.tree_structure((variables, *args)),
-                     jax.tree_util.tree_structure(out_shapes), scope, arg_avals)
+  arg_avals = tuple(_aval(v.aval) for v in invars[len(leaf_names) :])
+  entry = EntryPoint(
+    fn,
+    dict(kwargs),
+    closed,
+    jax.tree_util.tree_structure((variables, *args)),
+    jax.tree_util.tree_structure(out_shapes),
+    scope,
+    arg_avals,
+  )
   return entry, read
 
 
-def _trace(specs: Sequence[_Spec], variables: Any, norms: str | None = None,
-           classify: bool = True) -> tuple[DependencyGraph, list[str]]:
+def _trace(
+  specs: Sequence[_Spec], variables: Any, norms: str | None = None, classify: bool = True
+) -> tuple[DependencyGraph, list[str]]:
   """Traces the entry points into one graph; also returns the unknown-primitive messages.
 
   `classify` marks the groups' kinds and which width groups are approximate
@@ -105,50 +123,76 @@ def _trace(specs: Sequence[_Spec], variables: Any, norms: str | None = None,
     entry, entry_read = _walk_entry(walker, spec, k, variables, leaf_names, leaf_shapes)
     read |= entry_read
     if k:  # the same leaves in every entry point
-      for name, first, var in zip(leaf_names, entries[0].closed_jaxpr.jaxpr.invars,
-                                  entry.closed_jaxpr.jaxpr.invars, strict=False):
+      for name, first, var in zip(
+        leaf_names,
+        entries[0].closed_jaxpr.jaxpr.invars,
+        entry.closed_jaxpr.jaxpr.invars,
+        strict=False,
+      ):
         for axis in range(len(leaf_shapes[name])):
           walker.join_axes(first, axis, var, axis, (), entry.scope)
     entries.append(entry)
-  messages = [f"jaxprune.structured.trace: primitive '{name}' has no channel rule; "
-              f'blocked the axes it touches ({count} equation(s)). Register one with '
-              'jaxprune.structured.register_rule if it is safe to prune through.'
-              for name, count in sorted(walker.unknown.items())]
-  leaf_invars = entries[0].closed_jaxpr.jaxpr.invars[:len(leaf_names)]
+  messages = [
+    f"jaxprune.structured.trace: primitive '{name}' has no channel rule; "
+    f'blocked the axes it touches ({count} equation(s)). Register one with '
+    'jaxprune.structured.register_rule if it is safe to prune through.'
+    for name, count in sorted(walker.unknown.items())
+  ]
+  leaf_invars = entries[0].closed_jaxpr.jaxpr.invars[: len(leaf_names)]
   graph = solve.build_graph(
-      walker, entries=entries, leaf_names=leaf_names, leaf_shapes=leaf_shapes,
-      unread=[name for name in leaf_names if name not in read],
-      variables_tree=jax.tree_util.tree_structure(variables),
-      variables_avals=tuple(_aval(v.aval) for v in leaf_invars),
-      blocked_primitives=dict(walker.blocked_primitives), warnings=messages, norms=norms)
+    walker,
+    entries=entries,
+    leaf_names=leaf_names,
+    leaf_shapes=leaf_shapes,
+    unread=[name for name in leaf_names if name not in read],
+    variables_tree=jax.tree_util.tree_structure(variables),
+    variables_avals=tuple(_aval(v.aval) for v in leaf_invars),
+    blocked_primitives=dict(walker.blocked_primitives),
+    warnings=messages,
+    norms=norms,
+  )
   if classify:
     n_inputs = len(jax.tree_util.tree_leaves(tuple(specs[0][1])))
     group_kinds, sites = kinds.analyse(graph, n_inputs)
     width = norms_lib.classify(graph, walker.reductions, variables, specs[0][1])
-    groups = [dataclasses.replace(
-        g, kind='width' if g.id in width else group_kinds.get(g.id, g.kind),
-        approximate=width.get(g.id, g.approximate)) for g in graph.groups]
+    groups = [
+      dataclasses.replace(
+        g,
+        kind='width' if g.id in width else group_kinds.get(g.id, g.kind),
+        approximate=width.get(g.id, g.approximate),
+      )
+      for g in graph.groups
+    ]
     graph = dataclasses.replace(graph, groups=groups, activation_sites=sites)
   return graph, messages
 
 
 def _spec(entry: Any, index: int) -> _Spec:
   if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
-    raise TypeError(f'also[{index}]: give (fn, args) or (fn, args, kwargs), e.g. '
-                    f'(functools.partial(model.apply, train=True), (x,)); got {entry!r}.')
+    raise TypeError(
+      f'also[{index}]: give (fn, args) or (fn, args, kwargs), e.g. '
+      f'(functools.partial(model.apply, train=True), (x,)); got {entry!r}.'
+    )
   fn, args, *rest = entry
   if not callable(fn):
     raise TypeError(f'also[{index}]: the first element must be fn(variables, *args), got {fn!r}.')
   if not isinstance(args, (tuple, list)):
-    raise TypeError(f'also[{index}]: the second element must be a tuple of example args, got '
-                    f'{type(args).__name__}; write (x,) for one argument.')
+    raise TypeError(
+      f'also[{index}]: the second element must be a tuple of example args, got '
+      f'{type(args).__name__}; write (x,) for one argument.'
+    )
   kwargs = dict(rest[0]) if rest else {}
   return fn, tuple(args), kwargs
 
 
-def trace(fn: Callable[..., Any], variables: Any, *example_args: Any,
-          also: Sequence[tuple] = (), norms: str | None = None,
-          **kwargs: Any) -> DependencyGraph:
+def trace(
+  fn: Callable[..., Any],
+  variables: Any,
+  *example_args: Any,
+  also: Sequence[tuple] = (),
+  norms: str | None = None,
+  **kwargs: Any,
+) -> DependencyGraph:
   """Traces `fn(variables, *example_args, **kwargs)` into coupled channel groups.
 
   Args:
@@ -230,7 +274,8 @@ def retrace(graph: DependencyGraph, entry: int, args: Sequence[Any]) -> Dependen
       point_args = jax.tree_util.tree_unflatten(tree, avals)
     else:
       point_args = jax.tree_util.tree_unflatten(
-          point.in_tree, [*graph.variables_avals, *point.arg_avals])[1:]
+        point.in_tree, [*graph.variables_avals, *point.arg_avals]
+      )[1:]
     specs.append((point.fn, tuple(point_args), point.kwargs))
   with warnings.catch_warnings():
     warnings.simplefilter('ignore')  # the first trace has already warned
@@ -238,8 +283,10 @@ def retrace(graph: DependencyGraph, entry: int, args: Sequence[Any]) -> Dependen
       new, _ = _trace(specs, variables, graph.norms, classify=False)
     except Exception as e:
       shapes = ', '.join(f'{a.dtype}{list(a.shape)}' for a in avals)
-      raise ValueError(f'pruned_fn: the traced function does not run on arguments ({shapes}) '
-                       f'(tracing it again raised {type(e).__name__}: {e})') from e
+      raise ValueError(
+        f'pruned_fn: the traced function does not run on arguments ({shapes}) '
+        f'(tracing it again raised {type(e).__name__}: {e})'
+      ) from e
   if key is not None:
     graph.retraced[(entry, tree, key)] = new
   return new

@@ -36,7 +36,7 @@ class Walker:
     self.reductions: list[tuple[Scope, int, Any, int]] = []
     self.node_bases: list[int] = []
     self.node_sizes: list[int] = []
-    self.node_keys: list[tuple[Any, int] | None] = []   # ((scope, var), axis); None = factor
+    self.node_keys: list[tuple[Any, int] | None] = []  # ((scope, var), axis); None = factor
     self.var_nodes: dict[tuple[Scope, Any], list[int | None]] = {}
     self.constants: set[tuple[Scope, Any]] = set()
     self.proxied: dict[tuple[Scope, int], Any] = {}
@@ -64,13 +64,17 @@ class Walker:
     return len(self.node_bases) - 1
 
   def allocate(self, scope: Scope, var: Any) -> None:
-    if (isinstance(var, jcore.Literal) or (scope, var) in self.var_nodes
-        or (scope, var) in self.constants):
+    if (
+      isinstance(var, jcore.Literal)
+      or (scope, var) in self.var_nodes
+      or (scope, var) in self.constants
+    ):
       return
     shape = tuple(getattr(var.aval, 'shape', ()))
     self.var_nodes[(scope, var)] = [
-        self._new_node(((scope, var), axis), n) if is_static(n) and n > 1 else None
-        for axis, n in enumerate(shape)]
+      self._new_node(((scope, var), axis), n) if is_static(n) and n > 1 else None
+      for axis, n in enumerate(shape)
+    ]
 
   # -- the rule API -------------------------------------------------------
 
@@ -88,12 +92,21 @@ class Walker:
     if a is None or b is None:
       return
     if len(a) != len(b):
-      raise ValueError(f'rule for {self.eqn.primitive.name!r} joined {len(a)} ids with '
-                       f'{len(b)}; a rule must join equal-length id arrays')
+      raise ValueError(
+        f'rule for {self.eqn.primitive.name!r} joined {len(a)} ids with '
+        f'{len(b)}; a rule must join equal-length id arrays'
+      )
     self.edges.append((a, b))
 
-  def join_axes(self, var_a: Any, axis_a: int, var_b: Any, axis_b: int,
-                scope_a: Scope | None = None, scope_b: Scope | None = None) -> None:
+  def join_axes(
+    self,
+    var_a: Any,
+    axis_a: int,
+    var_b: Any,
+    axis_b: int,
+    scope_a: Scope | None = None,
+    scope_b: Scope | None = None,
+  ) -> None:
     a, b = self.ids(var_a, axis_a, scope_a), self.ids(var_b, axis_b, scope_b)
     if a is not None and b is not None and len(a) != len(b):
       self.block(var_a, axis_a, scope=scope_a)
@@ -101,8 +114,9 @@ class Walker:
       return
     self.join(a, b)
 
-  def block(self, var: Any, axis: int, reason: str | None = None,
-            scope: Scope | None = None) -> None:
+  def block(
+    self, var: Any, axis: int, reason: str | None = None, scope: Scope | None = None
+  ) -> None:
     ids = self.ids(var, axis, scope)
     if ids is None:
       return
@@ -133,8 +147,9 @@ class Walker:
     if key in self._const_values:
       return self._const_values[key]
     eqn = self._const_eqns.get(key)
-    if eqn is None or not all(is_static(d) for v in (*eqn.invars, *eqn.outvars)
-                              for d in getattr(v.aval, 'shape', ())):
+    if eqn is None or not all(
+      is_static(d) for v in (*eqn.invars, *eqn.outvars) for d in getattr(v.aval, 'shape', ())
+    ):
       return None
     saved = self.scope
     self.scope = key[0]
@@ -189,8 +204,11 @@ class Walker:
       self.scope, self.eqn_index, self.eqn = scope, index, eqn
       entry = table.lookup(eqn.primitive.name)
       if entry is None:
-        if any(self.ids(v, a) is not None for v in (*eqn.invars, *eqn.outvars)
-               for a in range(len(getattr(v.aval, 'shape', ())))):
+        if any(
+          self.ids(v, a) is not None
+          for v in (*eqn.invars, *eqn.outvars)
+          for a in range(len(getattr(v.aval, 'shape', ())))
+        ):
           self.unknown[eqn.primitive.name] += 1
         rules.block_all(self, eqn)
       else:
