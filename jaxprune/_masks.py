@@ -44,25 +44,25 @@ def scores(
 ) -> Array:
   """The magnitudes thresholds are computed on: |w| in float32, or its block-pooled form.
 
-  With `layer_axes` > 0 the leading axes index stacked layers, each pooled on its own.
+  `block_dims` are resolved (`blocks.resolve_block_dims`; (1, 1) for elementwise). With
+  `layer_axes` > 0 the leading axes index stacked layers, each pooled on its own.
   """
   magnitudes = jnp.abs(jnp.asarray(weights).astype(jnp.float32))
-  resolved = blocks.resolve_block_dims(magnitudes.shape[layer_axes:], block_dims)
-  if resolved is None:
+  if tuple(block_dims) == (1, 1):
     return magnitudes
-  return _pool_layers(magnitudes, layer_axes, resolved, block_pooling_function)
+  return _pool_layers(magnitudes, layer_axes, block_dims, block_pooling_function)
 
 
 def expand_mask(
   score_mask: Array, shape: tuple[int, ...], block_dims: tuple[int, int], layer_axes: int = 0
 ) -> Array:
-  """Maps a mask over `scores(...)` back to a mask of the weights' `shape`."""
-  resolved = blocks.resolve_block_dims(shape[layer_axes:], block_dims)
-  if resolved is None:
+  """Maps a mask over `scores(...)` back to a mask of the weights' `shape` (`block_dims`
+  resolved, as there)."""
+  if tuple(block_dims) == (1, 1):
     return score_mask
   squeezed = tuple(d for d in shape[layer_axes:] if d != 1)
   flat = score_mask.reshape(-1, *score_mask.shape[layer_axes:])
-  expanded = jax.vmap(lambda m: blocks.expand(m, resolved, squeezed))(flat)
+  expanded = jax.vmap(lambda m: blocks.expand(m, block_dims, squeezed))(flat)
   return expanded.reshape(shape)
 
 
@@ -82,7 +82,8 @@ class Variable:
       read through `counting.fresh(..., token)`; called wherever the weights
       are read, so that XLA recomputes rather than stores them.
     shape: their shape.
-    block_dims: (height, width), resolved; (1, 1) for elementwise masks.
+    block_dims: (height, width), resolved once, where the variable's spec is made
+      (`blocks.resolve_block_dims`); (1, 1) for elementwise masks.
     layer_axes: leading axes that index stacked layers, each with its own threshold.
   """
 
@@ -96,7 +97,7 @@ class Variable:
     return math.prod(self.shape[: self.layer_axes])
 
   def is_blocked(self) -> bool:
-    return blocks.resolve_block_dims(self.shape[self.layer_axes :], self.block_dims) is not None
+    return tuple(self.block_dims) != (1, 1)
 
 
 def update_masks(

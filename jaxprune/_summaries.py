@@ -29,7 +29,7 @@ from jaxprune import _hparams as hparams_lib
 from jaxprune import _schedule as schedule
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
-from jaxprune._transform import PruningState
+from jaxprune._transform import MOVED_ADVICE, PruningState
 
 PyTree = Any
 
@@ -74,11 +74,7 @@ def _checked(state: Any) -> PruningState:
   if moved:
     warnings.warn(
       f'jaxprune: {moved} mask update(s) found pruned weights that were no longer zero, so '
-      'the params are not as sparse as the masks say. Is jaxprune.pruning placed before the '
-      'optimizer, as in optax.chain(jaxprune.pruning(hp), optax.adam(lr))? The optimizer '
-      'then trains the pruned weights again. Put pruning last: optax.chain(optax.adam(lr), '
-      'jaxprune.pruning(hp)), or use jaxprune.pruned(optax.adam(lr), hp). (Params changed '
-      'outside the optimizer step have the same effect.)',
+      + MOVED_ADVICE,
       UserWarning,
       stacklevel=3,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -172,6 +173,34 @@ def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
   )
 
 
+MOVED_ADVICE = (
+  'the params are not as sparse as the masks say. Is jaxprune.pruning placed before the '
+  'optimizer, as in optax.chain(jaxprune.pruning(hp), optax.adam(lr))? The optimizer '
+  'then trains the pruned weights again. Put pruning last: optax.chain(optax.adam(lr), '
+  'jaxprune.pruning(hp)), or use jaxprune.pruned(optax.adam(lr), hp). (Params changed '
+  'outside the optimizer step have the same effect.)'
+)
+
+
+class _MovedWarning:
+  """The host side of the moved-weights check: warns, once per transform, at the first
+  mask update that finds pruned weights moved. The step calls it only at mask updates
+  (inside their conditional), so the steps between them hold no host transfer."""
+
+  def __init__(self):
+    self.warned = False
+
+  def __call__(self, moved: Any, step: Any) -> None:
+    if bool(moved) and not self.warned:
+      self.warned = True
+      warnings.warn(
+        f'jaxprune: the mask update at step {int(step)} found pruned weights that were no '
+        f'longer zero, so {MOVED_ADVICE}',
+        UserWarning,
+        stacklevel=1,  # called by the runtime, not by user code
+      )
+
+
 def _any_moved(masks: list[Array], params: list[Array]) -> Array:
   """Whether a pruned entry of `params` is nonzero (NaN aside): each step leaves the
   entries its masks prune at exactly zero, so at the next step they still are
@@ -297,6 +326,7 @@ class _Engine:
         )
       mask_rule.check(self.hparams)
     self.sparsity_fn, self.prune_filter, self.mask_rule = sparsity_fn, prune_filter, mask_rule
+    self.warn_moved = _MovedWarning()
 
   def rule(self, params: PyTree, warn: bool = False) -> MaskRule:
     if self.mask_rule is not None:
@@ -345,6 +375,7 @@ class _Engine:
     def recompute(operands):
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
       moved = (step > 0) & _any_moved(old_masks, source.params(operands))
+      jax.debug.callback(self.warn_moved, moved, step)
       return masks, thresholds, skips, moved.astype(jnp.int32)
 
     def keep(_):
