@@ -40,6 +40,8 @@ ZOO = {
   'hf_bert': hf.hf_bert,
   'hf_gpt2': hf.hf_gpt2,
   'hf_llama': hf.hf_llama,
+  'hf_roformer': hf.hf_roformer,
+  'hf_gptj': hf.hf_gptj,
   'keras_mobilenet_v2': zoo.keras_mobilenet_v2,
   'keras_densenet121_full': zoo.keras_densenet121_full,
   'keras_resnet50_full': zoo.keras_resnet50_full,

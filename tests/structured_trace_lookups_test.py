@@ -190,50 +190,109 @@ def test_lstm_text_model_has_embedding_and_recurrent_groups():
   assert {g: len(r) for g, r in recurrent.removed.items() if len(r)} == {hidden.id: 3}
 
 
-def _rotary(x, interleaved):
+def _rotate_every_two(x):
+  """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...), as GPT-J and RoFormer write it."""
+  return jnp.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape)
+
+
+def _rotary(x, form):
   n, d = x.shape[-3], x.shape[-1]
   angle = np.arange(n)[:, None] / 10000 ** (np.arange(0, d, 2) / d)[None]
-  sin, cos = np.sin(angle)[:, None], np.cos(angle)[:, None]
-  if interleaved:  # RoFormer, GPT-J, CodeGen
+  sin, cos = np.sin(angle)[:, None], np.cos(angle)[:, None]  # (positions, 1, d / 2)
+  if form == 'pairs':  # each rotated pair written out, stacked back (CodeGen)
     x1, x2 = x[..., ::2], x[..., 1::2]
     return jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).reshape(x.shape)
-  x1, x2 = x[..., : d // 2], x[..., d // 2 :]  # Llama
+  if form == 'gptj':  # the table's entries repeated, rotate_every_two
+    sin, cos = jnp.asarray(sin).repeat(2, -1), jnp.asarray(cos).repeat(2, -1)
+    return x * cos + _rotate_every_two(x) * sin
+  if form == 'roformer':  # the table stacked with itself, multiplied in by einsum
+    sin = jnp.stack([sin[:, 0], sin[:, 0]], axis=-1).reshape(n, d)
+    cos = jnp.stack([cos[:, 0], cos[:, 0]], axis=-1).reshape(n, d)
+    return jnp.einsum('bslh,sh->bslh', x, cos) + jnp.einsum(
+      'bslh,sh->bslh', _rotate_every_two(x), sin
+    )
+  x1, x2 = x[..., : d // 2], x[..., d // 2 :]  # Llama: half-split
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
 class RotaryAttention(nn.Module):
-  interleaved: bool
+  form: str
 
   @nn.compact
   def __call__(self, x):
     q, k, v = (nn.DenseGeneral((2, 8), name=name)(x) for name in 'qkv')
-    q, k = _rotary(q, self.interleaved), _rotary(k, self.interleaved)
+    q, k = _rotary(q, self.form), _rotary(k, self.form)
     probs = jax.nn.softmax(jnp.einsum('bqhd,bkhd->bhqk', q, k), -1)
     out = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
     return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), name='o')(out)
 
 
-def test_interleaved_rotary_keeps_query_key_head_dim():
+# Interleaved rotary embeddings rotate dims (2i, 2i + 1) of each head together,
+# the half-split form dims (i, i + 4).
+ROTATED = {
+  'pairs': [[0, 1], [2, 3], [4, 5], [6, 7]],
+  'gptj': [[0, 1], [2, 3], [4, 5], [6, 7]],
+  'roformer': [[0, 1], [2, 3], [4, 5], [6, 7]],
+  'llama': [[0, 4], [1, 5], [2, 6], [3, 7]],
+}
+
+
+@pytest.mark.parametrize('form', sorted(ROTATED))
+def test_rotary_keeps_query_key_head_dim_in_rotated_pairs(form):
   x = jax.random.normal(jax.random.key(1), (2, 6, 16))
-  expected = {True: [[0, 1], [2, 3], [4, 5], [6, 7]], False: [[0, 4], [1, 5], [2, 6], [3, 7]]}
-  for interleaved, pairs in expected.items():
-    model = RotaryAttention(interleaved)
-    variables = model.init(jax.random.key(0), x)
-    graph = _trace(model.apply, variables, x)
-    (part,) = graph.leaf_axes['params/q/kernel'][2]
-    group = graph.groups[part.group_id]
-    # A rotated pair is one channel: (2i, 2i+1) interleaved, (i, i + 4) half-split.
-    assert group.prunable and group.kind == 'head_dim' and part.indices.tolist() == pairs
-    plan = jps.make_plan(graph, {group.id: [1]})
-    new_variables, pruned_fn = jps.apply_plan(graph, variables, plan)
-    zeroed = jax.tree.map(np.array, variables)
-    for name in 'qk':
-      zeroed['params'][name]['kernel'][..., pairs[1]] = 0
-      zeroed['params'][name]['bias'][..., pairs[1]] = 0
-    assert new_variables['params']['q']['kernel'].shape == (16, 2, 6)
-    np.testing.assert_allclose(
-      pruned_fn(new_variables, x), model.apply(zeroed, x), rtol=1e-5, atol=1e-5
-    )
+  pairs = ROTATED[form]
+  model = RotaryAttention(form)
+  variables = model.init(jax.random.key(0), x)
+  graph = _trace(model.apply, variables, x)
+  # By hand: the 2 heads, the 4 rotated query/key pairs, the 8 value/output dims.
+  kinds = sorted((g.kind, g.size) for g in graph.prunable_groups)
+  assert kinds == [('head_dim', 4), ('head_dim', 8), ('heads', 2)], graph.summary()
+  (part,) = graph.leaf_axes['params/q/kernel'][2]
+  group = graph.groups[part.group_id]
+  # A rotated pair is one channel.
+  assert group.prunable and group.kind == 'head_dim' and part.indices.tolist() == pairs
+  plan = jps.make_plan(graph, {group.id: [1]})
+  new_variables, pruned_fn = jps.apply_plan(graph, variables, plan)
+  zeroed = jax.tree.map(np.array, variables)
+  for name in 'qk':
+    zeroed['params'][name]['kernel'][..., pairs[1]] = 0
+    zeroed['params'][name]['bias'][..., pairs[1]] = 0
+  assert new_variables['params']['q']['kernel'].shape == (16, 2, 6)
+  np.testing.assert_allclose(
+    pruned_fn(new_variables, x), model.apply(zeroed, x), rtol=1e-5, atol=1e-5
+  )
+
+
+@pytest.mark.parametrize('form', ['gptj', 'roformer'])
+def test_prune_removes_interleaved_rotary_pairs_whole(form):
+  x = jax.random.normal(jax.random.key(1), (2, 6, 16))
+  model = RotaryAttention(form)
+  variables = model.init(jax.random.key(0), x)
+  # `model.apply`, not the module: the module's own code would make its sin/cos
+  # table for the pruned head size, not for the kept pairs.
+  result = jps.prune(model.apply, variables, x, ratio=0.5, constraint=EXACT, progress=False)
+  assert result.check.ok and result.flops_after < result.flops_before
+  graph, removed = result.graph, result.plan.removed
+  (heads,) = graph.leaf_axes['params/q/kernel'][1]
+  (rotated,) = graph.leaf_axes['params/q/kernel'][2]
+  (values,) = graph.leaf_axes['params/v/kernel'][2]
+  gone = rotated.indices[removed[rotated.group_id]]
+  assert len(gone) == 2 and (gone[:, 0] % 2 == 0).all() and (gone[:, 1] == gone[:, 0] + 1).all()
+  # Half of the heads, of the rotated pairs and of the value dims go.
+  assert result.variables['params']['q']['kernel'].shape == (16, 1, 4)
+  assert result.variables['params']['v']['kernel'].shape == (16, 1, 4)
+  # By hand: removed query/key dims add nothing to q.k, removed heads and value
+  # dims nothing to the output projection.
+  zeroed = jax.tree.map(np.array, variables)
+  params = zeroed['params']
+  for name in 'qk':
+    params[name]['kernel'][..., gone.ravel()] = 0
+    params[name]['bias'][..., gone.ravel()] = 0
+  params['o']['kernel'][heads.indices[removed[heads.group_id]].ravel()] = 0
+  params['o']['kernel'][:, values.indices[removed[values.group_id]].ravel()] = 0
+  np.testing.assert_allclose(
+    result.model(result.variables, x), model.apply(zeroed, x), rtol=1e-5, atol=1e-5
+  )
 
 
 class SigmoidMoE(nn.Module):

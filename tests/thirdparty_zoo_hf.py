@@ -260,3 +260,49 @@ def hf_llama(
     max_position_embeddings=max(16, length),
   )
   return _hf_text(FlaxLlamaForCausalLM, config, layers * (_PER_LAYER + 1), length)
+
+
+def hf_roformer(hidden: int = 32, layers: int = 2, heads: int = 4, length: int = 8) -> Case:
+  """`FlaxRoFormerForSequenceClassification`: 2 layers, hidden 32, 4 heads, MLP
+  2 x hidden, interleaved rotary position embeddings.
+
+  Per layer the four groups of `_PER_LAYER`, the query/key head_dim in pairs:
+  RoFormer rotates dims 2i and 2i + 1 of each head together
+  (`jnp.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)`, by a sin/cos
+  table stacked the same way), so the 8 dims make 4 channels. Plus the
+  classifier head's hidden units (a tanh Dense): 2 x 4 + 1 = 9.
+  """
+  from transformers import FlaxRoFormerForSequenceClassification, RoFormerConfig
+
+  config = RoFormerConfig(
+    vocab_size=VOCAB,
+    hidden_size=hidden,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    intermediate_size=2 * hidden,
+    max_position_embeddings=max(16, length),
+    num_labels=3,
+  )
+  return _hf_text(FlaxRoFormerForSequenceClassification, config, layers * _PER_LAYER + 1, length)
+
+
+def hf_gptj(hidden: int = 32, layers: int = 2, heads: int = 4, length: int = 8) -> Case:
+  """`FlaxGPTJForCausalLM`: 2 layers, 32 wide, 4 heads of 8 dims, MLP 128, rotary
+  embeddings on the first 4 dims of each head only (`rotary_dim`, as GPT-J's
+  64 of 256).
+
+  Per layer the four groups of `_PER_LAYER`, and the query/key head_dim makes
+  two: the rotated dims in interleaved pairs (2i, 2i + 1), 2 channels, and the
+  4 dims that pass unrotated, one channel each. 2 x 5 = 10.
+  """
+  from transformers import FlaxGPTJForCausalLM, GPTJConfig
+
+  config = GPTJConfig(
+    vocab_size=VOCAB,
+    n_positions=max(16, length),
+    n_embd=hidden,
+    n_layer=layers,
+    n_head=heads,
+    rotary_dim=hidden // heads // 2,
+  )
+  return _hf_text(FlaxGPTJForCausalLM, config, layers * (_PER_LAYER + 1), length)

@@ -10,7 +10,9 @@ by a weight. So:
   heads     a group on a batch axis of an activation x activation product;
   head_dim  a group on another axis of one (contracted q.k dims, v's dims);
   experts   a group on a batch axis of an activation x weight product (the
-            expert axis of a mixture of experts: one weight per expert);
+            expert axis of a mixture of experts: one weight per expert); a
+            product by a constant (the sin/cos table of RoFormer's rotary
+            embeddings, `einsum('bslh,sh->bslh', x, cos)`) is no weight;
   recurrent a group on the carry of a `scan` over the inputs (LSTM/GRU hidden
             units: the same weights at every step, unlike scanned layers,
             whose weights are the scanned-over values);
@@ -133,18 +135,20 @@ def _recurrent(scope: Scope, index: int, eqn: Any, found: set) -> list[Any]:
   return body.invars[loop.n_consts : loop.n_fixed]
 
 
-def input_dependent(graph: DependencyGraph, n_inputs: int) -> set:
+def input_dependent(graph: DependencyGraph, n_inputs: int, variables: bool = False) -> set:
   """`(scope, var)` of every variable of the first entry point that depends on a model input.
 
   Args:
     graph: a DependencyGraph.
     n_inputs: number of flat model inputs after the variables leaves.
+    variables: those that depend on a variables leaf instead (weights, and
+      what is computed from them; not constants).
   """
   point = graph.entries[0]
   found: set = set()
   dependent(
     point.closed_jaxpr.jaxpr,
-    [False] * len(graph.leaf_names) + [True] * n_inputs,
+    [variables] * len(graph.leaf_names) + [not variables] * n_inputs,
     point.scope,
     found,
   )
@@ -177,6 +181,7 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
   """
   point = graph.entries[0]
   found = input_dependent(graph, n_inputs)
+  from_variables = input_dependent(graph, n_inputs, variables=True)
   kinds: dict[int, str] = {}
   contracted: dict[int, list] = {}
   produced: dict[int, list] = {}
@@ -211,8 +216,11 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
     if is_act.count(True) != 1:
       continue
     act = is_act.index(True)
-    if name == 'dot_general':
-      weight = 1 - act
+    weight = 1 - act
+    weight_var = eqn.invars[weight]
+    if (
+      name == 'dot_general' and jaxprs.is_var(weight_var) and (scope, weight_var) in from_variables
+    ):
       for axis in eqn.params['dimension_numbers'][1][weight]:
         experts.update(groups_on(scope, operands[weight], axis))
     for axis in contract[act]:

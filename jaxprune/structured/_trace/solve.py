@@ -3,7 +3,9 @@
 1. Connected components of the id graph: each component is one channel, or a
    merged position when it was recorded as derived from factor ids.
 2. Merged positions that were recorded twice (flatten then unflatten) tie
-   their factors pairwise; repeat until nothing changes.
+   their factors pairwise; repeat until nothing changes. A merged position
+   in the same channel as one of its factors is that channel when its other
+   factors are blocked (they always survive), and blocks otherwise.
 3. Each tensor position is owned by its channel, or by all base factors of
    its merged position.
 4. A group is the set of channels that occupy exactly the same tensor axes,
@@ -63,13 +65,22 @@ def _settle_merges(
     if not new_edges:
       break
     edges.extend(new_edges)
+  blocked = np.zeros(walker.count, dtype=bool)
+  if walker.blocks:
+    blocked[labels[np.concatenate([ids for ids, _ in walker.blocks])]] = True
   tables, blocks, seen = {}, [], np.zeros(0, dtype=np.int64)
   for arity in sorted(records):
     ids, factors = records[arity]
     classes = labels[ids]
     first = np.unique(classes, return_index=True)[1]
     cls, fac = classes[first], labels[factors[first]]
-    clash = np.isin(cls, seen) | (fac == cls[:, None]).any(axis=1)
+    own = fac == cls[:, None]
+    # A position derived from its own channel and blocked factors only (the
+    # pairs of interleaved rotary embeddings, stacked along a new axis and
+    # merged back into the head dim they came from) is that channel itself.
+    plain = own.any(axis=1) & (own | blocked[fac]).all(axis=1)
+    cls, fac, own = cls[~plain], fac[~plain], own[~plain]
+    clash = np.isin(cls, seen) | own.any(axis=1)
     if clash.any():
       blocks.append((ids[np.isin(classes, cls[clash])], _CONFLICT))
     tables[arity] = (cls[~clash], fac[~clash])
