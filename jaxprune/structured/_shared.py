@@ -23,6 +23,8 @@ structured's private modules may change without notice.
                    activations, which counters that see only layers leave out
   call_body        the body of a call equation (pjit, custom_jvp, ...), as the
                    one traversal of jaxprs finds it
+  dot_axes         a `dot_general`'s contracting and batch axes, per operand
+  conv_axes        a convolution's batch, feature and spatial axes, named
   scan_layout      a `scan` equation's consts, carries, xs, ys, body, length and
                    direction, from either JAX's parameters (`_core/params.py`)
 """
@@ -30,6 +32,7 @@ structured's private modules may change without notice.
 from jaxprune.structured._core.cost import FlopsReport, count_flops, flops_kept, flops_text
 from jaxprune.structured._core.jaxprs import call_body
 from jaxprune.structured._core.params import scan as scan_layout
+from jaxprune.structured._core.products import conv_axes, dot_axes
 from jaxprune.structured._select.importance import is_weight
 from jaxprune.structured._shrink.verify import checked_callable, compare, traced_outputs
 from jaxprune.structured._trace.kinds import activation_products
@@ -40,7 +43,9 @@ __all__ = [
   'call_body',
   'checked_callable',
   'compare',
+  'conv_axes',
   'count_flops',
+  'dot_axes',
   'flops_kept',
   'flops_text',
   'is_weight',

@@ -34,6 +34,7 @@ from jax import lax
 from jax.extend import core as jcore
 
 from jaxprune.structured._core import params as params_lib
+from jaxprune.structured._core import products
 from jaxprune.structured._primitives import control, table
 
 Scope = tuple[int, ...]
@@ -115,10 +116,6 @@ def evaluate(
   return [read(v) for v in jaxpr.outvars]
 
 
-# The primitives whose `precision` parameter the backend reads for float32 operands.
-_MATMULS = ('dot_general', 'conv_general_dilated')
-
-
 def with_precision(jaxpr: Any, precision: lax.Precision) -> Any:
   """The (open or closed) jaxpr with every `dot_general` and convolution at the backend's
   default precision (unset, or `Precision.DEFAULT`) at `precision`, in its sub-jaxprs too.
@@ -135,7 +132,7 @@ def with_precision(jaxpr: Any, precision: lax.Precision) -> Any:
 def eqn_with_precision(eqn: Any, precision: lax.Precision) -> Any:
   """One equation as `with_precision` rewrites it."""
   params = {name: _sub_with_precision(value, precision) for name, value in eqn.params.items()}
-  if eqn.primitive.name in _MATMULS and params.get('precision') in (
+  if eqn.primitive.name in products.PRODUCTS and params.get('precision') in (
     None,
     (lax.Precision.DEFAULT, lax.Precision.DEFAULT),
   ):

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jaxprune.structured._core import jaxprs
+from jaxprune.structured._core import jaxprs, products
 from jaxprune.structured._core import params as params_lib
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._primitives import control, table
@@ -190,18 +190,18 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
     for var in _recurrent(scope, index, eqn, found):
       for axis in range(len(var.aval.shape)):
         recurrent.update(groups_on(scope + (index, 0), var, axis))
-    if name not in ('dot_general', 'conv_general_dilated'):
+    if name not in products.PRODUCTS:
       continue
     is_act = [jaxprs.is_var(v) and (scope, v) in found for v in eqn.invars[:2]]
     operands = graph.proxied.get((scope, index), eqn).invars[:2]
     if name == 'conv_general_dilated':
-      lhs_spec, _, out_spec = eqn.params['dimension_numbers']
-      contract, out_axes = ([lhs_spec[1]], []), [out_spec[1]]
+      conv = products.conv_axes(eqn)
+      contract, out_axes = ([conv.lhs_feature], []), [conv.out_feature]
     else:
-      (lc, rc), (lb, rb) = eqn.params['dimension_numbers']
-      contract, out_axes = (lc, rc), range(len(eqn.outvars[0].aval.shape))
+      dot = products.dot_axes(eqn)
+      contract, out_axes = dot.contract, range(len(eqn.outvars[0].aval.shape))
       if all(is_act):  # attention: queries x keys, scores x values
-        for var, batch in zip(operands, (lb, rb), strict=True):
+        for var, batch in zip(operands, dot.batch, strict=True):
           for axis in range(len(var.aval.shape)):
             for gid in groups_on(scope, var, axis):
               kind = 'heads' if axis in batch else 'head_dim'
@@ -213,7 +213,7 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
     act = is_act.index(True)
     if name == 'dot_general':
       weight = 1 - act
-      for axis in eqn.params['dimension_numbers'][1][weight]:
+      for axis in dot.batch[weight]:
         experts.update(groups_on(scope, operands[weight], axis))
     for axis in contract[act]:
       for gid in groups_on(scope, operands[act], axis):
