@@ -21,9 +21,10 @@ from typing import Any
 import jax
 from flax import nnx
 
+from jaxprune._flops import FlopsReport
 from jaxprune.structured._core import cost
 from jaxprune.structured._core.graph import DependencyGraph
-from jaxprune.structured._core.plan import Constraint, Plan, make_plan
+from jaxprune.structured._core.plan import Constraint, Plan
 from jaxprune.structured._prune import models
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._select import selectors
@@ -43,7 +44,7 @@ PyTree = Any
 
 
 @dataclasses.dataclass
-class PruneResult(cost.FlopsReport):
+class PruneResult(FlopsReport):
   """What `prune` hands back.
 
   Attributes:
@@ -313,7 +314,7 @@ def prune(
   if check:
     reports = _verified(graph, variables, plan, example_args, runs)
     check_fn, model_check = reports[0], reports[-1]
-  flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
+  flops = graph.total_flops, cost.plan_flops(graph, plan)
   if recalibrate_bn:
     new_variables = adapted.recalibrated(new_variables, calibration_batches, inputs, progress)
   new_variables = adapted.committed(new_variables)  # only now is an NNX model changed

@@ -365,12 +365,11 @@ def select(
   if n_channels is not None:
     return global_(graph, scores, int(n_channels), constraint)
   if flops_target is not None:
-    dense = cost_lib.plan_flops(graph, make_plan(graph, {}))
     return by_cost(
       graph,
       scores,
       lambda plan: cost_lib.plan_flops(graph, plan),
-      flops_target * dense,
+      flops_target * graph.total_flops,
       constraint,
       search,
     )
