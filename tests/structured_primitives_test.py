@@ -12,7 +12,7 @@ from jax.interpreters import mlir
 
 import jaxprune.structured as structured
 from jaxprune.structured import make_plan
-from jaxprune.structured._core import cost
+from jaxprune.structured._primitives import cost
 from jaxprune.structured._primitives import table as primitives
 from jaxprune.structured._shared import activation_products
 from jaxprune.structured._shrink import apply as shrink

@@ -1,9 +1,16 @@
 """Structured pruning: find the channels of any JAX model that are removed together,
 choose which go, and cut them out (docs/explanation/structured_design.md)."""
 
-from jaxprune.structured._core.cost import plan_flops
-from jaxprune.structured._core.graph import AxisPart, ChannelGroup, DependencyGraph, Member, VarKey
+from jaxprune.structured._core.graph import (
+  KINDS,
+  AxisPart,
+  ChannelGroup,
+  DependencyGraph,
+  Member,
+  VarKey,
+)
 from jaxprune.structured._core.plan import Constraint, Plan, make_plan, plan_for
+from jaxprune.structured._primitives.cost import plan_flops
 from jaxprune.structured._primitives.rules import elementwise
 from jaxprune.structured._primitives.table import (
   Primitive,
@@ -43,7 +50,6 @@ from jaxprune.structured._shrink.verify import (
   dense_reference,
   verify,
 )
-from jaxprune.structured._trace.kinds import KINDS
 from jaxprune.structured._trace.tracing import retrace, trace
 
 __all__ = [

@@ -25,10 +25,10 @@ convention of every result, `flops_kept`, is the core's: `jaxprune/_flops.py`.)
                    direction, from either JAX's parameters (`_core/params.py`)
 """
 
-from jaxprune.structured._core.cost import count_flops
-from jaxprune.structured._core.jaxprs import call_body
 from jaxprune.structured._core.params import scan as scan_layout
 from jaxprune.structured._core.products import conv_axes, dot_axes
+from jaxprune.structured._primitives.cost import count_flops
+from jaxprune.structured._primitives.traversal import call_body
 from jaxprune.structured._select.importance import is_weight
 from jaxprune.structured._shrink.verify import checked_callable, compare, traced_outputs
 from jaxprune.structured._trace.kinds import activation_products

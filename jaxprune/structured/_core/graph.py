@@ -29,6 +29,10 @@ from jaxprune.structured._core import tables
 # every call site that has the same shapes, so a `Var` alone is ambiguous.
 VarKey = tuple[tuple[int, ...], jcore.Var]
 
+# Every `ChannelGroup.kind`: `trace` marks each group with one (`_trace/kinds.py`,
+# `_trace/norms.py`), `select(ratio={kind: fraction})` takes them as keys.
+KINDS = ('width', 'heads', 'head_dim', 'channels', 'experts', 'recurrent')
+
 
 @dataclasses.dataclass(frozen=True)
 class Member:

@@ -5,7 +5,7 @@ the shape a variable has (as traced, or after a plan), `flops` counts a
 multiply-add as 2, and the iteration axes are the `(var, axis)` pairs whose
 positions the FLOPs are spread over evenly (output axes, contracting axes, a
 conv kernel's input features). Removing one of n positions of an iteration
-axis saves `flops / n` to first order; `_core/cost.py` adds that up per channel.
+axis saves `flops / n` to first order; `cost.py` adds that up per channel.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ import jax
 from flax import nnx
 
 from jaxprune._flops import FlopsReport
-from jaxprune.structured._core import cost
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan
+from jaxprune.structured._primitives import cost
 from jaxprune.structured._prune import models
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._select import selectors

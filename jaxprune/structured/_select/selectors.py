@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxprune.structured._core import cost as cost_lib
-from jaxprune.structured._core.graph import DependencyGraph
+from jaxprune.structured._core.graph import KINDS, DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan, check_variables, make_plan
+from jaxprune.structured._primitives import cost as cost_lib
 from jaxprune.structured._select import importance as importance_lib
-from jaxprune.structured._trace.kinds import KINDS
 
 PyTree = Any
 

@@ -36,10 +36,9 @@ from typing import Any
 from jaxprune.structured._core import jaxprs, products
 from jaxprune.structured._core import params as params_lib
 from jaxprune.structured._core.graph import DependencyGraph
-from jaxprune.structured._primitives import control, table
+from jaxprune.structured._primitives import control, table, traversal
 
 Scope = tuple[int, ...]
-KINDS = ('width', 'heads', 'head_dim', 'channels', 'experts', 'recurrent')
 
 
 def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[bool]:
@@ -57,7 +56,7 @@ def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[
   found.update((scope, v) for v, d in zip(jaxpr.invars, inputs, strict=True) if d)
 
   def step(s, index, eqn, ins):
-    body = jaxprs.call_body(eqn)
+    body = traversal.call_body(eqn)
     if body is not None:
       outs = dependent(control.inner(body), ins, s + (index, 0), found)
     elif eqn.primitive.name in _LOOPS:
@@ -185,7 +184,7 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
     return [part.group_id for part in graph.var_axes.get((scope, var), {}).get(axis, ())]
 
   experts, recurrent = set(), set()
-  for scope, index, eqn, _ in jaxprs.equations(point.closed_jaxpr, point.scope):
+  for scope, index, eqn, _ in traversal.equations(point.closed_jaxpr, point.scope):
     name = eqn.primitive.name
     for var in _recurrent(scope, index, eqn, found):
       for axis in range(len(var.aval.shape)):

@@ -1,7 +1,7 @@
 """FLOPs of a traced function: in total, per group channel, and after a plan.
 
 `costed_eqns` picks every equation with a `flops` rule in the primitives
-table out of `jaxprs.equations` (sub-jaxprs too, with how often each runs per
+table out of `traversal.equations` (sub-jaxprs too, with how often each runs per
 call: a scan's length; a cond branch's 1 / number of branches; one iteration
 of a while loop). The same rules count the dense model, the first-order saving
 per channel (used to rank channels) and the exact FLOPs after a plan (used
@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 from jax.extend import core as jcore
 
-from jaxprune.structured._core import jaxprs
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.kept import PlanShapes
 from jaxprune.structured._core.plan import Plan
 from jaxprune.structured._core.shapes import is_static, var_shape
-from jaxprune.structured._primitives import table
+from jaxprune.structured._primitives import table, traversal
 
 Scope = tuple[int, ...]
 
@@ -31,7 +30,7 @@ def costed_eqns(
   jaxpr: Any, scope: Scope = (), times: float = 1.0
 ) -> Iterator[tuple[Scope, Any, float, Any]]:
   """`(scope, eqn, times run per call, flops rule)` of every costed equation."""
-  for eqn_scope, _, eqn, eqn_times in jaxprs.equations(jaxpr, scope, times):
+  for eqn_scope, _, eqn, eqn_times in traversal.equations(jaxpr, scope, times):
     entry = table.lookup(eqn.primitive.name)
     if entry is not None and entry.flops is not None:
       yield eqn_scope, eqn, eqn_times, entry.flops
