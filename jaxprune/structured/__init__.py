@@ -19,6 +19,7 @@ from jaxprune.structured._primitives.table import (
   register_rule,
   register_shrink_rule,
 )
+from jaxprune.structured._prune.options import Calibration, LinenOptions
 from jaxprune.structured._prune.pipeline import PruneResult, prune
 from jaxprune.structured._select.activations import activation_importance
 from jaxprune.structured._select.importance import (
@@ -55,10 +56,12 @@ from jaxprune.structured._trace.tracing import retrace, trace
 __all__ = [
   'APPROXIMATE_RTOL',
   'AxisPart',
+  'Calibration',
   'ChannelGroup',
   'Constraint',
   'DependencyGraph',
   'KINDS',
+  'LinenOptions',
   'Member',
   'Plan',
   'Primitive',
