@@ -24,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxprune.structured import apply_plan, make_plan, select, trace
-from jaxprune.structured._core import cost
+from jaxprune.structured import apply_plan, plan_flops, select, trace
 from jaxprune.structured._shrink import flax_rebuild
 from jaxprune.train import _data as data_lib
 from jaxprune.train import _models as models
@@ -97,7 +96,7 @@ def resnet_speedup(batch: int, reps: int) -> dict:
     [(variables, x), (new_variables, x), (new_variables, x)],
     reps,
   )
-  flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
+  flops = graph.total_flops, plan_flops(graph, plan)
   count = lambda tree: sum(int(np.prod(a.shape)) for a in jax.tree.leaves(tree['params']))
   return {
     'groups': len(graph.prunable_groups),
@@ -187,7 +186,7 @@ def digits_accuracy(
   scratch = small.init(jax.random.key(0), dataset.x_train[:1])['params']
   scratch = _train(small_apply, scratch, dataset, epochs + finetune_epochs, 2e-3, seed=0)
   scratch_acc = _accuracy(small_apply, scratch, dataset)
-  flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
+  flops = graph.total_flops, plan_flops(graph, plan)
   return {
     'dense_acc': dense_acc,
     'pruned_acc': pruned_acc,

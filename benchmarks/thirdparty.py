@@ -93,7 +93,7 @@ def bench(name: str, rounds: int) -> list[list[str]]:
   with warnings.catch_warnings():
     warnings.simplefilter('ignore')
     graph = jps.trace(case.fn, case.variables, *args)
-  dense_flops = jps.plan_flops(graph, jps.make_plan(graph, {}))
+  dense_flops = graph.total_flops
   candidates, flops = {'dense': functools.partial(jax.jit(case.fn), case.variables, *args)}, {}
   for round_to in ROUND_TO:
     plan = jps.select(

@@ -53,11 +53,8 @@ sys.path.insert(
 import thirdparty_zoo_hf as hf  # noqa: E402
 
 import jaxprune.structured as jps  # noqa: E402
-from jaxprune.structured._shared import (  # noqa: E402
-  activation_products,
-  count_flops,
-  flops_kept,
-)
+from jaxprune._flops import flops_kept  # noqa: E402
+from jaxprune.structured._shared import activation_products, count_flops  # noqa: E402
 
 try:
   from benchmarks._timing import interleaved, table
@@ -105,7 +102,7 @@ def bench(name: str, rounds: int) -> list[list[str]]:
   graphs['+ width'] = graphs['like TP'] = _trace(case, args, 'exact')
   ratios = {'heads + MLP': RATIO, '+ width': RATIO, 'like TP': tp_ratio}
   dense_plan = jps.make_plan(graphs['heads + MLP'], {})
-  dense = jps.plan_flops(graphs['heads + MLP'], dense_plan)
+  dense = graphs['heads + MLP'].total_flops
   candidates = {'dense': functools.partial(jax.jit(case.fn), case.variables, *args)}
   n_inputs = len(jax.tree_util.tree_leaves(args))
   products = {label: activation_products(graph, n_inputs) for label, graph in graphs.items()}
@@ -205,7 +202,7 @@ def digits(steps: int, tune_steps: int) -> list[list[str]]:
     if importance == 'activation':
       importance = jps.activation_importance(graph, variables, calibration)
     plan = jps.select(graph, variables, ratio=RATIO, importance=importance, constraint=constraint)
-    kept = flops_kept(jps.plan_flops(graph, jps.make_plan(graph, {})), jps.plan_flops(graph, plan))
+    kept = flops_kept(graph.total_flops, jps.plan_flops(graph, plan))
     new_variables, pruned_fn = jps.apply_plan(graph, variables, plan)
     before = _accuracy(pruned_fn, new_variables, test)
     tuned = _train(pruned_fn, new_variables, train, tune_steps, 3e-4, seed=1)

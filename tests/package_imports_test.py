@@ -204,6 +204,35 @@ def test_other_packages_use_structured_only_through_its_public_and_shared_names(
   assert violations(files, [f'jaxprune.structured.{s}' for s in stages]) == []
 
 
+# Inside structured, what each folder may import besides itself (the layers of
+# docs/explanation/architecture.md): the core is the bottom, the primitives table and what
+# reads it (the traversal, the FLOPs counter, the observer) next, then the stages.
+STRUCTURED_LAYERS = {
+  '_core': (),
+  '_primitives': ('_core',),
+  '_trace': ('_core', '_primitives'),
+  '_select': ('_core', '_primitives'),
+  '_shrink': ('_core', '_primitives', '_trace'),  # a pruned callable retraces
+  '_prune': ('_core', '_primitives', '_trace', '_select', '_shrink'),
+}
+
+
+def test_every_structured_folder_has_a_layer():
+  folders = {p.name for p in (PACKAGE / 'structured').iterdir() if (p / '__init__.py').exists()}
+  assert folders == set(STRUCTURED_LAYERS)
+
+
+@pytest.mark.parametrize('folder', sorted(STRUCTURED_LAYERS))
+def test_structured_folders_import_only_the_layers_below(folder):
+  """No arrow runs back up: the core imports no other folder (not the primitives table),
+  selection reads the graph (the core), not the trace stage, and so on."""
+  allowed = {folder, *STRUCTURED_LAYERS[folder]}
+  forbidden = [f'jaxprune.structured.{f}' for f in STRUCTURED_LAYERS if f not in allowed]
+  files = sorted((PACKAGE / 'structured' / folder).rglob('*.py'))
+  assert files
+  assert violations(files, [*forbidden, 'jaxprune.structured._shared']) == []
+
+
 def test_the_direction_check_sees_nested_and_relative_imports():
   source = '\n'.join(
     [

@@ -19,8 +19,8 @@ import structured_zoo as zoo
 from jax.extend import core as jcore
 
 import jaxprune.structured as structured
-from jaxprune.structured._core import jaxprs, params
-from jaxprune.structured._primitives import control
+from jaxprune.structured._core import params
+from jaxprune.structured._primitives import control, traversal
 from jaxprune.structured._trace import kinds
 
 
@@ -207,7 +207,7 @@ def test_a_call_body_renamed_between_jaxpr_and_call_jaxpr_is_found_under_either(
     renamed = eqn.replace(params={**rest, held: body})
     assert params.call_body(renamed, 'jaxpr') is body
     assert params.call_body(renamed, 'call_jaxpr') is body
-  assert jaxprs.call_body(eqn) is body
+  assert traversal.call_body(eqn) is body
   with pytest.raises(KeyError, match="composite has no body parameter 'jaxpr'"):
     params.call_body(eqn.replace(params=rest), 'jaxpr')
 
@@ -301,7 +301,7 @@ def test_a_scanned_model_traces_the_same_from_either_form(make, monkeypatch):
   assert not any(installed in e.params for e in other.jaxpr.eqns)
   # Every reader of scan parameters sees the same loops: the traversal, the
   # input-dependence analysis (recurrent units) and the channel walk.
-  rows = lambda c: [(s, i, e.primitive.name, t) for s, i, e, t in jaxprs.equations(c)]
+  rows = lambda c: [(s, i, e.primitive.name, t) for s, i, e, t in traversal.equations(c)]
   assert rows(other) == rows(closed)
   n_leaves = len(jax.tree_util.tree_leaves(variables))
   n_args = len(jax.tree_util.tree_leaves(args))

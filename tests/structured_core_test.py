@@ -1,4 +1,5 @@
-"""The jaxpr core every structured stage uses: one traversal, one evaluator."""
+"""What every structured stage uses to read jaxprs: the one traversal
+(`_primitives/traversal.py`) and the one evaluator (`_core/jaxprs.py`)."""
 
 import math
 
@@ -9,6 +10,7 @@ import pytest
 from jax.extend import core as jcore
 
 from jaxprune.structured._core import jaxprs
+from jaxprune.structured._primitives import traversal
 
 
 def test_equations_walk_sub_jaxprs_with_how_often_each_runs_per_call():
@@ -17,7 +19,9 @@ def test_equations_walk_sub_jaxprs_with_how_often_each_runs_per_call():
     return jax.lax.cond(x.sum() > 0, jnp.cos, jnp.tan, y)
 
   closed = jax.make_jaxpr(fn)(jnp.ones(3))
-  rows = [(scope, eqn.primitive.name, times) for scope, _, eqn, times in jaxprs.equations(closed)]
+  rows = [
+    (scope, eqn.primitive.name, times) for scope, _, eqn, times in traversal.equations(closed)
+  ]
   top = [name for scope, name, _ in rows if scope == ()]
   assert top.count('scan') == 1 and top.count('cond') == 1
   scan_index = [i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == 'scan'][0]
@@ -49,9 +53,9 @@ def test_evaluate_hands_each_equation_its_operands_and_keeps_its_results():
 def test_call_body_is_the_body_of_a_call_and_none_otherwise():
   closed = jax.make_jaxpr(lambda x: jax.jit(jnp.tanh)(x) + 1.0)(np.ones(2, np.float32))
   call, add = closed.jaxpr.eqns
-  body = jaxprs.call_body(call)
+  body = traversal.call_body(call)
   assert [e.primitive.name for e in getattr(body, 'jaxpr', body).eqns] == ['tanh']
-  assert jaxprs.call_body(add) is None
+  assert traversal.call_body(add) is None
 
 
 def test_with_precision_sets_every_default_product_and_keeps_the_rest():
@@ -69,7 +73,7 @@ def test_with_precision_sets_every_default_product_and_keeps_the_rest():
   new = jaxprs.with_precision(closed, highest)
   precisions = [
     eqn.params['precision']
-    for _, _, eqn, _ in jaxprs.equations(new)
+    for _, _, eqn, _ in traversal.equations(new)
     if eqn.primitive.name in ('dot_general', 'conv_general_dilated')
   ]
   high = jax.lax.Precision.HIGH
@@ -77,7 +81,7 @@ def test_with_precision_sets_every_default_product_and_keeps_the_rest():
   # The original is unchanged, the variables are the same ones, and so are the values.
   assert all(
     eqn.params['precision'] in (None, (high, high))
-    for _, _, eqn, _ in jaxprs.equations(closed)
+    for _, _, eqn, _ in traversal.equations(closed)
     if eqn.primitive.name in ('dot_general', 'conv_general_dilated')
   )
   assert new.jaxpr.invars == closed.jaxpr.invars and new.jaxpr.outvars == closed.jaxpr.outvars

@@ -1,15 +1,18 @@
 """The primitives table: one entry per primitive, sub-jaxprs and FLOPs from one place."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import structured_zoo as zoo
 from jax.extend import core as jcore
 from jax.interpreters import mlir
 
 import jaxprune.structured as structured
 from jaxprune.structured import make_plan
-from jaxprune.structured._core import cost
+from jaxprune.structured._primitives import cost
 from jaxprune.structured._primitives import table as primitives
 from jaxprune.structured._shared import activation_products
 from jaxprune.structured._shrink import apply as shrink
@@ -191,3 +194,14 @@ def test_count_flops_can_leave_out_products_of_two_activations():
   assert cost.plan_flops(graph, dense) == 2 * 512 + 256 + 256
   skip = activation_products(graph, n_inputs=1)
   assert cost.count_flops(graph, dense, skip=skip) == 2 * 512
+
+
+@pytest.mark.parametrize('case', sorted(zoo.ZOO))
+def test_the_dense_flops_are_the_graphs_and_a_plan_that_removes_nothing_counts_them(case):
+  """`graph.total_flops` is the dense model's FLOPs that `prune`, `select(flops_target=...)`
+  and `channels.shrink` report and aim at; counting an empty plan gives the same number."""
+  fn, variables, args, _ = zoo.ZOO[case]()
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore')
+    graph = structured.trace(fn, variables, *args)
+  assert cost.plan_flops(graph, make_plan(graph, {})) == graph.total_flops

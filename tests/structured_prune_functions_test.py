@@ -72,8 +72,7 @@ def test_a_haiku_model_to_a_flops_target_with_taylor_importance():
     variables=variables,
     flops_target=0.6,
     importance='taylor',
-    loss_fn=loss,
-    calibration_batches=[(x, labels)],
+    calibration=jps.Calibration([(x, labels)], loss_fn=loss),
     progress=False,
   )
   assert result.flops_after <= 0.6 * result.flops_before
@@ -101,14 +100,99 @@ def test_an_equinox_model_through_partition():
 @pytest.mark.parametrize(
   'kwargs, match',
   [
-    (dict(apply_kwargs={'train': False}), 'apply_kwargs apply to Flax models'),
-    (dict(train_model=object(), train_kwargs={}), 'train_model, train_kwargs apply to Flax'),
-    (dict(recalibrate_bn=True, calibration_batches=[1]), 'recalibrate_bn apply to Flax'),
+    (dict(linen=jps.LinenOptions(apply_kwargs={'train': False})), 'apply_kwargs apply to Flax'),
+    (
+      dict(linen=jps.LinenOptions(train_model=object(), train_kwargs={})),
+      'train_model, train_kwargs apply to Flax',
+    ),
+    (dict(calibration=jps.Calibration([1], recalibrate_bn=True)), 'recalibrate_bn apply to Flax'),
   ],
 )
 def test_flax_only_arguments_are_refused_for_a_function(kwargs, match):
   with pytest.raises(ValueError, match=match):
     jps.prune(_mlp, jnp.ones((2, 6)), variables=_mlp_params(), ratio=0.5, **kwargs)
+
+
+_CAL = 'calibration=jaxprune.structured.Calibration'
+_LINEN = 'linen=jaxprune.structured.LinenOptions'
+
+
+@pytest.mark.parametrize(
+  'kwargs, message',
+  [
+    (dict(calibration_batches=[1]), f'calibration_batches= moved: pass {_CAL}(batches=...)'),
+    (dict(loss_fn=len), f'loss_fn= moved: pass {_CAL}(batches, loss_fn=...)'),
+    (dict(inputs=len), f'inputs= moved: pass {_CAL}(batches, inputs=...)'),
+    (
+      dict(recalibrate_bn=True),
+      f'recalibrate_bn= moved: pass {_CAL}(batches, recalibrate_bn=True)',
+    ),
+    (dict(apply_kwargs={}), f'apply_kwargs= moved: pass {_LINEN}(apply_kwargs=...)'),
+    (
+      dict(train_model=None, train_kwargs={}),
+      f'train_kwargs=, train_model= moved: pass {_LINEN}(train_kwargs=..., train_model=...)',
+    ),
+    (
+      dict(loss_fn=len, apply_kwargs={}, calibration_batches=[1]),
+      f'calibration_batches=, loss_fn= moved: pass {_CAL}(batches=..., loss_fn=...); '
+      f'apply_kwargs= moved: pass {_LINEN}(apply_kwargs=...)',
+    ),
+  ],
+)
+def test_the_keywords_that_moved_name_their_new_form_in_one_line(kwargs, message):
+  with pytest.raises(TypeError) as error:
+    jps.prune(_mlp, jnp.ones((2, 6)), variables=_mlp_params(), ratio=0.5, **kwargs)
+  assert str(error.value) == f'prune: {message}'
+
+
+def test_the_groups_are_checked_before_anything_is_traced():
+  x = jnp.ones((2, 6))
+  with pytest.raises(TypeError, match='calibration: give a jaxprune.structured.Calibration, got'):
+    jps.prune(_mlp, x, variables=_mlp_params(), ratio=0.5, calibration={'batches': [x]})
+  with pytest.raises(TypeError, match='linen: give a jaxprune.structured.LinenOptions, got dict'):
+    jps.prune(_mlp, x, variables=_mlp_params(), ratio=0.5, linen={})
+  with pytest.raises(TypeError, match='loss_fn must be callable'):
+    jps.prune(
+      _mlp,
+      x,
+      variables=_mlp_params(),
+      ratio=0.5,
+      importance='taylor',
+      calibration=jps.Calibration([x], loss_fn='mse'),
+    )
+  with pytest.raises(ValueError, match='Calibration.batches is empty'):
+    loss = lambda out, batch: out.sum()
+    calibration = jps.Calibration([], loss_fn=loss)
+    jps.prune(
+      _mlp, x, variables=_mlp_params(), ratio=0.5, importance='taylor', calibration=calibration
+    )
+
+
+def test_calibration_batches_may_be_any_iterable_and_are_read_once():
+  """A generator of batches is read into a list before anything runs, as the docs say."""
+  params, x = _mlp_params(), jax.random.normal(jax.random.key(1), (4, 6))
+  loss = lambda out, batch: jnp.sum(out**2)
+  from_list = jps.prune(
+    _mlp,
+    x,
+    variables=params,
+    ratio=0.5,
+    importance='taylor',
+    calibration=jps.Calibration([x, 2 * x], loss_fn=loss),
+    progress=False,
+  )
+  from_generator = jps.prune(
+    _mlp,
+    x,
+    variables=params,
+    ratio=0.5,
+    importance='taylor',
+    calibration=jps.Calibration((b for b in (x, 2 * x)), loss_fn=loss),
+    progress=False,
+  )
+  assert from_generator.plan.removed.keys() == from_list.plan.removed.keys()
+  for gid, removed in from_list.plan.removed.items():
+    np.testing.assert_array_equal(from_generator.plan.removed[gid], removed)
 
 
 def test_what_prune_cannot_take():

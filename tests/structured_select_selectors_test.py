@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxprune.structured import ChannelGroup, Constraint, Member, make_plan, trace
-from jaxprune.structured._core import cost
+from jaxprune.structured._primitives import cost
 from jaxprune.structured._select import selectors
 
 # Exact counts: no rounding of the kept channels (the default rounds to 8).

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from structured_zoo import CNN, ZOO, TransformerBlock, _x
 
-from jaxprune.structured import Constraint, make_plan, trace
+from jaxprune.structured import Calibration, Constraint, LinenOptions, make_plan, trace
 from jaxprune.structured._prune import pipeline as api
 from jaxprune.structured._select import selectors
 from jaxprune.structured._shrink import apply as shrink
@@ -162,11 +162,8 @@ def test_prune_one_line_linen_with_taylor_and_bn_recalibration():
     ratio=0.5,
     constraint=EXACT,
     importance='taylor',
-    loss_fn=loss,
-    calibration_batches=batches,
-    recalibrate_bn=True,
-    train_model=CNN(train=True),
-    train_kwargs={},
+    calibration=Calibration(batches, loss_fn=loss, recalibrate_bn=True),
+    linen=LinenOptions(train_model=CNN(train=True), train_kwargs={}),
     progress=False,
   )
   assert result.check.ok
@@ -249,18 +246,26 @@ def test_prune_nnx_attention_keeps_its_scale_and_a_custom_one_is_refused_unchang
 @pytest.mark.parametrize(
   'kwargs, error, match',
   [
-    (dict(ratio=0.5, recalibrate_bn=True), ValueError, 'needs calibration_batches'),
+    (
+      dict(ratio=0.5, calibration=Calibration(None, recalibrate_bn=True)),
+      ValueError,
+      'needs calibration batches',
+    ),
     (dict(ratio=0.5, importance='taylor'), ValueError, 'pass loss_fn'),
     (dict(ratio=0.5, importance='l3'), ValueError, "importance='l3'"),
     (dict(ratio=1.5), ValueError, 'ratio=1.5'),
     (dict(ratio=0.5, scope='layer'), ValueError, "scope='layer'"),
     (dict(ratio=0.5, flops_target=0.5), ValueError, 'exactly one of'),
     (dict(ratio=0.5, constraint={'round_to': 8}), TypeError, 'give a jaxprune.structured'),
-    (dict(ratio=0.5, inputs='x'), TypeError, 'inputs must map a batch'),
     (
-      dict(ratio=0.5, recalibrate_bn=True, calibration_batches=[]),
+      dict(ratio=0.5, calibration=Calibration([], inputs='x')),
+      TypeError,
+      'inputs must map a batch',
+    ),
+    (
+      dict(ratio=0.5, calibration=Calibration([], recalibrate_bn=True)),
       ValueError,
-      'needs calibration_batches',
+      'needs calibration batches',
     ),
   ],
 )

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import jaxprune.structured as structured
-from jaxprune.structured._core import jaxprs
+from jaxprune.structured._primitives import traversal
 from jaxprune.structured._shrink import verify as oracle
 
 
@@ -65,12 +65,12 @@ def test_where_products_are_rounded_the_checks_replay_at_full_precision(monkeypa
   highest = (jax.lax.Precision.HIGHEST,) * 2
   assert [
     eqn.params['precision']
-    for _, _, eqn, _ in jaxprs.equations(checked.closed_jaxpr)
+    for _, _, eqn, _ in traversal.equations(checked.closed_jaxpr)
     if eqn.primitive.name == 'dot_general'
   ] == [highest, highest]
   assert all(
     eqn.params['precision'] is None
-    for _, _, eqn, _ in jaxprs.equations(graph.closed_jaxpr)
+    for _, _, eqn, _ in traversal.equations(graph.closed_jaxpr)
     if eqn.primitive.name == 'dot_general'
   )  # the user's graph: as traced
   result = structured.prune(mlp, x, variables=params, ratio=0.5, progress=False)

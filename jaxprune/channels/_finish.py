@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxprune._flops import FlopsReport
 from jaxprune._names import leaf_name
 from jaxprune._summaries import get_masks
 from jaxprune.channels._rule import ChannelRule, channel_keeps_from_masks, leaf_masks
 from jaxprune.structured import Plan, VerifyReport, apply_plan, make_plan, plan_flops
-from jaxprune.structured._shared import FlopsReport, checked_callable, compare, traced_outputs
+from jaxprune.structured._shared import checked_callable, compare, traced_outputs
 
 PyTree = Any
 
@@ -155,5 +156,5 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
         f'(largest difference {report.max_rel_diff:.3g} of the output '
         'scale). Please report this model.'
       )
-  flops = plan_flops(rule.graph, make_plan(rule.graph, {})), plan_flops(rule.graph, removal)
-  return Shrunk(new_variables, pruned_fn, removal, *flops, report)
+  flops_after = plan_flops(rule.graph, removal)
+  return Shrunk(new_variables, pruned_fn, removal, rule.graph.total_flops, flops_after, report)

@@ -30,7 +30,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from jaxprune.oneshot._layers import Layer, ScanKey
-from jaxprune.structured._shared import call_body, scan_layout
+from jaxprune.structured._shared import call_body, conv_axes, scan_layout
 
 Stats = dict[str, jax.Array]  # kind -> (groups, K) or (groups, K, K)
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -50,10 +50,10 @@ def patch_rows(eqn: Any, x: jax.Array, kernel_shape: Sequence[int]) -> jax.Array
   inputs that output position t of group g's features multiplies with the kernel,
   ordered as the kernel's spatial axes, then its input features (`Layer.in_axes`)."""
   params = eqn.params
-  lhs, rhs, _ = params['dimension_numbers']
+  axes = conv_axes(eqn)
   groups = params['feature_group_count']
-  x = jnp.transpose(jnp.asarray(x, jnp.float32), lhs)  # (N, C, spatial...)
-  window = tuple(kernel_shape[a] for a in rhs[2:])
+  x = jnp.transpose(jnp.asarray(x, jnp.float32), axes.lhs_layout)  # (N, C, spatial...)
+  window = tuple(kernel_shape[a] for a in axes.rhs_spatial)
   patches = jax.lax.conv_general_dilated_patches(
     x,
     window,

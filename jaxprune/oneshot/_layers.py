@@ -36,7 +36,7 @@ from typing import Any
 
 from jax.extend import core as jcore
 
-from jaxprune.structured._shared import call_body, scan_layout
+from jaxprune.structured._shared import call_body, conv_axes, dot_axes, scan_layout
 
 Scope = tuple[int, ...]
 ScanKey = tuple[Scope, int]  # (scope, equation index) of a scan
@@ -196,7 +196,7 @@ class _Walk:
 
   def _dot(self, scope, index, eqn, views, reads) -> bool:
     """Records a weight's use by `dot_general`; False when it is not one."""
-    (contract_l, contract_r), (batch_l, batch_r) = eqn.params['dimension_numbers']
+    (contract_l, contract_r), (batch_l, batch_r) = dot_axes(eqn)
     if views[0] is not None and views[1] is not None:
       self.refuse(views, 'multiplied by another parameter (a dot_general of two weights)')
       return False
@@ -220,9 +220,9 @@ class _Walk:
     if views[0] is not None or eqn.params['batch_group_count'] != 1:
       self.refuse(views, 'read by a convolution of two weights or with batch_group_count > 1')
       return False
-    rhs = eqn.params['dimension_numbers'].rhs_spec  # (out feature, in feature, spatial...)
+    kernel = conv_axes(eqn)
     axes = views[1][1]
-    in_axes = tuple(axes[a] for a in (*rhs[2:], rhs[1]))
+    in_axes = tuple(axes[a] for a in (*kernel.rhs_spatial, kernel.rhs_in))
     site = Site(scope, index, 0, (), conv=True)
     token = self._weight(
       scope, index, views[1], in_axes, site, reads[0][1], groups=eqn.params['feature_group_count']

@@ -1,9 +1,16 @@
 """Structured pruning: find the channels of any JAX model that are removed together,
 choose which go, and cut them out (docs/explanation/structured_design.md)."""
 
-from jaxprune.structured._core.cost import plan_flops
-from jaxprune.structured._core.graph import AxisPart, ChannelGroup, DependencyGraph, Member, VarKey
+from jaxprune.structured._core.graph import (
+  KINDS,
+  AxisPart,
+  ChannelGroup,
+  DependencyGraph,
+  Member,
+  VarKey,
+)
 from jaxprune.structured._core.plan import Constraint, Plan, make_plan, plan_for
+from jaxprune.structured._primitives.cost import plan_flops
 from jaxprune.structured._primitives.rules import elementwise
 from jaxprune.structured._primitives.table import (
   Primitive,
@@ -12,6 +19,7 @@ from jaxprune.structured._primitives.table import (
   register_rule,
   register_shrink_rule,
 )
+from jaxprune.structured._prune.options import Calibration, LinenOptions
 from jaxprune.structured._prune.pipeline import PruneResult, prune
 from jaxprune.structured._select.activations import activation_importance
 from jaxprune.structured._select.importance import (
@@ -43,16 +51,17 @@ from jaxprune.structured._shrink.verify import (
   dense_reference,
   verify,
 )
-from jaxprune.structured._trace.kinds import KINDS
 from jaxprune.structured._trace.tracing import retrace, trace
 
 __all__ = [
   'APPROXIMATE_RTOL',
   'AxisPart',
+  'Calibration',
   'ChannelGroup',
   'Constraint',
   'DependencyGraph',
   'KINDS',
+  'LinenOptions',
   'Member',
   'Plan',
   'Primitive',

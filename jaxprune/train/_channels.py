@@ -11,11 +11,12 @@ the test accuracy of the artifact itself.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxprune._flops import FlopsReport, flops_text
 from jaxprune.train import _files as files
 
 # jaxprune.channels and jaxprune.structured (Flax NNX, SciPy) are imported inside the
@@ -36,8 +38,9 @@ MODEL_FILE = 'pruned_model.bin'
 TIMING_BATCH = 1024
 
 
-class ChannelResult(NamedTuple):
-  """What the end of a channel-pruning run measured.
+@dataclasses.dataclass(frozen=True)
+class ChannelResult(FlopsReport):
+  """What the end of a channel-pruning run measured (its `flops_kept` is `FlopsReport`'s).
 
   Attributes:
     groups: (label, channels kept, channels before) per pruned group.
@@ -56,13 +59,6 @@ class ChannelResult(NamedTuple):
   test_accuracy: float
   path: str | None
 
-  @property
-  def flops_kept(self) -> float:
-    """FLOPs of the shrunk model as a fraction of the trained model's (0.25: 4x fewer)."""
-    from jaxprune.structured._shared import flops_kept
-
-    return flops_kept(self.flops_before, self.flops_after)
-
   def scalars(self) -> dict[str, float]:
     """The metrics.jsonl record of the shrunk model."""
     return {
@@ -75,8 +71,6 @@ class ChannelResult(NamedTuple):
 
   def lines(self) -> list[str]:
     """The report's channel section."""
-    from jaxprune.structured._shared import flops_text
-
     width = max(len(label) for label, _, _ in self.groups) if self.groups else 0
     out = ['channel groups (kept / before):']
     out += [f'  {label.ljust(width)}  {kept:>4} / {size}' for label, kept, size in self.groups]

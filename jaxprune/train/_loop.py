@@ -11,6 +11,7 @@ state is never checkpointed) and a write that fails for lack of space
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -410,7 +411,7 @@ class _Run:
     step = int(self.state.step)
     recorded = [r for r in history if r['step'] == step and 'speedup' in r]
     if recorded:
-      self.shrunk = self.shrunk._replace(speedup=recorded[-1]['speedup'])
+      self.shrunk = dataclasses.replace(self.shrunk, speedup=recorded[-1]['speedup'])
     else:
       write(step, self.shrunk.scalars())
 

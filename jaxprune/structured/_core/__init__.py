@@ -1,5 +1,5 @@
-"""The core every stage of the structured pass builds on: jaxpr traversal and evaluation,
-the graph, the plan and the FLOPs counter (private; the public names are in
-`jaxprune.structured`)."""
+"""The core every part of the structured pass builds on: the jaxpr evaluator, the
+product primitives' axes, the graph and the plan (private; the public names are in
+`jaxprune.structured`). It imports no other folder of structured."""
 
 __all__ = []

@@ -29,6 +29,10 @@ from jaxprune.structured._core import tables
 # every call site that has the same shapes, so a `Var` alone is ambiguous.
 VarKey = tuple[tuple[int, ...], jcore.Var]
 
+# Every `ChannelGroup.kind`: `trace` marks each group with one (`_trace/kinds.py`,
+# `_trace/norms.py`), `select(ratio={kind: fraction})` takes them as keys.
+KINDS = ('width', 'heads', 'head_dim', 'channels', 'experts', 'recurrent')
+
 
 @dataclasses.dataclass(frozen=True)
 class Member:
@@ -144,7 +148,9 @@ class DependencyGraph:
     leaf_shapes: name -> shape of every variables leaf.
     blocked_primitives: primitive name -> how many axes it blocked.
     total_flops: FLOPs of all dot_general and conv equations per call of the
-      first entry point.
+      first entry point: the dense model's FLOPs, which `prune`,
+      `select(flops_target=...)` and `channels.shrink` read from here
+      (`plan_flops` of an empty plan counts the same).
     entries: the traced functions; `entries[0]` is `trace`'s `fn` (its
       `closed_jaxpr`, `in_tree` and `out_tree` are also the graph's).
     var_axes: `(scope, var) -> {axis: [AxisPart, ...]}` for every tracked axis

@@ -1,14 +1,5 @@
-"""The one traversal of jaxprs and the one evaluator every stage uses.
+"""The one evaluator of jaxprs every stage uses, and the precision its checks run at.
 
-Which equations hold sub-jaxprs, and which of them are calls (a body that
-takes the operands and gives the results), is read from the primitives table
-(`table.sub_jaxprs`, `Primitive.body`) and nowhere else, and their parameters
-through `_core/params.py` (the one reader of loop and call parameters, which
-knows both forms of `scan`'s, before and after jax 0.11):
-
-  `call_body(eqn)`   the body of a call whose operands and results map one to one;
-  `equations(...)`   every equation of a jaxpr and of its sub-jaxprs, with its
-                     scope (see `graph.VarKey`) and how often it runs per call;
   `evaluate(...)`    runs an open jaxpr in order, handing every equation and its
                      operands' values to a `step` hook that returns its results;
   `with_precision(...)`  the jaxpr with the matrix products and convolutions it left
@@ -17,24 +8,22 @@ knows both forms of `scan`'s, before and after jax 0.11):
 
 The stages differ only in their hooks: the shrinker's step runs each equation
 at its pruned shapes (`_shrink/shrinker.py`), the observer's runs it as traced
-and shows the values to a callback (`_core/observe.py`), and the data-flow
+and shows the values to a callback (`_primitives/observe.py`), and the data-flow
 analyses run it over booleans (which values are constants,
-`_trace/dataflow.py`; which depend on the inputs, `_trace/kinds.py`). The
-channel walk (`_trace/walker.py`) applies each equation's trace rule, and the
-rules of loops and calls walk their sub-jaxprs (`_primitives/control.py`); the
-one backward pass, which inputs a function reads, is `dataflow.live_inputs`.
+`_trace/dataflow.py`; which depend on the inputs, `_trace/kinds.py`). The one
+traversal, which needs the primitives table to know which equations hold
+sub-jaxprs, is `_primitives/traversal.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jax import lax
 from jax.extend import core as jcore
 
-from jaxprune.structured._core import params as params_lib
-from jaxprune.structured._primitives import control, table
+from jaxprune.structured._core import products
 
 Scope = tuple[int, ...]
 # step(scope, eqn index, eqn, operand values) -> result values
@@ -44,34 +33,6 @@ Step = Callable[[Scope, int, Any, list], Sequence[Any]]
 def is_var(v: Any) -> bool:
   """Whether `v` is a jaxpr variable (not a literal, not a dropped output)."""
   return isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar)
-
-
-def call_body(eqn: Any) -> Any | None:
-  """The (open or closed) body of a call equation whose body takes its operands and
-  gives its results one to one, or None for any other equation."""
-  entry = table.lookup(eqn.primitive.name)
-  if entry is None or entry.body is None:
-    return None
-  body = params_lib.call_body(eqn, entry.body)
-  jaxpr = control.inner(body)
-  if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
-    return None
-  return body
-
-
-def equations(
-  jaxpr: Any, scope: Scope = (), times: float = 1.0
-) -> Iterator[tuple[Scope, int, Any, float]]:
-  """`(scope, eqn index, eqn, times run per call)` of every equation, sub-jaxprs too.
-
-  An equation comes before the equations of its sub-jaxprs; a scan's body runs
-  `length` times per call, a while body once (its trip count is unknown when
-  tracing), each cond branch 1 / number of branches.
-  """
-  for index, eqn in enumerate(control.inner(jaxpr).eqns):
-    yield scope, index, eqn, times
-    for sub_index, sub, sub_times in table.sub_jaxprs(eqn):
-      yield from equations(sub, scope + (index, sub_index), times * sub_times)
 
 
 def literal_value(literal: Any) -> Any:
@@ -115,10 +76,6 @@ def evaluate(
   return [read(v) for v in jaxpr.outvars]
 
 
-# The primitives whose `precision` parameter the backend reads for float32 operands.
-_MATMULS = ('dot_general', 'conv_general_dilated')
-
-
 def with_precision(jaxpr: Any, precision: lax.Precision) -> Any:
   """The (open or closed) jaxpr with every `dot_general` and convolution at the backend's
   default precision (unset, or `Precision.DEFAULT`) at `precision`, in its sub-jaxprs too.
@@ -135,7 +92,7 @@ def with_precision(jaxpr: Any, precision: lax.Precision) -> Any:
 def eqn_with_precision(eqn: Any, precision: lax.Precision) -> Any:
   """One equation as `with_precision` rewrites it."""
   params = {name: _sub_with_precision(value, precision) for name, value in eqn.params.items()}
-  if eqn.primitive.name in _MATMULS and params.get('precision') in (
+  if eqn.primitive.name in products.PRODUCTS and params.get('precision') in (
     None,
     (lax.Precision.DEFAULT, lax.Precision.DEFAULT),
   ):

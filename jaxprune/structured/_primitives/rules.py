@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxprune.structured._core.products import conv_axes, dot_axes
 from jaxprune.structured._core.shapes import var_shape
 
 Rule = Callable[[Any, Any], None]
@@ -190,7 +191,7 @@ def reshape(ctx, eqn) -> None:
 def dot_general(ctx, eqn) -> None:
   lhs, rhs = eqn.invars[:2]
   out = eqn.outvars[0]
-  (lc, rc), (lb, rb) = eqn.params['dimension_numbers']
+  (lc, rc), (lb, rb) = dot_axes(eqn)
   for a, b in zip(lc, rc, strict=True):
     ctx.join_axes(lhs, a, rhs, b)
   out_axis = 0
@@ -208,29 +209,29 @@ def dot_general(ctx, eqn) -> None:
 def conv(ctx, eqn) -> None:
   lhs, rhs = eqn.invars[:2]
   out = eqn.outvars[0]
-  lhs_spec, rhs_spec, out_spec = eqn.params['dimension_numbers']
+  axes = conv_axes(eqn)
   if eqn.params['batch_group_count'] != 1:
     block_all(ctx, eqn)
     return
-  ctx.join_axes(lhs, lhs_spec[0], out, out_spec[0])
+  ctx.join_axes(lhs, axes.lhs_batch, out, axes.out_batch)
   reason = "spatial axis of 'conv_general_dilated'"
-  for var, spec in ((lhs, lhs_spec), (rhs, rhs_spec), (out, out_spec)):
-    for axis in spec[2:]:
+  for var, spatial in ((lhs, axes.lhs_spatial), (rhs, axes.rhs_spatial), (out, axes.out_spatial)):
+    for axis in spatial:
       ctx.block_ids(ctx.ids(var, axis), reason)
   groups = eqn.params['feature_group_count']
-  ctx.join_axes(rhs, rhs_spec[0], out, out_spec[1])
+  ctx.join_axes(rhs, axes.rhs_out, out, axes.out_feature)
   if groups == 1:
-    ctx.join_axes(lhs, lhs_spec[1], rhs, rhs_spec[1])
+    ctx.join_axes(lhs, axes.lhs_feature, rhs, axes.rhs_in)
     return
   # Grouped conv: input channel g*Ki + j uses kernel in-feature j, output
   # channel g*Mg + m belongs to group g. Keeping the grouped structure means a
   # channel (g, j) goes only with all of group g or with j in every group.
   group_ids = ctx.fresh(groups)
-  per_in = var_shape(rhs)[rhs_spec[1]]
-  per_out = var_shape(rhs)[rhs_spec[0]] // groups
+  per_in = var_shape(rhs)[axes.rhs_in]
+  per_out = var_shape(rhs)[axes.rhs_out] // groups
   for ids, size, inner in (
-    (ctx.ids(lhs, lhs_spec[1]), per_in, ctx.ids(rhs, rhs_spec[1])),
-    (ctx.ids(rhs, rhs_spec[0]), per_out, None),
+    (ctx.ids(lhs, axes.lhs_feature), per_in, ctx.ids(rhs, axes.rhs_in)),
+    (ctx.ids(rhs, axes.rhs_out), per_out, None),
   ):
     if size == 1:
       ctx.join(ids, group_ids)

@@ -22,6 +22,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from jaxprune.structured._core import params as params_lib
+from jaxprune.structured._core.products import conv_axes
 
 ShrinkRule = Callable[[Any, Any, tuple, int, list], list]
 
@@ -94,12 +95,12 @@ def reduce_sum(shrinker, eqn, scope, index, invals):
 
 def conv(shrinker, eqn, scope, index, invals):
   del index
-  lhs_spec, rhs_spec, _ = eqn.params['dimension_numbers']
   groups = eqn.params['feature_group_count']
   if groups == 1:
     return bind(eqn, invals)
-  in_features = shrinker.shape(scope, eqn.invars[0])[lhs_spec[1]]
-  per_group = shrinker.shape(scope, eqn.invars[1])[rhs_spec[1]]
+  axes = conv_axes(eqn)
+  in_features = shrinker.shape(scope, eqn.invars[0])[axes.lhs_feature]
+  per_group = shrinker.shape(scope, eqn.invars[1])[axes.rhs_in]
   if in_features % per_group:
     raise NotImplementedError(
       f'pruned callable: grouped conv with {in_features} input '

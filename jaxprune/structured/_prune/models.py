@@ -27,6 +27,7 @@ import flax
 import flax.linen as nn
 from flax import nnx
 
+from jaxprune.structured._prune.options import LinenOptions
 from jaxprune.structured._shrink import calibrate, flax_rebuild
 
 PyTree = Any
@@ -202,12 +203,7 @@ class FunctionModel:
 
 
 def adapter(
-  model: Any,
-  variables: PyTree | None,
-  apply_kwargs: Mapping[str, Any] | None,
-  train_model: Any,
-  train_kwargs: Mapping[str, Any] | None,
-  recalibrate_bn: bool,
+  model: Any, variables: PyTree | None, linen: LinenOptions, recalibrate_bn: bool
 ) -> LinenModel | NnxModel | FunctionModel:
   """The adapter of `model`; a TypeError or ValueError naming the fix for anything else."""
   if isinstance(model, nnx.Module):
@@ -223,16 +219,16 @@ def adapter(
       "variables, or the pytree a plain function's first argument takes."
     )
   if isinstance(model, nn.Module):
-    return LinenModel(model, variables, apply_kwargs, train_model, train_kwargs)
+    return LinenModel(model, variables, linen.apply_kwargs, linen.train_model, linen.train_kwargs)
   if not callable(model):
     raise TypeError(
       f'prune: model must be a Flax Linen or NNX module or a function '
       f'fn(variables, *args), got {type(model).__name__}.'
     )
   linen_only = {
-    'apply_kwargs': apply_kwargs,
-    'train_model': train_model,
-    'train_kwargs': train_kwargs,
+    'apply_kwargs': linen.apply_kwargs,
+    'train_model': linen.train_model,
+    'train_kwargs': linen.train_kwargs,
     'recalibrate_bn': recalibrate_bn or None,
   }
   given = [name for name, value in linen_only.items() if value is not None]

@@ -3,6 +3,9 @@
     result = jaxprune.structured.prune(model, x, variables=variables, ratio=0.5)  # Linen
     result = jaxprune.structured.prune(nnx_model, x, flops_target=0.3)            # NNX, in place
     result = jaxprune.structured.prune(fn, x, variables=params, ratio=0.5)        # fn(params, x)
+    result = jaxprune.structured.prune(                                           # Taylor scores
+        model, x, variables=variables, ratio=0.5, importance='taylor',
+        calibration=jaxprune.structured.Calibration(batches, loss_fn=loss))
 
 It traces the model, scores channels (optionally with Taylor importance on
 calibration batches), selects, shrinks, checks the result against the dense
@@ -15,16 +18,18 @@ in the adapters of `models.py`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 from flax import nnx
 
-from jaxprune.structured._core import cost
+from jaxprune._flops import FlopsReport
 from jaxprune.structured._core.graph import DependencyGraph
-from jaxprune.structured._core.plan import Constraint, Plan, make_plan
-from jaxprune.structured._prune import models
+from jaxprune.structured._core.plan import Constraint, Plan
+from jaxprune.structured._primitives import cost
+from jaxprune.structured._prune import models, options
+from jaxprune.structured._prune.options import Calibration, LinenOptions
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._select import selectors
 from jaxprune.structured._shrink import flax_rebuild
@@ -43,7 +48,7 @@ PyTree = Any
 
 
 @dataclasses.dataclass
-class PruneResult(cost.FlopsReport):
+class PruneResult(FlopsReport):
   """What `prune` hands back.
 
   Attributes:
@@ -102,8 +107,11 @@ class PruneResult(cost.FlopsReport):
     return f'{self.plan.summary()}\n{self.flops_line()}'
 
 
-def _default_inputs(batch: Any) -> tuple:
-  return tuple(batch[:1]) if isinstance(batch, (tuple, list)) else (batch,)
+def _check_group(keyword: str, value: Any, cls: type) -> None:
+  if value is not None and not isinstance(value, cls):
+    raise TypeError(
+      f'{keyword}: give a jaxprune.structured.{cls.__name__}, got {type(value).__name__}.'
+    )
 
 
 def _check_arguments(
@@ -114,15 +122,12 @@ def _check_arguments(
   scope,
   search,
   constraint,
-  loss_fn,
-  batches,
-  inputs,
-  recalibrate_bn,
-  apply_kwargs,
+  calibration,
+  linen,
   norms,
 ) -> None:
   """Every check `prune` can make before it traces or changes anything (the model's own,
-  in `models.adapter`, come first)."""
+  in `models.adapter`, come first). `calibration.batches` is a list (or None) by now."""
   if not example_args:
     raise ValueError(
       'prune: give example inputs, prune(model, x, ...): the model is traced at them.'
@@ -131,16 +136,25 @@ def _check_arguments(
     ratio=ratio, flops_target=flops_target, scope=scope, search=search, constraint=constraint
   )
   importance_lib.check_method(importance, extra=('taylor',))
+  loss_fn, batches = calibration.loss_fn, calibration.batches
   if importance == 'taylor' and (loss_fn is None or batches is None):
-    raise ValueError("importance='taylor': pass loss_fn(outputs, batch) and calibration_batches.")
+    raise ValueError(
+      "importance='taylor': pass loss_fn(outputs, batch) and the batches, "
+      'calibration=jaxprune.structured.Calibration(batches, loss_fn=...).'
+    )
   if loss_fn is not None and not callable(loss_fn):
     raise TypeError(f'loss_fn must be callable(outputs, batch) -> scalar, got {loss_fn!r}.')
-  if recalibrate_bn and not batches:
-    raise ValueError('recalibrate_bn=True needs calibration_batches (a list of batches).')
-  if (importance == 'taylor' or recalibrate_bn) and not batches:
-    raise ValueError('calibration_batches is empty; give at least one batch.')
-  if not callable(inputs):
-    raise TypeError(f'inputs must map a batch to the model inputs (a callable), got {inputs!r}.')
+  if calibration.recalibrate_bn and not batches:
+    raise ValueError(
+      'recalibrate_bn=True needs calibration batches: '
+      'Calibration(batches, recalibrate_bn=True) with a list of at least one batch.'
+    )
+  if importance == 'taylor' and not batches:
+    raise ValueError('Calibration.batches is empty; give at least one batch.')
+  if not callable(calibration.inputs):
+    raise TypeError(
+      f'inputs must map a batch to the model inputs (a callable), got {calibration.inputs!r}.'
+    )
   if norms == 'exact':
     raise ValueError(
       "prune: norms='exact' keeps dividing each norm by the full width, which only the pruned "
@@ -149,6 +163,7 @@ def _check_arguments(
       "(checked within the approximate bound), or use trace(..., norms='exact'), select and "
       'apply_plan for the exact pruned callable.'
     )
+  apply_kwargs = linen.apply_kwargs
   if apply_kwargs is not None and not isinstance(apply_kwargs, Mapping):
     raise TypeError(
       f'apply_kwargs must be a dict of keyword arguments, got {type(apply_kwargs).__name__}.'
@@ -182,13 +197,15 @@ def _verified(graph, variables, plan, example_args, runs):
   return reports
 
 
-def _scores(graph, variables, method, fn, loss_fn, batches, inputs, progress, masks, seed):
+def _scores(graph, variables, method, fn, calibration, progress, masks, seed):
   if method != 'taylor':
     return importance_lib.score_channels(graph, variables, method, masks=masks, seed=seed)
+  loss_fn, inputs = calibration.loss_fn, calibration.inputs
   loss = lambda v, batch: loss_fn(fn(v, *inputs(batch)), batch)
-  return importance_lib.taylor_importance(graph, variables, loss, batches, progress)
+  return importance_lib.taylor_importance(graph, variables, loss, calibration.batches, progress)
 
 
+@options.moved_arguments
 def prune(
   model: Any,
   *example_args: Any,
@@ -199,13 +216,8 @@ def prune(
   scope: str = 'uniform',
   search: str = 'greedy',
   constraint: Constraint | None = None,
-  loss_fn: Callable[[Any, Any], Any] | None = None,
-  calibration_batches: Iterable[Any] | None = None,
-  inputs: Callable[[Any], tuple] = _default_inputs,
-  recalibrate_bn: bool = False,
-  apply_kwargs: Mapping[str, Any] | None = None,
-  train_kwargs: Mapping[str, Any] | None = None,
-  train_model: Any = None,
+  calibration: Calibration | None = None,
+  linen: LinenOptions | None = None,
   masks: PyTree | None = None,
   norms: str | None = None,
   seed: int = 0,
@@ -222,8 +234,8 @@ def prune(
     model: a Linen module (give `variables`), an NNX module (pruned in
       place; put it in eval mode first so BatchNorm uses running statistics),
       or a function `fn(variables, *args)` such as a haiku, equinox or keras
-      model wrapped as in the third-party guide (give `variables`; the
-      Linen-only arguments and `recalibrate_bn` do not apply).
+      model wrapped as in the third-party guide (give `variables`; `linen`
+      and `Calibration(recalibrate_bn=True)` do not apply).
     *example_args: example inputs; the model is traced at these shapes. With
       `variables` not given as a keyword, the first of them is the variables
       (`prune(model, variables, x)`, the order of `model.apply` and
@@ -234,22 +246,15 @@ def prune(
       `scope='global'`).
     flops_target: fraction of the dense FLOPs to keep instead.
     importance: 'l1', 'l2', 'bn_scale', 'density', 'random', 'taylor' (needs
-      `loss_fn` and `calibration_batches`) or `{group id: scores}`.
+      `calibration` with a `loss_fn`) or `{group id: scores}`.
     scope: 'uniform' or 'global' for `ratio`.
     search: 'greedy' or 'knapsack' for `flops_target`.
     constraint: a `Constraint` (min channels, round_to, locked regexes).
-    loss_fn: `loss_fn(model_outputs, batch) -> scalar` for Taylor importance.
-    calibration_batches: a re-iterable of batches (a list) for Taylor
-      importance and BatchNorm re-calibration.
-    inputs: maps a batch to the model's positional inputs (default: first
-      element of a tuple batch, or the batch itself).
-    recalibrate_bn: re-estimate BatchNorm statistics on the calibration batches.
-    apply_kwargs: keyword arguments for Linen `model.apply` when tracing.
-    train_kwargs: Linen keyword arguments that put BatchNorm in train mode
-      for re-calibration (default `{'train': True}`; `{}` when the mode is an
-      attribute, see `train_model`).
-    train_model: the Linen module in train mode when the mode is a module
-      attribute (e.g. `CNN(train=True)`); default `model`.
+    calibration: a `Calibration`: the batches (and `loss_fn`) for Taylor
+      importance, and `recalibrate_bn` to re-estimate BatchNorm statistics on
+      them.
+    linen: a `LinenOptions`: how to call a Linen module (`apply_kwargs`, and
+      `train_kwargs` / `train_model` for BatchNorm re-calibration).
     masks: masks for `importance='density'`.
     norms: None keeps the residual stream (width) whole; 'renormalise' lets it
       be pruned through LayerNorm/RMSNorm, each norm then dividing by the kept
@@ -264,15 +269,21 @@ def prune(
 
   Returns:
     A `PruneResult`.
+
+  Raises:
+    TypeError: for the keywords that moved into `calibration` and `linen`
+      (`loss_fn`, `calibration_batches`, `inputs`, `recalibrate_bn`,
+      `apply_kwargs`, `train_kwargs`, `train_model`), naming the new form.
   """
-  if calibration_batches is not None:
-    calibration_batches = list(calibration_batches)
+  _check_group('calibration', calibration, Calibration)
+  _check_group('linen', linen, LinenOptions)
+  calibration, linen = calibration or Calibration(None), linen or LinenOptions()
+  if calibration.batches is not None:  # read once, whatever iterable it is
+    calibration = dataclasses.replace(calibration, batches=list(calibration.batches))
   if variables is None and len(example_args) >= 2 and not isinstance(model, nnx.Module):
     # prune(model, variables, x): the order of oneshot.prune and of model.apply.
     variables, example_args = example_args[0], example_args[1:]
-  adapted = models.adapter(
-    model, variables, apply_kwargs, train_model, train_kwargs, recalibrate_bn
-  )
+  adapted = models.adapter(model, variables, linen, calibration.recalibrate_bn)
   _check_arguments(
     example_args,
     ratio,
@@ -281,18 +292,13 @@ def prune(
     scope,
     search,
     constraint,
-    loss_fn,
-    calibration_batches,
-    inputs,
-    recalibrate_bn,
-    apply_kwargs,
+    calibration,
+    linen,
     norms,
   )
   fn, variables = adapted.traced()
   graph = trace(fn, variables, *example_args, norms=norms)
-  scores = _scores(
-    graph, variables, importance, fn, loss_fn, calibration_batches, inputs, progress, masks, seed
-  )
+  scores = _scores(graph, variables, importance, fn, calibration, progress, masks, seed)
   plan = selectors.select(
     graph,
     variables,
@@ -313,9 +319,11 @@ def prune(
   if check:
     reports = _verified(graph, variables, plan, example_args, runs)
     check_fn, model_check = reports[0], reports[-1]
-  flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
-  if recalibrate_bn:
-    new_variables = adapted.recalibrated(new_variables, calibration_batches, inputs, progress)
+  flops = graph.total_flops, cost.plan_flops(graph, plan)
+  if calibration.recalibrate_bn:
+    new_variables = adapted.recalibrated(
+      new_variables, calibration.batches, calibration.inputs, progress
+    )
   new_variables = adapted.committed(new_variables)  # only now is an NNX model changed
   return PruneResult(
     adapted.pruned_model(pruned_fn),

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune.structured._core import observe
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.progress import progress_bar
 from jaxprune.structured._core.shapes import same_avals
+from jaxprune.structured._primitives import observe
 from jaxprune.structured._select.importance import Scores, magnitude_importance, mean_normalised
 
 PyTree = Any

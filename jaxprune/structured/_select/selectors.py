@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxprune.structured._core import cost as cost_lib
-from jaxprune.structured._core.graph import DependencyGraph
+from jaxprune.structured._core.graph import KINDS, DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan, check_variables, make_plan
+from jaxprune.structured._primitives import cost as cost_lib
 from jaxprune.structured._select import importance as importance_lib
-from jaxprune.structured._trace.kinds import KINDS
 
 PyTree = Any
 
@@ -365,12 +364,11 @@ def select(
   if n_channels is not None:
     return global_(graph, scores, int(n_channels), constraint)
   if flops_target is not None:
-    dense = cost_lib.plan_flops(graph, make_plan(graph, {}))
     return by_cost(
       graph,
       scores,
       lambda plan: cost_lib.plan_flops(graph, plan),
-      flops_target * dense,
+      flops_target * graph.total_flops,
       constraint,
       search,
     )

@@ -14,10 +14,11 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
-from jaxprune.structured._core import jaxprs, observe
+from jaxprune.structured._core import jaxprs
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.kept import PlanShapes
 from jaxprune.structured._core.plan import Plan, as_plan
+from jaxprune.structured._primitives import observe
 from jaxprune.structured._shrink.apply import replayed_fn, shrink_variables, zeroed_variables
 from jaxprune.structured._shrink.shrinker import Shrinker
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxprune.structured._core import jaxprs
-from jaxprune.structured._primitives import control
+from jaxprune.structured._primitives import control, traversal
 
 
 def live_inputs(jaxpr: Any, live_outputs: Sequence[bool]) -> list[bool]:
@@ -34,7 +34,7 @@ def live_inputs(jaxpr: Any, live_outputs: Sequence[bool]) -> list[bool]:
     outs = [is_var(v) and v in live for v in eqn.outvars]
     if not any(outs) and not eqn.effects:
       continue
-    body = jaxprs.call_body(eqn)
+    body = traversal.call_body(eqn)
     if body is not None:
       used = live_inputs(control.inner(body), outs if not eqn.effects else [True] * len(outs))
       live |= {v for v, u in zip(eqn.invars, used, strict=True) if u and is_var(v)}

@@ -35,13 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jaxprune.structured._core import jaxprs
+from jaxprune.structured._core import jaxprs, products
 from jaxprune.structured._core import params as params_lib
 from jaxprune.structured._core.graph import DependencyGraph
-from jaxprune.structured._primitives import control, table
+from jaxprune.structured._primitives import control, table, traversal
 
 Scope = tuple[int, ...]
-KINDS = ('width', 'heads', 'head_dim', 'channels', 'experts', 'recurrent')
 
 
 def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[bool]:
@@ -59,7 +58,7 @@ def dependent(jaxpr: Any, inputs: list[bool], scope: Scope, found: set) -> list[
   found.update((scope, v) for v, d in zip(jaxpr.invars, inputs, strict=True) if d)
 
   def step(s, index, eqn, ins):
-    body = jaxprs.call_body(eqn)
+    body = traversal.call_body(eqn)
     if body is not None:
       outs = dependent(control.inner(body), ins, s + (index, 0), found)
     elif eqn.primitive.name in _LOOPS:
@@ -190,23 +189,23 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
     return [part.group_id for part in graph.var_axes.get((scope, var), {}).get(axis, ())]
 
   experts, recurrent = set(), set()
-  for scope, index, eqn, _ in jaxprs.equations(point.closed_jaxpr, point.scope):
+  for scope, index, eqn, _ in traversal.equations(point.closed_jaxpr, point.scope):
     name = eqn.primitive.name
     for var in _recurrent(scope, index, eqn, found):
       for axis in range(len(var.aval.shape)):
         recurrent.update(groups_on(scope + (index, 0), var, axis))
-    if name not in ('dot_general', 'conv_general_dilated'):
+    if name not in products.PRODUCTS:
       continue
     is_act = [jaxprs.is_var(v) and (scope, v) in found for v in eqn.invars[:2]]
     operands = graph.proxied.get((scope, index), eqn).invars[:2]
     if name == 'conv_general_dilated':
-      lhs_spec, _, out_spec = eqn.params['dimension_numbers']
-      contract, out_axes = ([lhs_spec[1]], []), [out_spec[1]]
+      conv = products.conv_axes(eqn)
+      contract, out_axes = ([conv.lhs_feature], []), [conv.out_feature]
     else:
-      (lc, rc), (lb, rb) = eqn.params['dimension_numbers']
-      contract, out_axes = (lc, rc), range(len(eqn.outvars[0].aval.shape))
+      dot = products.dot_axes(eqn)
+      contract, out_axes = dot.contract, range(len(eqn.outvars[0].aval.shape))
       if all(is_act):  # attention: queries x keys, scores x values
-        for var, batch in zip(operands, (lb, rb), strict=True):
+        for var, batch in zip(operands, dot.batch, strict=True):
           for axis in range(len(var.aval.shape)):
             for gid in groups_on(scope, var, axis):
               kind = 'heads' if axis in batch else 'head_dim'
@@ -221,7 +220,7 @@ def analyse(graph: DependencyGraph, n_inputs: int) -> tuple[dict[int, str], dict
     if (
       name == 'dot_general' and jaxprs.is_var(weight_var) and (scope, weight_var) in from_variables
     ):
-      for axis in eqn.params['dimension_numbers'][1][weight]:
+      for axis in dot.batch[weight]:
         experts.update(groups_on(scope, operands[weight], axis))
     for axis in contract[act]:
       for gid in groups_on(scope, operands[act], axis):

@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune.structured._core import observe
 from jaxprune.structured._core.graph import DependencyGraph
+from jaxprune.structured._primitives import observe
 
 MODES = ('exact', 'renormalise')
 

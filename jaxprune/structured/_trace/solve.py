@@ -20,8 +20,8 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from jaxprune.structured._core import cost
 from jaxprune.structured._core.graph import AxisPart, ChannelGroup, DependencyGraph, Member
+from jaxprune.structured._primitives import cost
 
 _MAX_ROUNDS = 16
 _CONFLICT = 'incompatible merges of this axis (reshape / grouped conv)'

@@ -1,7 +1,7 @@
 """FLOPs of a traced function: in total, per group channel, and after a plan.
 
 `costed_eqns` picks every equation with a `flops` rule in the primitives
-table out of `jaxprs.equations` (sub-jaxprs too, with how often each runs per
+table out of `traversal.equations` (sub-jaxprs too, with how often each runs per
 call: a scan's length; a cond branch's 1 / number of branches; one iteration
 of a while loop). The same rules count the dense model, the first-order saving
 per channel (used to rank channels) and the exact FLOPs after a plan (used
@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 from jax.extend import core as jcore
 
-from jaxprune.structured._core import jaxprs
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.kept import PlanShapes
 from jaxprune.structured._core.plan import Plan
 from jaxprune.structured._core.shapes import is_static, var_shape
-from jaxprune.structured._primitives import table
+from jaxprune.structured._primitives import table, traversal
 
 Scope = tuple[int, ...]
 
@@ -31,7 +30,7 @@ def costed_eqns(
   jaxpr: Any, scope: Scope = (), times: float = 1.0
 ) -> Iterator[tuple[Scope, Any, float, Any]]:
   """`(scope, eqn, times run per call, flops rule)` of every costed equation."""
-  for eqn_scope, _, eqn, eqn_times in jaxprs.equations(jaxpr, scope, times):
+  for eqn_scope, _, eqn, eqn_times in traversal.equations(jaxpr, scope, times):
     entry = table.lookup(eqn.primitive.name)
     if entry is not None and entry.flops is not None:
       yield eqn_scope, eqn, eqn_times, entry.flops
@@ -89,37 +88,3 @@ def count_flops(
     if skip is None or not skip(scope, eqn):
       total += times * rule(lambda var, scope=scope: shapes.shape(scope, var), eqn)[0]
   return total
-
-
-def flops_kept(before: float, after: float) -> float:
-  """FLOPs after a plan as a fraction of before (1.0 when there were none): the one
-  convention every result reports (`PruneResult`, `channels.Shrunk`, the main job)."""
-  return after / before if before else 1.0
-
-
-def flops_text(kept: float) -> str:
-  """`'29.2% kept, 3.42x fewer'` for `kept=0.292`."""
-  fewer = f'{1 / kept:.2f}x fewer' if kept > 0 else 'no FLOPs left'
-  return f'{kept:.1%} kept, {fewer}'
-
-
-class FlopsReport:
-  """The FLOPs part of a result (`PruneResult`, `channels.Shrunk`): the one convention.
-
-  A result with `flops_before` (the dense model's FLOPs per call) and
-  `flops_after` (the pruned model's) reports `flops_kept`, their fraction, and
-  prints it as `FLOPs 1.2e+09 -> 3.5e+08 (29.2% kept, 3.42x fewer)`.
-  """
-
-  flops_before: float
-  flops_after: float
-
-  @property
-  def flops_kept(self) -> float:
-    """FLOPs of the pruned model as a fraction of the dense model's (0.25: 4x fewer)."""
-    return flops_kept(self.flops_before, self.flops_after)
-
-  def flops_line(self) -> str:
-    return (
-      f'FLOPs {self.flops_before:.3g} -> {self.flops_after:.3g} ({flops_text(self.flops_kept)})'
-    )

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from jaxprune.structured._core import jaxprs
-from jaxprune.structured._primitives import control, shrink_rules
+from jaxprune.structured._primitives import control, shrink_rules, traversal
 
 Scope = tuple[int, ...]
 # watch(scope, eqn_index, eqn, invals, outvals)
@@ -28,7 +28,7 @@ def evaluate(
   """Evaluates an open jaxpr on `args`, calling `watch` after every equation."""
 
   def step(s, index, eqn, invals):
-    body = jaxprs.call_body(eqn)
+    body = traversal.call_body(eqn)
     if body is not None:
       outs = jaxprs.evaluate(
         control.inner(body), getattr(body, 'consts', ()), invals, step, s + (index, 0)
