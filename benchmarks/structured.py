@@ -24,11 +24,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxprune.structured import apply_plan, make_plan, select, trace
-from jaxprune.structured._core import cost
-from jaxprune.structured._shrink import flax_rebuild
-from jaxprune.train import _data as data_lib
-from jaxprune.train import _models as models
+from jaxprune import train as train_lib
+from jaxprune.structured import (
+  apply_plan,
+  check_linen_shapes,
+  linen_feature_sizes,
+  linen_resized,
+  make_plan,
+  plan_flops,
+  select,
+  trace,
+)
 
 
 class BasicBlock(nn.Module):
@@ -89,7 +95,7 @@ def resnet_speedup(batch: int, reps: int) -> dict:
 
   @jax.jit
   def pruned_apply(v, x):
-    with flax_rebuild.linen_resized(v):
+    with linen_resized(v):
       return model.apply(v, x)
 
   dense_s, pruned_s, callable_s = _seconds(
@@ -97,7 +103,7 @@ def resnet_speedup(batch: int, reps: int) -> dict:
     [(variables, x), (new_variables, x), (new_variables, x)],
     reps,
   )
-  flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
+  flops = plan_flops(graph, make_plan(graph, {})), plan_flops(graph, plan)
   count = lambda tree: sum(int(np.prod(a.shape)) for a in jax.tree.leaves(tree['params']))
   return {
     'groups': len(graph.prunable_groups),
@@ -148,8 +154,8 @@ def digits_accuracy(
   finetune_epochs: int,
   smooth_epochs: int | None = None,
 ) -> dict:
-  dataset = data_lib.load_digits(seed=0)
-  model = models.CNN(features=features, dense=dense)
+  dataset = train_lib.load_digits(seed=0)
+  model = train_lib.CNN(features=features, dense=dense)
   params = model.init(jax.random.key(0), dataset.x_train[:1])['params']
   dense_apply = lambda p, x: model.apply({'params': p}, x)
   params = _train(dense_apply, params, dataset, epochs, 2e-3, seed=0)
@@ -161,7 +167,7 @@ def digits_accuracy(
   new_variables, _ = apply_plan(graph, variables, plan)
 
   def pruned_apply(p, x):
-    with flax_rebuild.linen_resized({'params': p}):
+    with linen_resized({'params': p}):
       return model.apply({'params': p}, x)
 
   pruned_acc = _accuracy(pruned_apply, new_variables['params'], dataset)
@@ -180,14 +186,14 @@ def digits_accuracy(
     )
     smooth_acc = _accuracy(pruned_apply, smooth, dataset)
   # The pruned architecture, rebuilt explicitly and trained from scratch for as long.
-  sizes = flax_rebuild.linen_feature_sizes(new_variables)
-  small = models.CNN(features=(sizes['Conv_0'], sizes['Conv_1']), dense=sizes['Dense_0'])
-  flax_rebuild.check_linen_shapes(small, new_variables, dataset.x_train[:1])
+  sizes = linen_feature_sizes(new_variables)
+  small = train_lib.CNN(features=(sizes['Conv_0'], sizes['Conv_1']), dense=sizes['Dense_0'])
+  check_linen_shapes(small, new_variables, dataset.x_train[:1])
   small_apply = lambda p, x: small.apply({'params': p}, x)
   scratch = small.init(jax.random.key(0), dataset.x_train[:1])['params']
   scratch = _train(small_apply, scratch, dataset, epochs + finetune_epochs, 2e-3, seed=0)
   scratch_acc = _accuracy(small_apply, scratch, dataset)
-  flops = cost.plan_flops(graph, make_plan(graph, {})), cost.plan_flops(graph, plan)
+  flops = plan_flops(graph, make_plan(graph, {})), plan_flops(graph, plan)
   return {
     'dense_acc': dense_acc,
     'pruned_acc': pruned_acc,
