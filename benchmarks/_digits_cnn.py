@@ -1,19 +1,21 @@
 """The digits CNN task of benchmarks/sparse_training.py, importable without jaxprune's package.
 
 jaxpruner's comparison row runs in another virtual environment (jaxpruner
-needs an older JAX), so this file loads jaxprune's model and data modules by
-path and holds the training loop both sides share.
+needs an older JAX than jaxprune), so this file holds copies of the main job's
+digits split and CNN (`jaxprune.train.load_digits`, `jaxprune.train.CNN`, which
+benchmarks/sparse_training.py checks them against) and the training loop both
+sides share.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import statistics
-import sys
 import time
+from typing import NamedTuple
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -21,29 +23,48 @@ STEPS, BATCH, LR = 1500, 64, 3e-3
 END_STEP, UPDATE_FREQ, DROP_FRACTION = int(0.75 * STEPS), 50, 0.3
 SEEDS, SPARSITIES = (0, 1, 2), (0.8, 0.9)
 TIMED_STEPS, ROUNDS = 50, 25
-_TRAIN = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'jaxprune', 'train'
-)
 
 
-def _module(name: str):
-  spec = importlib.util.spec_from_file_location(
-    f'_digits_{name}', os.path.join(_TRAIN, f'{name}.py')
-  )
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses (flax modules) look their module up
-  spec.loader.exec_module(module)
-  return module
+class Digits(NamedTuple):
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
 
 
-models, data = _module('models'), _module('data')
+def load_digits() -> Digits:
+  """scikit-learn's 1,797 digits as `jaxprune.train.load_digits()` splits them: images
+  (8, 8, 1) scaled to [0, 1], 449 held out by the permutation of seed 0."""
+  from sklearn.datasets import load_digits as sk_load_digits
+
+  digits = sk_load_digits()
+  images = (digits.images / 16.0).astype(np.float32)[..., None]
+  labels = digits.target.astype(np.int32)
+  order = np.random.default_rng(0).permutation(len(labels))
+  test, train = order[:449], order[449:]
+  return Digits(images[train], labels[train], images[test], labels[test])
+
+
+class CNN(nn.Module):
+  """`jaxprune.train.CNN()`: 3x3 convs of 16 and 32 channels, each with 2x2 max pooling,
+  then a 64-wide dense layer and 10 logits."""
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    for channels in (16, 32):
+      x = nn.relu(nn.Conv(channels, (3, 3))(x))
+      x = nn.max_pool(x, (2, 2), strides=(2, 2), padding='SAME')
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(64)(x))
+    return nn.Dense(10)(x)
 
 
 def task(seed: int):
   """(model, initial params, dataset, batch indices (STEPS, BATCH)) for one seed."""
-  dataset = data.load_digits(seed=0)
-  model = models.CNN()
-  params = models.init_params(model, dataset.x_train.shape[1:], seed)
+  dataset = load_digits()
+  model = CNN()
+  dummy = jnp.zeros((1, *dataset.x_train.shape[1:]), jnp.float32)
+  params = jax.jit(model.init)(jax.random.PRNGKey(seed), dummy)['params']  # as the job draws
   rng = np.random.default_rng(seed)
   epochs = -(-STEPS * BATCH // len(dataset.y_train))
   order = np.concatenate([rng.permutation(len(dataset.y_train)) for _ in range(epochs)])

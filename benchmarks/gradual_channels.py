@@ -29,18 +29,17 @@ import statistics
 import sys
 
 import jax
+import jax.numpy as jnp
 import optax
 
+from jaxprune import train as train_lib
 from jaxprune.structured import Constraint, apply_plan, plan_flops, select, trace
-from jaxprune.train import _data as data_lib
-from jaxprune.train import _loop as loop
-from jaxprune.train import _models as models
-from jaxprune.train._step import create_train_state, make_evaluate, make_train_step
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, 'configs')]
 import digits_cnn_channels  # noqa: E402
 
+from benchmarks._common import init_params, test_accuracy  # noqa: E402
 from benchmarks._timing import table  # noqa: E402
 
 
@@ -65,24 +64,24 @@ def _config(seed: int, steps: int):
 
 def gradual(seed: int, steps: int) -> tuple[float, float]:
   """(test accuracy of the exported shrunk model, its FLOPs per image)."""
-  result = loop.train(_config(seed, steps))
+  result = train_lib.train(_config(seed, steps))
   history = [r for r in result.history if 'flops_after' in r][-1]
   return history['test_accuracy'], history['flops_after']
 
 
 def _train(apply_fn, params, dataset, seed: int, first: int, steps: int):
   tx = optax.adam(1e-3)
-  state = create_train_state(params, tx)
-  step = jax.jit(make_train_step(apply_fn, tx))
+  state = train_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  step = jax.jit(train_lib.make_train_step(apply_fn, tx))
   for t in range(first, first + steps):
-    state, _ = step(state, data_lib.get_batch(dataset, seed, t, 64))
+    state, _ = step(state, train_lib.get_batch(dataset, seed, t, 64))
   return state.params
 
 
 def one_shot(seed: int, steps: int, at: int, dataset) -> tuple[float, float]:
   """Dense for `at` steps, 50% of the channels by L2, fine-tuned for the rest."""
-  model = models.CNN(features=(16, 32), dense=64, num_classes=10)
-  params = models.init_params(model, dataset.x_train.shape[1:], seed)
+  model = train_lib.CNN(features=(16, 32), dense=64, num_classes=10)
+  params = init_params(model, dataset.x_train.shape[1:], seed)
   params = _train(model.apply, params, dataset, seed, 0, at)
   example = dataset.x_test[:2]
   graph = trace(model.apply, {'params': params}, example)
@@ -91,17 +90,17 @@ def one_shot(seed: int, steps: int, at: int, dataset) -> tuple[float, float]:
   )
   variables, pruned_fn = apply_plan(graph, {'params': params}, plan)
   params = _train(pruned_fn, variables['params'], dataset, seed, at, steps - at)
-  accuracy = make_evaluate(pruned_fn)(params, dataset.x_test, dataset.y_test)['accuracy']
+  accuracy = test_accuracy(pruned_fn, params, dataset.x_test, dataset.y_test)
   return accuracy, plan_flops(graph, plan) / 2
 
 
 def scratch(seed: int, steps: int, dataset) -> tuple[float, float]:
   """The small architecture itself, trained for all the steps."""
-  model = models.CNN(features=(8, 16), dense=32, num_classes=10)
-  params = models.init_params(model, dataset.x_train.shape[1:], seed)
+  model = train_lib.CNN(features=(8, 16), dense=32, num_classes=10)
+  params = init_params(model, dataset.x_train.shape[1:], seed)
   params = _train(model.apply, params, dataset, seed, 0, steps)
   graph = trace(model.apply, {'params': params}, dataset.x_test[:2])
-  accuracy = make_evaluate(model.apply)(params, dataset.x_test, dataset.y_test)['accuracy']
+  accuracy = test_accuracy(model.apply, params, dataset.x_test, dataset.y_test)
   return accuracy, graph.total_flops / 2
 
 
@@ -110,7 +109,7 @@ def main() -> None:
   parser.add_argument('--quick', action='store_true', help='300 steps, one seed')
   args = parser.parse_args()
   steps, seeds = (300, [0]) if args.quick else (3000, [0, 1, 2])
-  dataset = data_lib.load_digits()
+  dataset = train_lib.load_digits()
   candidates = {
     'gradual (ChannelRule, 500 -> 2000, fine-tune to 3000)': lambda s: gradual(s, steps),
     'one-shot at 500 + fine-tune 2500': lambda s: one_shot(s, steps, steps // 6, dataset),

@@ -15,13 +15,13 @@ Run: python benchmarks/mask_update.py
 from __future__ import annotations
 
 import functools
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jaxprune
-from jaxprune import _thresholds as thresholds
 
 try:
   from benchmarks._timing import interleaved, table
@@ -46,10 +46,16 @@ def exact_mask(w):
   return jaxprune.update_mask(w, 0.0, SPARSITY, threshold_method='exact')
 
 
+def keep_count(size: int, sparsity: float) -> int:
+  """tfmot's k = max(round(N * (1 - s)), 1) for the float32 s, in exact arithmetic, half to
+  even (the weights the exact rule keeps)."""
+  return max(round(size * (1 - Fraction(float(np.float32(sparsity))))), 1)
+
+
 @jax.jit
 def sort_mask(w):
   magnitudes = jnp.abs(w)
-  kept = thresholds.keep_count(w.size, jnp.float32(SPARSITY))
+  kept = keep_count(w.size, SPARSITY)
   threshold = jnp.sort(magnitudes.ravel())[w.size - kept]
   return threshold, magnitudes >= threshold
 

@@ -32,6 +32,7 @@ import os
 import time
 
 import jax
+import ml_collections
 
 import jaxprune
 from benchmarks import _oneshot_conv, _timing, charlm
@@ -42,7 +43,7 @@ CALIBRATION = dict(batch_size=16, count=8, seed=1)  # 16 x 8 x 128 = 16k bytes
 HELDOUT = dict(batch_size=32, count=16)  # 64k held-out bytes
 
 
-def gradual_hparams(steps: int) -> jaxprune._hparams.HParams:
+def gradual_hparams(steps: int) -> ml_collections.ConfigDict:
   """50% by step 0.7 * steps, from step 0.2 * steps, masks every 10 steps, exact thresholds
   (with the default histogram thresholds one run ended with block_0/down/kernel at 0%)."""
   begin, end = steps // 5, steps * 7 // 10

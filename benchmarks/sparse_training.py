@@ -28,11 +28,13 @@ import statistics
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import optax
 
 import jaxprune
 from jaxprune import sparse
+from jaxprune import train as train_lib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _digits_cnn as task_lib  # noqa: E402
@@ -69,6 +71,26 @@ def kernel_sparsity(params) -> float:
   return sum(int((k == 0).sum()) for k in kernels) / sum(k.size for k in kernels)
 
 
+def check_the_copies() -> None:
+  """_digits_cnn holds copies of `jaxprune.train`'s digits split and CNN (jaxpruner's
+  environment cannot import jaxprune): they must give the same data, params and logits."""
+  model, params, dataset, _ = task_lib.task(0)
+  original = train_lib.load_digits()
+  dummy = np.zeros((1, *original.x_train.shape[1:]), np.float32)
+  original_params = jax.jit(train_lib.CNN().init)(jax.random.PRNGKey(0), dummy)['params']
+  same = [
+    all(np.array_equal(a, b) for a, b in zip(dataset, original[:4], strict=True)),
+    jax.tree.structure(params) == jax.tree.structure(original_params),
+    all(jax.tree.leaves(jax.tree.map(np.array_equal, params, original_params))),
+    np.array_equal(
+      model.apply({'params': params}, dataset.x_test),
+      train_lib.CNN().apply({'params': params}, original.x_test),
+    ),
+  ]
+  if not all(same):
+    raise SystemExit(f'benchmarks/_digits_cnn.py no longer copies jaxprune.train: {same}')
+
+
 def jaxpruner_row() -> dict:
   if not os.path.exists(JAXPRUNER_PYTHON):
     return {'error': f'no jaxpruner environment at {JAXPRUNER_PYTHON}'}
@@ -89,6 +111,7 @@ def mean_std(values: list[float]) -> str:
 def main() -> None:
   accuracy: dict[tuple[str, float], list[float]] = {}
   reached: dict[tuple[str, float], list[float]] = {}
+  check_the_copies()
   for seed in task_lib.SEEDS:
     model, params, dataset, batches = task_lib.task(seed)
     acc, _, _ = task_lib.train(model, optax.adam(task_lib.LR), params, dataset, batches)

@@ -24,10 +24,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxprune.structured import apply_plan, plan_flops, select, trace
-from jaxprune.structured._shrink import flax_rebuild
-from jaxprune.train import _data as data_lib
-from jaxprune.train import _models as models
+from jaxprune import train as train_lib
+from jaxprune.structured import (
+  apply_plan,
+  check_linen_shapes,
+  linen_feature_sizes,
+  linen_resized,
+  plan_flops,
+  select,
+  trace,
+)
 
 
 class BasicBlock(nn.Module):
@@ -88,7 +94,7 @@ def resnet_speedup(batch: int, reps: int) -> dict:
 
   @jax.jit
   def pruned_apply(v, x):
-    with flax_rebuild.linen_resized(v):
+    with linen_resized(v):
       return model.apply(v, x)
 
   dense_s, pruned_s, callable_s = _seconds(
@@ -147,8 +153,8 @@ def digits_accuracy(
   finetune_epochs: int,
   smooth_epochs: int | None = None,
 ) -> dict:
-  dataset = data_lib.load_digits(seed=0)
-  model = models.CNN(features=features, dense=dense)
+  dataset = train_lib.load_digits(seed=0)
+  model = train_lib.CNN(features=features, dense=dense)
   params = model.init(jax.random.key(0), dataset.x_train[:1])['params']
   dense_apply = lambda p, x: model.apply({'params': p}, x)
   params = _train(dense_apply, params, dataset, epochs, 2e-3, seed=0)
@@ -160,7 +166,7 @@ def digits_accuracy(
   new_variables, _ = apply_plan(graph, variables, plan)
 
   def pruned_apply(p, x):
-    with flax_rebuild.linen_resized({'params': p}):
+    with linen_resized({'params': p}):
       return model.apply({'params': p}, x)
 
   pruned_acc = _accuracy(pruned_apply, new_variables['params'], dataset)
@@ -179,9 +185,9 @@ def digits_accuracy(
     )
     smooth_acc = _accuracy(pruned_apply, smooth, dataset)
   # The pruned architecture, rebuilt explicitly and trained from scratch for as long.
-  sizes = flax_rebuild.linen_feature_sizes(new_variables)
-  small = models.CNN(features=(sizes['Conv_0'], sizes['Conv_1']), dense=sizes['Dense_0'])
-  flax_rebuild.check_linen_shapes(small, new_variables, dataset.x_train[:1])
+  sizes = linen_feature_sizes(new_variables)
+  small = train_lib.CNN(features=(sizes['Conv_0'], sizes['Conv_1']), dense=sizes['Dense_0'])
+  check_linen_shapes(small, new_variables, dataset.x_train[:1])
   small_apply = lambda p, x: small.apply({'params': p}, x)
   scratch = small.init(jax.random.key(0), dataset.x_train[:1])['params']
   scratch = _train(small_apply, scratch, dataset, epochs + finetune_epochs, 2e-3, seed=0)

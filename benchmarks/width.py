@@ -18,7 +18,8 @@ dot_general and conv, a multiply-add is 2; attention's q.k and scores.v
 included) and reported as `flops_kept`, a fraction of the dense model's.
 Torch-Pruning's counter (`tp.utils.count_ops_and_params`) sees module calls
 (Linear, conv, norms) and not the attention matmuls, so "weight FLOPs kept"
-counts only products with a weight, like it (the same counter, leaving out
+counts only products with a weight, like it (benchmarks/_flops.py: the same
+count on the pruned callable's jaxpr, checked against `plan_flops`, leaving out
 the products of two activations). The kept channel counts are not rounded
 (round_to=1, Torch-Pruning's default) for the FLOPs columns; the timed models
 and the last FLOPs column are at the default round_to=8. All candidates of a
@@ -53,12 +54,12 @@ sys.path.insert(
 import thirdparty_zoo_hf as hf  # noqa: E402
 
 import jaxprune.structured as jps  # noqa: E402
-from jaxprune._flops import flops_kept  # noqa: E402
-from jaxprune.structured._shared import activation_products, count_flops  # noqa: E402
 
 try:
+  from benchmarks import _flops
   from benchmarks._timing import interleaved, table
 except ImportError:  # run as a script from the benchmarks folder
+  import _flops
   from _timing import interleaved, table
 
 RATIO = 0.3
@@ -87,6 +88,24 @@ MODELS = {
 }
 
 
+def flops_kept(before: float, after: float) -> float:
+  """FLOPs after a plan as a fraction of before (1.0 when there were none), as structured's
+  results report them."""
+  return after / before if before else 1.0
+
+
+def weight_flops(graph, variables, plan, args) -> float:
+  """The FLOPs of the model pruned by `plan` that multiply by a weight, as Torch-Pruning
+  counts (benchmarks/_flops.py), once that counter's total is checked to be `plan_flops`."""
+  new_variables, pruned_fn = jps.apply_plan(graph, variables, plan)
+  total, weights = _flops.count(pruned_fn, new_variables, *args)
+  if total != jps.plan_flops(graph, plan):
+    raise AssertionError(
+      f'FLOPs counted {total}, but plan_flops gives {jps.plan_flops(graph, plan)}'
+    )
+  return weights
+
+
 def _trace(case, args, norms):
   with warnings.catch_warnings():
     warnings.simplefilter('ignore')
@@ -104,15 +123,13 @@ def bench(name: str, rounds: int) -> list[list[str]]:
   dense_plan = jps.make_plan(graphs['heads + MLP'], {})
   dense = graphs['heads + MLP'].total_flops
   candidates = {'dense': functools.partial(jax.jit(case.fn), case.variables, *args)}
-  n_inputs = len(jax.tree_util.tree_leaves(args))
-  products = {label: activation_products(graph, n_inputs) for label, graph in graphs.items()}
-  dense_weights = count_flops(graphs['heads + MLP'], dense_plan, skip=products['heads + MLP'])
+  dense_weights = weight_flops(graphs['heads + MLP'], case.variables, dense_plan, args)
   flops, exact = {}, {}
   for label, graph in graphs.items():
     plan = jps.select(graph, case.variables, ratio=ratios[label], constraint=EXACT)
     flops[label] = flops_kept(dense, jps.plan_flops(graph, plan))
     flops[label, 'weights'] = flops_kept(
-      dense_weights, count_flops(graph, plan, skip=products[label])
+      dense_weights, weight_flops(graph, case.variables, plan, args)
     )
     exact[label] = not any(graph.groups[g].approximate for g in plan.removed)
     plan8 = jps.select(graph, case.variables, ratio=ratios[label])

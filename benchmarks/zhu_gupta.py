@@ -25,11 +25,12 @@ import ml_collections
 from absl import app, flags
 
 import jaxprune
-from jaxprune.train import _data as data
-from jaxprune.train import _defaults as defaults
-from jaxprune.train import _loop as loop
-from jaxprune.train import _models as models
-from jaxprune.train import _step as step
+from jaxprune import train as train_lib
+
+try:
+  from benchmarks._common import test_accuracy
+except ImportError:  # run as a script from the benchmarks folder
+  from _common import test_accuracy
 
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Number of seeds per variant.')
 
@@ -59,13 +60,13 @@ def one_shot(params: dict, sparsity: float) -> dict:
 
 
 def _config(seed: int, **changes) -> ml_collections.ConfigDict:
-  config = defaults.get_config()
+  config = train_lib.get_config()
   config.seed = seed
   config.progress_bar = False
   config.eval_every = config.num_steps
   for key, value in changes.items():
     if key == 'target_sparsity':
-      config.pruning = defaults.pruning_config(config.pruning, target_sparsity=value)
+      config.pruning = train_lib.pruning_config(config.pruning, target_sparsity=value)
     elif key == 'features':
       config.model.features = value
     else:
@@ -75,7 +76,7 @@ def _config(seed: int, **changes) -> ml_collections.ConfigDict:
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  dataset = data.load_digits()
+  dataset = train_lib.load_digits()
   results: dict[str, list[float]] = {}
   nonzeros: dict[str, int] = {}
 
@@ -85,22 +86,21 @@ def main(argv: Sequence[str]) -> None:
 
   small = None
   for seed in range(_SEEDS.value):
-    dense = loop.train(_config(seed, prune=False))
+    dense = train_lib.train(_config(seed, prune=False))
     record('dense 300-100', dense.report.final_accuracy, dense.report.total_nonzero)
-    evaluate = step.make_evaluate(models.MLP().apply)
     pruned = one_shot(dense.state.params, 0.9)
     nonzero = sum(int(jnp.count_nonzero(x)) for x in jax.tree.leaves(pruned))
     record(
       'one-shot 90%, no retraining',
-      evaluate(pruned, dataset.x_test, dataset.y_test)['accuracy'],
+      test_accuracy(train_lib.MLP().apply, pruned, dataset.x_test, dataset.y_test),
       nonzero,
     )
     for target in (0.9, 0.95):
-      sparse = loop.train(_config(seed, target_sparsity=target))
+      sparse = train_lib.train(_config(seed, target_sparsity=target))
       record(f'gradual to {target:.0%}', sparse.report.final_accuracy, sparse.report.total_nonzero)
       if target == 0.9:
         small = small or small_widths(sparse.report.total_nonzero)
-    small_run = loop.train(_config(seed, prune=False, features=small))
+    small_run = train_lib.train(_config(seed, prune=False, features=small))
     record(
       f'small dense {small[0]}-{small[1]}',
       small_run.report.final_accuracy,
@@ -110,7 +110,7 @@ def main(argv: Sequence[str]) -> None:
 
   print(
     f'\nTest accuracy on digits (449 test images), {_SEEDS.value} seeds, '
-    f'{defaults.get_config().num_steps} steps each:\n'
+    f'{train_lib.get_config().num_steps} steps each:\n'
   )
   width = max(map(len, results))
   print(f'{"model":<{width}}  nonzero params  mean acc  std     per seed')

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-  from jaxprune.train._data import Dataset, load_digits, load_npz
+  from jaxprune.train._data import Dataset, get_batch, load_digits, load_npz
   from jaxprune.train._defaults import get_config, pruning_config
   from jaxprune.train._errors import (
     ConfigError,
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 # name -> the private module that defines it
 _MODULES = {
   'Dataset': '_data',
+  'get_batch': '_data',
   'load_digits': '_data',
   'load_npz': '_data',
   'get_config': '_defaults',

@@ -237,6 +237,25 @@ def batch_indices(seed: int, step: int, num_examples: int, batch_size: int) -> n
 def get_batch(
   dataset: Dataset, seed: int, step: int, batch_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Returns `(x, y)` for the training batch of `step`."""
+  """The training batch the main job takes at `step`: the same batches in a loop of your own.
+
+  Each epoch's order is a permutation of the training set drawn from
+  `numpy.random.default_rng((seed, epoch))`, cut into `len(y_train) // batch_size`
+  full batches (the last partial batch is dropped), so a batch is a pure function of
+  `(seed, step)`: a resumed run, or a loop built from `make_train_step`, sees the batches
+  that `train` with the same `seed` and `batch_size` sees.
+
+  Args:
+    dataset: the dataset (`load_digits`, `load_npz`).
+    seed: the run's seed (the config's `seed`).
+    step: the training step, from 0.
+    batch_size: examples per batch, from 1 to the number of training examples.
+
+  Returns:
+    `(x, y)`: `batch_size` distinct training examples and their labels.
+
+  Raises:
+    ValueError: `batch_size` is not between 1 and the number of training examples.
+  """
   index = batch_indices(seed, step, len(dataset.y_train), batch_size)
   return dataset.x_train[index], dataset.y_train[index]
