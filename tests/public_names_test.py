@@ -191,19 +191,7 @@ def documented(package: str):
 
 # Docstrings that still name structured's private files: they go with the rework of
 # structured's internals (issue 34). An entry that no longer occurs fails below: remove it.
-STILL_PRIVATE = {
-  'jaxprune.structured': {
-    'jaxprune.structured.ChannelGroup: _trace/kinds.py',
-    'jaxprune.structured.ChannelGroup: _trace/norms.py',
-    'jaxprune.structured.DependencyGraph: _trace/kinds.py',
-    'jaxprune.structured.Plan: _core/identity.py',
-    'jaxprune.structured.register_primitive: _primitives/rules.py',
-    'jaxprune.structured.register_primitive: _primitives/shrink_rules.py',
-    'jaxprune.structured.register_primitive: _primitives/flops.py',
-    'jaxprune.structured.register_rule: _primitives/rules.py',
-    'jaxprune.structured.trace: _trace/norms.py',
-  },
-}
+STILL_PRIVATE: dict[str, set[str]] = {}  # known exceptions by package: none left
 
 
 @pytest.mark.parametrize('package', PUBLIC_PACKAGES)

@@ -89,13 +89,13 @@ class ChannelGroup:
       "blocked by primitive 'sort'", "scan iteration axis", "no parameters").
     flops_per_channel: FLOPs (dot_general and conv; a multiply-add counts 2)
       saved per channel removed from this group, to first order.
-    kind: what the channels are in a transformer (`_trace/kinds.py`): 'width' (the
+    kind: what the channels are in a transformer: 'width' (the
       residual stream, summed over by a norm: only with `trace(norms=...)`),
       'heads' (attention heads), 'head_dim' (dimensions inside each head),
       'experts' (the experts of a mixture of experts), 'recurrent' (LSTM/GRU
       hidden units) or 'channels' (MLP hidden units and every other group).
     approximate: removing channels changes a norm's statistics, so the pruned
-      model only approximates the dense model with them zeroed (`_trace/norms.py`);
+      model only approximates the dense model with them zeroed (`trace(norms=...)`);
       selectors skip such groups unless `Constraint(allow_approximate=True)`.
   """
 
@@ -183,7 +183,7 @@ class DependencyGraph:
       'renormalise' (they pass; the pruned model divides by the kept width).
     activation_sites: `{group id: [(scope, eqn index, operand index or -1
       for the output, axis, that variable)]}`: where activation importance
-      measures each group (`_trace/kinds.py`).
+      measures each group.
     norm_sums: `(scope, eqn index)` of every `reduce_sum` over channels that
       `norms` let through (the statistics `verify` freezes).
   """

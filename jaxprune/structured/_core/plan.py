@@ -26,7 +26,7 @@ class Plan:
     sizes: `{group id: group size}` for every group of the graph.
     keys: `{group id: GroupKey}` for the groups in `removed`: what each group
       ties, so the plan applies to another trace of the same model (another
-      input shape or entry point; see `_core/identity.py`). A plan without keys
+      input shape or entry point; docs/explanation/structured_design.md#select). A plan without keys
       applies only to the graph whose ids it uses.
     notes: what the selector could not do as asked (rounding that kept more
       channels, nothing removed); `summary()` prints them.

@@ -181,11 +181,12 @@ def register_primitive(
 
   Args:
     primitive_name: `eqn.primitive.name`, e.g. 'my_fused_gelu'.
-    trace: `rule(ctx, eqn)` tying its channels (see `_primitives/rules.py`); for an
-      elementwise primitive `jaxprune.structured.elementwise`.
+    trace: `rule(ctx, eqn)` tying its channels
+      (docs/explanation/structured_design.md#one-primitive-table); for an elementwise
+      primitive `jaxprune.structured.elementwise`.
     shrink: `rule(shrinker, eqn, scope, index, invals) -> outputs` when its
-      parameters hold shapes (see `_primitives/shrink_rules.py`); None binds it as traced.
-    flops: `rule(shape, eqn) -> (flops, iteration axes)` (see `_primitives/flops.py`);
+      parameters hold shapes; None binds it as traced.
+    flops: `rule(shape, eqn) -> (flops, iteration axes)`;
       None counts no FLOPs for it.
     body: for a call primitive, the name of the parameter holding the body
       jaxpr, which takes the operands and gives the results.
@@ -232,7 +233,8 @@ def register_rule(primitive_name: str, rule: rules.Rule) -> None:
 
   Args:
     primitive_name: `eqn.primitive.name`, e.g. 'my_fused_gelu'.
-    rule: `rule(ctx, eqn)`; see `_primitives/rules.py`. For an elementwise primitive use
+    rule: `rule(ctx, eqn)` (docs/explanation/structured_design.md#one-primitive-table). For
+      an elementwise primitive use
       `jaxprune.structured.elementwise`.
   """
   _check_name(primitive_name)

@@ -215,7 +215,7 @@ def trace(
       full-width divisors; groups where that is not the zeroed dense model
       (a two-pass LayerNorm) are marked approximate. 'renormalise': the
       pruned model divides by the kept width (a standard norm of the smaller
-      model); every such group is approximate. See `_trace/norms.py`; with a norms
+      model); every such group is approximate. With a norms
       option the first entry point runs once on its example inputs.
     **kwargs: static keyword arguments for `fn` (`train=False`, `mutable=...`);
       they are closed over, not traced.
