@@ -24,7 +24,7 @@ from jaxprune._export import (
   strip,
   to_bcoo,
 )
-from jaxprune._hparams import get_pruning_hparams, parse_hparams
+from jaxprune._hparams import HParams, get_pruning_hparams, parse_hparams
 from jaxprune._masks import update_mask
 from jaxprune._names import leaf_name, named_leaves, tree_names
 from jaxprune._nm import is_nm_sparse, nm_mask, parse_nm
@@ -54,6 +54,7 @@ except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not i
   __version__ = '0+unknown'
 
 __all__ = [
+  'HParams',
   'MaskRule',
   'OutputMismatchError',
   'PruningState',

@@ -39,22 +39,50 @@ DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
 _NO_ENTRIES = ('',)
 
 
+# What each field does: the one description, read by `HParams`' docstring (the API page)
+# and by the main job's --help. TF model_pruning's fields first, then jaxprune's.
+FIELD_DOCS = {
+  'name': 'prefix of the summary names',
+  'begin_pruning_step': 'first step at which the masks may change',
+  'end_pruning_step': 'last step at which the masks may change; -1 never stops',
+  'weight_sparsity_map': 'per-leaf targets, e.g. "[\'Dense_0/kernel:0.5\']"',
+  'block_dims_map': 'per-leaf block shapes, e.g. "[\'Dense_0:4x4\']" (-1 = whole axis)',
+  'threshold_decay': 'exponential smoothing of the thresholds between updates, in [0, 1)',
+  'pruning_frequency': 'steps between two mask updates, at least 1',
+  'nbins': "histogram bins of threshold_method='histogram'",
+  'block_height': 'height of the blocks pruned together (-1 = whole axis)',
+  'block_width': 'width of the blocks pruned together (-1 = whole axis)',
+  'block_pooling_function': "'AVG' or 'MAX': how a block's magnitudes are pooled",
+  'initial_sparsity': 'sparsity at sparsity_function_begin_step, in [0, 1)',
+  'target_sparsity': 'sparsity at and after sparsity_function_end_step, in [0, 1)',
+  'sparsity_function_begin_step': 'step where the sparsity schedule starts',
+  'sparsity_function_end_step': 'step where the schedule reaches target_sparsity',
+  'sparsity_function_exponent': 'shape of the schedule: 1 linear, 3 (Zhu & Gupta) prunes '
+  'fast early and slowly late',
+  'use_tpu': "accepted for TF's configs; changes nothing",
+  'threshold_method': "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)",
+  'weight_name_regex': 'leaves pruned: those whose name (e.g. Dense_0/kernel) matches',
+  'global_pruning': 'one threshold over all pruned leaves instead of one per leaf',
+  'nm_sparsity': "keep N of every M weights along the input axis, e.g. '2:4'",
+  'nm_sparsity_map': 'per-leaf N:M patterns, e.g. "[\'Dense_2/kernel:2:4\']"',
+  'layer_axes_map': 'leading axes that index stacked layers, e.g. "[\'scan/kernel:1\']"',
+  'mask_source': "'updated' (TF's order: the weights after this step) or 'params' (before)",
+  'mask_search': "how thresholds are searched (same result): 'fixed' (GPUs, TPUs), "
+  "'adaptive' (CPUs) or 'auto' (by backend)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class HParams:
   """Validated hyperparameters: the one list of the fields, their types and defaults.
 
-  `get_pruning_hparams()` is a ConfigDict of the first group of fields (map
-  fields as lists there); `freeze` turns one into an `HParams`. Making one
-  checks every field: a bad value is a ValueError naming the field, the value
-  and the rule. The maps are parsed once:
+  `get_pruning_hparams()` is a ConfigDict of these fields (map fields as lists
+  there); `pruning`, `pruned` and `jaxprune.MaskRule` implementations get them
+  frozen as an `HParams`. Making one checks every field: a bad value is a
+  ValueError naming the field, the value and the rule
+  (docs/explanation/semantics.md#hyperparameters).
 
   Attributes:
-    sparsity_entries: ((regex, sparsity), ...) from `weight_sparsity_map`.
-    block_entries: ((regex, (height, width)), ...) from `block_dims_map`.
-    nm_entries: ((regex, (n, m)), ...) from `nm_sparsity_map`.
-    layer_entries: ((regex, number of leading layer axes), ...) from `layer_axes_map`.
-    nm: `nm_sparsity` as (n, m), or None.
-    block_dims: (block_height, block_width).
   """
 
   name: str = 'model_pruning'
@@ -117,6 +145,18 @@ class HParams:
 
 # The ConfigDict's fields and defaults, in HParams' order.
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(HParams) if f.init}
+_PARSED_DOCS = {
+  'sparsity_entries': '((regex, sparsity), ...) from weight_sparsity_map',
+  'block_entries': '((regex, (height, width)), ...) from block_dims_map',
+  'nm_entries': '((regex, (n, m)), ...) from nm_sparsity_map',
+  'layer_entries': '((regex, number of leading layer axes), ...) from layer_axes_map',
+  'nm': 'nm_sparsity as (n, m), or None',
+  'block_dims': '(block_height, block_width)',
+}
+HParams.__doc__ += ''.join(
+  [f'    {name}: {FIELD_DOCS[name]} (default {value!r}).\n' for name, value in _DEFAULTS.items()]
+  + [f'    {name}: parsed, {text}.\n' for name, text in _PARSED_DOCS.items()]
+)
 
 # tfmot's `sparsity_m_by_n=(m, n)` zeroes m of every n; ours keeps N of every M.
 _RENAMED = {

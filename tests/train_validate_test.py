@@ -3,6 +3,7 @@
 import pytest
 
 import jaxprune
+from jaxprune._hparams import FIELD_DOCS
 from jaxprune.train import ConfigError
 from jaxprune.train import _defaults as defaults
 from jaxprune.train import _validate as validate
@@ -82,7 +83,7 @@ def test_every_field_of_the_defaults_has_a_rule_and_a_meaning():
   fields = set(validate._flatten(defaults.get_config()))
   assert fields == set(validate.RULES) | {'pruning'}
   assert fields == set(defaults.FIELD_HELP)
-  assert set(defaults.PRUNING_HELP) == set(jaxprune.get_pruning_hparams())
+  assert set(FIELD_DOCS) == set(jaxprune.get_pruning_hparams())
   validate.check_config(defaults.get_config())
 
 

@@ -96,35 +96,6 @@ FIELD_HELP = {
 
 # What each pruning hparam means, for `--help` (docs/explanation/semantics.md has
 # the whole rule). Map fields take lists of 'regex:value'.
-PRUNING_HELP = {
-  'name': 'prefix of the summary names',
-  'begin_pruning_step': 'first step at which the masks may change',
-  'end_pruning_step': 'last step at which the masks may change; -1 never stops',
-  'weight_sparsity_map': 'per-leaf targets, e.g. "[\'Dense_0/kernel:0.5\']"',
-  'block_dims_map': 'per-leaf block shapes, e.g. "[\'Dense_0:4x4\']" (-1 = whole axis)',
-  'threshold_decay': 'exponential smoothing of the thresholds between updates, in [0, 1)',
-  'pruning_frequency': 'steps between two mask updates, at least 1',
-  'nbins': "histogram bins of threshold_method='histogram'",
-  'block_height': 'height of the blocks pruned together (-1 = whole axis)',
-  'block_width': 'width of the blocks pruned together (-1 = whole axis)',
-  'block_pooling_function': "'AVG' or 'MAX': how a block's magnitudes are pooled",
-  'initial_sparsity': 'sparsity at sparsity_function_begin_step, in [0, 1)',
-  'target_sparsity': 'sparsity at and after sparsity_function_end_step, in [0, 1)',
-  'sparsity_function_begin_step': 'step where the sparsity schedule starts',
-  'sparsity_function_end_step': 'step where the schedule reaches target_sparsity',
-  'sparsity_function_exponent': 'shape of the schedule: 1 linear, 3 (Zhu & Gupta) prunes '
-  'fast early and slowly late',
-  'use_tpu': "accepted for TF's configs; changes nothing",
-  'threshold_method': "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)",
-  'weight_name_regex': 'leaves pruned: those whose name (e.g. Dense_0/kernel) matches',
-  'global_pruning': 'one threshold over all pruned leaves instead of one per leaf',
-  'nm_sparsity': "keep N of every M weights along the input axis, e.g. '2:4'",
-  'nm_sparsity_map': 'per-leaf N:M patterns, e.g. "[\'Dense_2/kernel:2:4\']"',
-  'layer_axes_map': 'leading axes that index stacked layers, e.g. "[\'scan/kernel:1\']"',
-  'mask_source': "'updated' (TF's order: the weights after this step) or 'params' (before)",
-  'mask_search': "how thresholds are searched (same result): 'fixed' (GPUs, TPUs), "
-  "'adaptive' (CPUs) or 'auto' (by backend)",
-}
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -20,6 +20,7 @@ from typing import Any
 
 import ml_collections
 
+from jaxprune._hparams import FIELD_DOCS
 from jaxprune.train import _defaults as defaults
 
 HELP_FLAGS = frozenset({'--help', '-help', '-h', '-?', '--helpshort', '-helpshort'})
@@ -104,7 +105,7 @@ def help_text(doc: str, flag_lines: Sequence[str], argv: Sequence[str]) -> str:
   width = min(max(len(setting) for setting, _ in fields), 44)
   meaning = {
     **defaults.FIELD_HELP,
-    **{f'pruning.{name}': text for name, text in defaults.PRUNING_HELP.items()},
+    **{f'pruning.{name}': text for name, text in FIELD_DOCS.items()},
   }
   lines = [
     doc.strip(),
