@@ -29,7 +29,7 @@ from jaxprune import _hparams as hparams_lib
 from jaxprune import _schedule as schedule
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
-from jaxprune._transform import MOVED_ADVICE, PruningState
+from jaxprune._transform import MOVED_ADVICE, SHORTFALL, PruningState, shortfall_message
 
 PyTree = Any
 
@@ -272,11 +272,6 @@ def summaries(
   return out
 
 
-# A leaf this far below its target after a mask update is reported: the histogram
-# rule may fall short by one bin's share, never by this much on ordinary weights.
-_SHORTFALL = 0.1
-
-
 def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> None:
   """Warns, naming the leaves, when a mask update left a leaf far below its own target.
 
@@ -305,24 +300,7 @@ def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> Non
     else:
       target = next((v for r, v in h.sparsity_entries if re.search(r, name)), h.target_sparsity)
       wanted = float(schedule.sparsity_at(h, last, target=target))
-    if wanted - float(achieved) > _SHORTFALL:
+    if wanted - float(achieved) > SHORTFALL:
       short.append(f'{name} {float(achieved):.1%} (target {wanted:.1%})')
   if short:
-    causes = (
-      'their weights were all zero, or held NaN or Inf, at the update (such a leaf '
-      'keeps its mask; see nonfinite_skips)'
-    )
-    if h.threshold_method == 'histogram':
-      causes = (
-        f'Either a few large weights put nearly all the others in the lowest of the '
-        f"histogram's {h.nbins} bins (threshold_method='exact' keeps exactly the "
-        f"target's share; more bins help too), or {causes}"
-      )
-    else:
-      causes = causes[0].upper() + causes[1:]
-    warnings.warn(
-      f'jaxprune: after the mask update at step {last}, these leaves are far below their '
-      f'target sparsity: {", ".join(short)}. {causes}.',
-      UserWarning,
-      stacklevel=3,
-    )
+    warnings.warn(shortfall_message(h, last, short), UserWarning, stacklevel=3)

@@ -182,23 +182,78 @@ MOVED_ADVICE = (
 )
 
 
-class _MovedWarning:
-  """The host side of the moved-weights check: warns, once per transform, at the first
-  mask update that finds pruned weights moved. The step calls it only at mask updates
-  (inside their conditional), so the steps between them hold no host transfer."""
+# A leaf this far below its target after a mask update is reported: the histogram
+# rule may fall short by one bin's share, never by this much on ordinary weights.
+SHORTFALL = 0.1
 
-  def __init__(self):
-    self.warned = False
 
-  def __call__(self, moved: Any, step: Any) -> None:
-    if bool(moved) and not self.warned:
-      self.warned = True
+def shortfall_message(h: hparams_lib.HParams, step: int, short: list[str]) -> str:
+  """The warning for leaves left far below their target by the mask update at `step`,
+  with the likely causes and the remedy for the rule `h` uses."""
+  causes = (
+    'their weights were all zero, or held NaN or Inf, at the update (such a leaf '
+    'keeps its mask; see nonfinite_skips)'
+  )
+  if h.threshold_method == 'histogram':
+    causes = (
+      f'Either a few large weights put nearly all the others in the lowest of the '
+      f"histogram's {h.nbins} bins (threshold_method='exact' keeps exactly the "
+      f"target's share; more bins help too), or {causes}"
+    )
+  else:
+    causes = causes[0].upper() + causes[1:]
+  return (
+    f'jaxprune: after the mask update at step {step}, these leaves are far below their '
+    f'target sparsity: {", ".join(short)}. {causes}.'
+  )
+
+
+class _TrainingWarnings:
+  """The host side of the checks of a mask update, each warning once per transform:
+  pruned weights found moved (`MOVED_ADVICE`), and leaves left far below their target
+  (`shortfall_message`). The step calls it only at mask updates (inside their
+  conditional), so the steps between them hold no host transfer."""
+
+  def __init__(self, hparams: hparams_lib.HParams):
+    self.hparams = hparams
+    self.warned_moved = self.warned_short = False
+
+  def __call__(self, names: tuple[str, ...], step, moved, achieved, targets) -> None:
+    step = int(step)
+    if bool(moved) and not self.warned_moved:
+      self.warned_moved = True
       warnings.warn(
-        f'jaxprune: the mask update at step {int(step)} found pruned weights that were no '
+        f'jaxprune: the mask update at step {step} found pruned weights that were no '
         f'longer zero, so {MOVED_ADVICE}',
         UserWarning,
         stacklevel=1,  # called by the runtime, not by user code
       )
+    short = [
+      f'{name} {float(a):.1%} (target {float(t):.1%})'
+      for name, a, t in zip(names, achieved, targets, strict=True)
+      if float(t) - float(a) > SHORTFALL
+    ]
+    if short and not self.warned_short:
+      self.warned_short = True
+      warnings.warn(shortfall_message(self.hparams, step, short), UserWarning, stacklevel=1)
+
+
+def _per_leaf_targets(
+  rule: MaskRule, masks: list[Array], sparsity: Any
+) -> tuple[tuple[str, ...], Array, Array]:
+  """(names, mask sparsity, target) of the leaves whose target the rule meets on its own:
+  magnitude leaves of the default rule, without global pruning (N:M leaves and other
+  rules have no per-leaf target)."""
+  if not isinstance(rule, MagnitudeRule) or rule.hparams.global_pruning:
+    return (), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.float32)
+  leaves = [j for j, spec in enumerate(rule.specs) if spec.nm is None]
+  achieved = [1.0 - jnp.mean(masks[j].astype(jnp.float32)) for j in leaves]
+  targets = [jnp.asarray(sparsity[j], jnp.float32) for j in leaves]
+  return (
+    tuple(rule.specs[j].name for j in leaves),
+    jnp.stack(achieved) if leaves else jnp.zeros((0,), jnp.float32),
+    jnp.stack(targets) if leaves else jnp.zeros((0,), jnp.float32),
+  )
 
 
 def _any_moved(masks: list[Array], params: list[Array]) -> Array:
@@ -326,7 +381,7 @@ class _Engine:
         )
       mask_rule.check(self.hparams)
     self.sparsity_fn, self.prune_filter, self.mask_rule = sparsity_fn, prune_filter, mask_rule
-    self.warn_moved = _MovedWarning()
+    self.training_warnings = _TrainingWarnings(self.hparams)
 
   def rule(self, params: PyTree, warn: bool = False) -> MaskRule:
     if self.mask_rule is not None:
@@ -375,7 +430,9 @@ class _Engine:
     def recompute(operands):
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
       moved = (step > 0) & _any_moved(old_masks, source.params(operands))
-      jax.debug.callback(self.warn_moved, moved, step)
+      names, achieved, targets = _per_leaf_targets(rule, masks, sparsity)
+      warn = functools.partial(self.training_warnings, names)
+      jax.debug.callback(warn, step, moved, achieved, targets)
       return masks, thresholds, skips, moved.astype(jnp.int32)
 
     def keep(_):
