@@ -28,12 +28,12 @@ def _grads(params, seed):
 
 
 def _reference_regrow(mask, weights, grow, n_drop):
-  """Drop the n_drop kept entries of smallest |weights| (ties: lower index), grow the n_drop
-  highest |grow| among the entries not kept after the drop."""
+  """Drop the n_drop kept entries of smallest |weights| (ties: higher index first), grow the
+  n_drop highest |grow| among the entries not kept after the drop (ties: lower index first)."""
   mask, weights, grow = mask.reshape(-1), np.abs(weights.reshape(-1)), np.abs(grow.reshape(-1))
   active = np.flatnonzero(mask)
   kept = mask.copy()
-  kept[active[np.lexsort((active, weights[active]))][:n_drop]] = False
+  kept[active[np.lexsort((-active, weights[active]))][:n_drop]] = False
   others = np.flatnonzero(~kept)
   new = kept.copy()
   new[others[np.lexsort((others, -grow[others]))][:n_drop]] = True
