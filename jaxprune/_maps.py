@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxprune import _nm as nm
+from jaxprune._checks import check_fraction
 from jaxprune._numerics import INT32_MAX
 
 
@@ -97,8 +98,7 @@ def sparsity_map(hparams: Any) -> list[tuple[str, float]]:
       raise ValueError(
         f'weight_sparsity_map entry {regex}:{value}: sparsity {value!r} is not a number.'
       ) from None
-    if not 0.0 <= sparsity < 1.0:
-      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: sparsity must be in [0, 1).')
+    check_fraction('sparsity', sparsity, where=f'weight_sparsity_map entry {regex}:{value}')
     parsed.append((regex, sparsity))
   return parsed
 

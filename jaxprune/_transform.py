@@ -27,6 +27,7 @@ from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _schedule as schedule
 from jaxprune import _specs as specs_lib
+from jaxprune._checks import need_params
 from jaxprune._magnitude import MagnitudeRule
 from jaxprune._meshes import explicit_mesh
 from jaxprune._names import leaf_name
@@ -363,12 +364,6 @@ class _Engine:
     )
 
 
-def _need_params(params: PyTree | None, what: str) -> PyTree:
-  if params is None:
-    raise ValueError(f'{what} needs the params: call tx.update(grads, state, params).')
-  return params
-
-
 def pruning(
   hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None,
   *,
@@ -419,7 +414,7 @@ def pruning(
   engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter, mask_rule)
 
   def update_fn(updates, state, params=None):
-    params = _need_params(params, 'jaxprune.pruning')
+    params = need_params(params, 'jaxprune.pruning')
     _check_like_init(state, params, updates)
     pruned = _pruned_indices(state)
     source = (
@@ -478,7 +473,7 @@ def pruned(
     return optimizer.init(params), engine.init(params)
 
   def update_fn(grads, state, params=None, **extra_args):
-    params = _need_params(params, 'jaxprune.pruned')
+    params = need_params(params, 'jaxprune.pruned')
     inner, pruning_state = state
     _check_like_init(pruning_state, params, grads)
     pruned = _pruned_indices(pruning_state)

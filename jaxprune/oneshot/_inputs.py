@@ -15,17 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _nm as nm_lib
+from jaxprune._checks import check_fraction
 from jaxprune.oneshot._layers import Layer
 
 PyTree = Any
 Target = tuple[float, tuple[int, int] | None]  # (sparsity, nm)
-
-
-def check_sparsity(where: str, value: Any) -> float:
-  """`value` as a float in [0, 1), or a ValueError naming `where`."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-    raise ValueError(f'{where}={value!r}: sparsity must be a number in [0, 1), e.g. 0.5.')
-  return float(value)
 
 
 def parse_target(where: str, sparsity: Any, nm: Any) -> Target | None:
@@ -38,7 +32,8 @@ def parse_target(where: str, sparsity: Any, nm: Any) -> Target | None:
     return 0.0, nm_lib.parse_nm(nm)
   if sparsity is None:
     return None
-  sparsity = check_sparsity(where, sparsity)
+  check_fraction('sparsity', sparsity, where=where, example='0.5')
+  sparsity = float(sparsity)
   return (sparsity, None) if sparsity > 0 else None
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxprune import _maps as maps
+from jaxprune._checks import check_fraction
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._names import named_leaves
 
@@ -104,8 +105,7 @@ def densities(
   Returns:
     name -> density in (0, 1], for the sparse leaves only.
   """
-  if not 0.0 <= sparsity < 1.0:
-    raise ValueError(f'sparsity={sparsity!r}: must be in [0, 1), e.g. 0.9.')
+  check_fraction('sparsity', sparsity, example='0.9')
   if distribution not in DISTRIBUTIONS:
     raise ValueError(f'distribution={distribution!r}: use one of {DISTRIBUTIONS}.')
   if not (isinstance(erk_power, (int, float)) and math.isfinite(erk_power) and erk_power >= 0):
@@ -116,8 +116,7 @@ def densities(
   entries = dict(sparsity_map or {})
   for regex, value in entries.items():
     maps.check_regex(f'sparsity_map entry {regex!r}', regex)
-    if not 0.0 <= value < 1.0:
-      raise ValueError(f'sparsity_map entry {regex!r}: {value!r}: sparsity must be in [0, 1).')
+    check_fraction('sparsity', value, where=f'sparsity_map entry {regex!r}')
   shapes = {name: tuple(leaf.shape) for name, leaf in named_leaves(params)}
   names = sparse_names(params, weight_name_regex, prune_filter)
   if not names:

@@ -22,6 +22,7 @@ import optax
 from jax import Array, lax
 
 from jaxprune import _nm as nm_lib
+from jaxprune._checks import need_params
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._masks import update_mask
 from jaxprune._names import named_leaves
@@ -130,10 +131,7 @@ def ste(
     )
 
   def update_fn(grads, state, params=None):
-    if params is None:
-      raise ValueError(
-        'jaxprune.sparse.ste: the update needs the params: call tx.update(grads, state, params).'
-      )
+    need_params(params, 'jaxprune.sparse.ste')
     check_like_params('ste', grads, params)
     targets = sparsities(params)
     names = [name for name, _ in named_leaves(params)]

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 from jax import Array, lax
 
+from jaxprune._checks import check_fraction, need_params
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._names import named_leaves
 from jaxprune.sparse import _distributions as distributions
@@ -154,8 +155,7 @@ def sparse_training(
   if rule not in RULES:
     raise ValueError(f'rule={rule!r}: use one of {RULES}.')
   check_inner(inner, rule)
-  if not 0.0 <= sparsity < 1.0:
-    raise ValueError(f'sparsity={sparsity!r}: must be in [0, 1), e.g. 0.9.')
+  check_fraction('sparsity', sparsity, example='0.9')
   if distribution not in distributions.DISTRIBUTIONS:
     raise ValueError(f'distribution={distribution!r}: use one of {distributions.DISTRIBUTIONS}.')
   if rule != 'static':
@@ -166,8 +166,7 @@ def sparse_training(
       )
     if not isinstance(update_freq, int) or update_freq < 1:
       raise ValueError(f'update_freq={update_freq!r}: must be an integer >= 1, e.g. 100.')
-    if not 0.0 <= drop_fraction < 1.0:
-      raise ValueError(f'drop_fraction={drop_fraction!r}: must be in [0, 1), e.g. 0.3.')
+    check_fraction('drop_fraction', drop_fraction, example='0.3')
     if drop_fraction_decay not in ('cosine', 'constant'):
       raise ValueError(f"drop_fraction_decay={drop_fraction_decay!r}: use 'cosine' or 'constant'.")
 
@@ -203,11 +202,7 @@ def sparse_training(
     )
 
   def update_fn(grads, state, params=None):
-    if params is None:
-      raise ValueError(
-        f'jaxprune.sparse.{rule}: the update needs the params: call '
-        'tx.update(grads, state, params).'
-      )
+    need_params(params, f'jaxprune.sparse.{rule}')
     check_like_params(rule, grads, params)
     kept = counts(params)
     names = [name for name, _ in named_leaves(params)]
