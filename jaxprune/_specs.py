@@ -6,6 +6,7 @@ See docs/explanation/semantics.md#names-and-maps.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import warnings
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import numpy as np
 
 from jaxprune import _blocks as blocks
 from jaxprune import _hparams as hparams_lib
+from jaxprune import _maps as maps
 from jaxprune._names import leaf_name, named_leaves
 
 PyTree = Any
@@ -44,10 +46,47 @@ class LeafSpec:
   layer_axes: int = 0
 
 
-def default_filter(hparams: Any) -> PruneFilter:
-  """Prunes leaves whose name matches `weight_name_regex` and that have ndim >= 2."""
-  pattern = re.compile(hparams.weight_name_regex)
-  return lambda name, leaf: bool(pattern.search(name)) and getattr(leaf, 'ndim', 0) >= 2
+def leaf_filter(
+  selector: str | PruneFilter, *, field: str = 'weight_name_regex', min_ndim: int = 2
+) -> PruneFilter:
+  """The predicate `(name, leaf) -> bool` that picks the pruned leaves: jaxprune's one selector.
+
+  A regex picks the leaves whose name (`jaxprune.leaf_name`) it matches with
+  `re.search` and that have at least `min_ndim` axes: 2 for `pruning`, `pruned` and
+  `jaxprune.sparse` (weights, not biases or scales), 0 for `jaxprune.functional`, where
+  the regex names the leaves to prune as torch names a parameter (a bias too). A
+  predicate replaces the regex and the axes rule. Either way a leaf without elements,
+  or None, is never picked: there is nothing to prune.
+
+  Args:
+    selector: a regex string or a predicate `(name, leaf) -> bool`.
+    field: the argument's name, for the errors.
+    min_ndim: the axes a leaf a regex matches must have.
+
+  Raises:
+    TypeError: when `selector` is neither a string nor callable.
+    ValueError: when the regex does not compile.
+  """
+  if callable(selector):
+    chosen = selector
+  elif isinstance(selector, str):
+    maps.check_regex(field, selector)
+    pattern = re.compile(selector)
+
+    def chosen(name, leaf):
+      return pattern.search(name) is not None and len(_shape(leaf)) >= min_ndim
+
+  else:
+    raise TypeError(
+      f'{field}={selector!r}: expected a regex string or a predicate (name, leaf) -> bool.'
+    )
+  return lambda name, leaf: leaf is not None and math.prod(_shape(leaf)) > 0 and chosen(name, leaf)
+
+
+def _shape(leaf: Any) -> tuple[int, ...]:
+  """The shape of an array, a shape/dtype struct or a Python number."""
+  shape = getattr(leaf, 'shape', None)
+  return tuple(np.shape(leaf) if shape is None else shape)
 
 
 def _single_match(
@@ -79,7 +118,7 @@ def leaf_specs(
 ) -> PyTree:
   """A tree parallel to `params`: a LeafSpec for each pruned leaf, None for the rest.
 
-  Leaves with no elements are never pruned (there is nothing to threshold).
+  The pruned leaves are those `leaf_filter` picks (leaves with no elements never are).
 
   Args:
     params: the params tree (arrays or shape/dtype structs).
@@ -95,13 +134,13 @@ def leaf_specs(
   """
   h = hparams_lib.freeze(hparams)
   by_default_filter = prune_filter is None
-  prune_filter = prune_filter or default_filter(h)
+  prune_filter = leaf_filter(h.weight_name_regex if prune_filter is None else prune_filter)
   used: set[tuple[str, str]] = set()
   elementwise: list[str] = []
 
   def spec(path, leaf):
     name = leaf_name(path)
-    if not prune_filter(name, leaf) or int(np.prod(leaf.shape)) == 0:
+    if not prune_filter(name, leaf):
       return None
     _check_prunable(name, leaf)
     target = _single_match('weight_sparsity_map', name, h.sparsity_entries, used)

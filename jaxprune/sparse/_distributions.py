@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from jaxprune import _maps as maps
+from jaxprune import _specs as specs
 from jaxprune._checks import check_fraction
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._names import named_leaves
+from jaxprune._specs import PruneFilter
 
 PyTree = Any
-PruneFilter = Callable[[str, Any], bool]
 DISTRIBUTIONS = ('uniform', 'erk')
 
 
@@ -33,21 +34,11 @@ def sparse_names(
   """Names of the leaves that get a mask, in the params' flattening order.
 
   By default those whose name matches `weight_name_regex` and that have at
-  least 2 dimensions and some elements (jaxprune.pruning's rule);
-  `prune_filter(name, leaf)` replaces the rule.
+  least 2 dimensions and some elements (jaxprune.pruning's rule, `specs.leaf_filter`);
+  `prune_filter(name, leaf)` replaces the regex and the dimensions rule.
   """
-  maps.check_regex('weight_name_regex', weight_name_regex)
-  pattern = re.compile(weight_name_regex)
-  if prune_filter is None:
-
-    def prune_filter(name, leaf):
-      return bool(pattern.search(name)) and len(leaf.shape) >= 2
-
-  return [
-    name
-    for name, leaf in named_leaves(params)
-    if math.prod(leaf.shape) > 0 and prune_filter(name, leaf)
-  ]
+  chosen = specs.leaf_filter(weight_name_regex if prune_filter is None else prune_filter)
+  return [name for name, leaf in named_leaves(params) if chosen(name, leaf)]
 
 
 def erk_densities(
