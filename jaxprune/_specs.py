@@ -89,21 +89,6 @@ def _shape(leaf: Any) -> tuple[int, ...]:
   return tuple(np.shape(leaf) if shape is None else shape)
 
 
-def _single_match(
-  field: str, name: str, entries: tuple[tuple[str, Any], ...], used: set[tuple[str, str]]
-) -> Any:
-  matches = [(regex, value) for regex, value in entries if re.search(regex, name)]
-  if len(matches) > 1:
-    raise ValueError(
-      f'{field}: leaf {name!r} matches several entries '
-      f'{[f"{r}:{v}" for r, v in matches]}; make the regexes exclusive.'
-    )
-  if not matches:
-    return None
-  used.add((field, matches[0][0]))
-  return matches[0][1]
-
-
 def _check_prunable(name: str, leaf: Any) -> None:
   dtype = np.dtype(leaf.dtype)
   if not jnp.issubdtype(dtype, jnp.floating):  # jnp's knows bfloat16
@@ -134,19 +119,31 @@ def leaf_specs(
   """
   h = hparams_lib.freeze(hparams)
   by_default_filter = prune_filter is None
-  prune_filter = leaf_filter(h.weight_name_regex if prune_filter is None else prune_filter)
-  used: set[tuple[str, str]] = set()
+  chosen = leaf_filter(h.weight_name_regex if prune_filter is None else prune_filter)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  named = [(leaf_name(path), leaf) for path, leaf in flat]
+  picked = [chosen(name, leaf) for name, leaf in named]
+  pruned = [name for (name, leaf), p in zip(named, picked, strict=True) if p]
+  for (name, leaf), p in zip(named, picked, strict=True):
+    if p:
+      _check_prunable(name, leaf)
+  matched: dict[str, dict[str, Any]] = {}
+  unmatched: list[str] = []
+  for field, entries in (
+    ('weight_sparsity_map', h.sparsity_entries),
+    ('block_dims_map', h.block_entries),
+    ('nm_sparsity_map', h.nm_entries),
+    ('layer_axes_map', h.layer_entries),
+  ):
+    matched[field], missed = maps.match_entries(field, pruned, entries)
+    unmatched += [f'{field} entry {regex!r}' for regex in missed]
   elementwise: list[str] = []
 
-  def spec(path, leaf):
-    name = leaf_name(path)
-    if not prune_filter(name, leaf):
-      return None
-    _check_prunable(name, leaf)
-    target = _single_match('weight_sparsity_map', name, h.sparsity_entries, used)
-    dims = _single_match('block_dims_map', name, h.block_entries, used) or h.block_dims
-    nm = _single_match('nm_sparsity_map', name, h.nm_entries, used) or h.nm
-    layer_axes = _single_match('layer_axes_map', name, h.layer_entries, used) or 0
+  def spec(name, leaf):
+    target = matched['weight_sparsity_map'].get(name)
+    dims = matched['block_dims_map'].get(name) or h.block_dims
+    nm = matched['nm_sparsity_map'].get(name) or h.nm
+    layer_axes = matched['layer_axes_map'].get(name) or 0
     _check_layer_axes(name, tuple(leaf.shape), layer_axes, by_default_filter)
     layer_shape = tuple(leaf.shape)[layer_axes:]
     resolved = blocks.resolve_block_dims(layer_shape, dims)
@@ -160,12 +157,14 @@ def leaf_specs(
       layer_axes=layer_axes,
     )
 
-  specs = jax.tree_util.tree_map_with_path(spec, params)
+  specs = jax.tree_util.tree_unflatten(
+    treedef,
+    [spec(name, leaf) if p else None for (name, leaf), p in zip(named, picked, strict=True)],
+  )
   if warn:
-    pruned = [s.name for s in spec_leaves(specs) if s is not None]
     if not pruned:
       _warn_nothing_pruned(h, params, by_default_filter)
-    _warn_unused(h, used, pruned)
+    maps.warn_unmatched(unmatched, pruned, 'pruned leaves', stacklevel=3)
     if elementwise:
       warnings.warn(
         f'jaxprune: block dims apply to 2-D weights (after squeezing size-1 axes); these '
@@ -215,26 +214,6 @@ def _warn_nothing_pruned(h: hparams_lib.HParams, params: PyTree, by_default_filt
     'weights to prune.',
     stacklevel=3,
   )
-
-
-def _warn_unused(h: hparams_lib.HParams, used: set[tuple[str, str]], pruned: list[str]) -> None:
-  maps = {
-    'weight_sparsity_map': h.sparsity_entries,
-    'block_dims_map': h.block_entries,
-    'nm_sparsity_map': h.nm_entries,
-    'layer_axes_map': h.layer_entries,
-  }
-  unused = [
-    f'{field} entry {regex!r}'
-    for field, entries in maps.items()
-    for regex, _ in entries
-    if (field, regex) not in used
-  ]
-  if unused:
-    warnings.warn(
-      f'jaxprune: {", ".join(unused)} match no pruned leaf; pruned leaves are {pruned}.',
-      stacklevel=3,
-    )
 
 
 def _is_spec(x: Any) -> bool:

@@ -16,7 +16,6 @@ what its values are for:
 
 from __future__ import annotations
 
-import re
 import warnings
 from typing import Any
 
@@ -26,6 +25,7 @@ import ml_collections
 from jax import Array
 
 from jaxprune import _hparams as hparams_lib
+from jaxprune import _maps as maps
 from jaxprune import _schedule as schedule
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
@@ -300,14 +300,17 @@ def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> Non
   if last == 0:
     return
   short = []
-  for name in _named(state.thresholds):
-    achieved = out.get(f'{name}/sparsity')
-    if achieved is None or any(re.search(r, name) for r, _ in h.nm_entries):
+  names = [name for name in _named(state.thresholds) if f'{name}/sparsity' in out]
+  nm_leaves, _ = maps.match_entries('nm_sparsity_map', names, h.nm_entries)
+  targets, _ = maps.match_entries('weight_sparsity_map', names, h.sparsity_entries)
+  for name in names:
+    achieved = out[f'{name}/sparsity']
+    if name in nm_leaves:
       continue
     if hparams is None:  # the schedule is not known: the global target at the last step
       wanted = float(state.sparsity)
     else:
-      target = next((v for r, v in h.sparsity_entries if re.search(r, name)), h.target_sparsity)
+      target = targets.get(name, h.target_sparsity)
       wanted = float(schedule.sparsity_at(h, last, target=target))
     if wanted - float(achieved) > _SHORTFALL:
       short.append(f'{name} {float(achieved):.1%} (target {wanted:.1%})')

@@ -146,7 +146,7 @@ def test_bad_inputs_are_clear_errors_that_change_nothing():
     (dict(method='wanda', nm='3:6'), 'not divisible by M=6'),
     (dict(method='obs', sparsity=0.5), "method='obs'"),
     (dict(method='wanda'), 'give sparsity'),
-    (dict(method='wanda', sparsity=0.5, overrides={'nothing': 0.5}), 'match no layer'),
+    (dict(method='wanda', sparsity=0.5, overrides={'w': 0.5, '^w$': 0.2}), 'matches several'),
   ]
   for kwargs, message in cases:
     with pytest.raises(ValueError, match=message):

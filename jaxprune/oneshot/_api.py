@@ -95,8 +95,9 @@ def prune(
       of each output), instead of `sparsity`.
     overrides: `{regex: sparsity | 'N:M' | None}` for the layers whose name
       (e.g. 'block_0/q/kernel', 'blocks/up/kernel[3]' for a stack's slice 3) the
-      regex matches (`re.search`); None or 0 leaves them dense. Each regex must
-      match a layer, each layer at most one.
+      regex matches (`re.search`); None or 0 leaves them dense. A layer matching
+      two regexes is an error, a regex matching no layer a warning (the rule of
+      every map in jaxprune).
     per_row: magnitude only: compare within each output row.
     blocksize: SparseGPT's column block (a multiple of M for N:M).
     percdamp: SparseGPT's dampening (0 only for a nonsingular Hessian).

@@ -11,7 +11,6 @@ solved again over the rest, as in RigL's and jaxpruner's code.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,14 +87,40 @@ def densities(
     distribution: 'uniform' (every leaf at `sparsity`) or 'erk' (`erk_densities`
       over the leaves not in `sparsity_map`).
     sparsity_map: `{regex: sparsity}`; a leaf whose name matches an entry gets
-      that sparsity and is left out of the distribution (a leaf matching two
-      entries is an error).
+      that sparsity and is left out of the distribution. jaxprune's map rule
+      (`jaxprune.pruning`'s): a leaf matching two entries is an error, an entry
+      matching no sparse leaf a warning.
     weight_name_regex, prune_filter: which leaves are sparse (`sparse_names`).
     erk_power: the ERK exponent.
 
   Returns:
     name -> density in (0, 1], for the sparse leaves only.
   """
+  return leaf_densities(
+    params,
+    sparsity,
+    distribution,
+    sparsity_map=sparsity_map,
+    weight_name_regex=weight_name_regex,
+    prune_filter=prune_filter,
+    erk_power=erk_power,
+    warn=True,
+  )
+
+
+def leaf_densities(
+  params: PyTree,
+  sparsity: float,
+  distribution: str,
+  *,
+  sparsity_map: Mapping[str, float] | None,
+  weight_name_regex: str,
+  prune_filter: PruneFilter | None,
+  erk_power: float,
+  warn: bool,
+) -> dict[str, float]:
+  """`densities`; `warn=False` keeps quiet about unmatched map entries (the training rules
+  work them out again at every trace of their update, and warn once, at init)."""
   check_fraction('sparsity', sparsity, example='0.9')
   if distribution not in DISTRIBUTIONS:
     raise ValueError(f'distribution={distribution!r}: use one of {DISTRIBUTIONS}.')
@@ -115,28 +140,17 @@ def densities(
       f'no leaf is sparse: none matches weight_name_regex={weight_name_regex!r} '
       'with 2 or more dimensions; pass another regex or a prune_filter.'
     )
-  fixed = {}
-  for name in names:
-    matches = [regex for regex in entries if re.search(regex, name)]
-    if len(matches) > 1:
-      raise ValueError(
-        f'sparsity_map: leaf {name!r} matches several entries {matches}; '
-        'make the regexes exclusive.'
-      )
-    if matches:
-      fixed[name] = 1.0 - entries[matches[0]]
-  unused = [regex for regex in entries if not any(re.search(regex, n) for n in names)]
-  if unused:
-    raise ValueError(
-      f'sparsity_map entries {unused} match no sparse leaf; the sparse leaves '
-      f'are {names}. Fix the regexes (matched with re.search) or drop them.'
+  mapped, unmatched = maps.match_entries('sparsity_map', names, entries.items())
+  if warn:
+    maps.warn_unmatched(
+      [f'sparsity_map entry {regex!r}' for regex in unmatched], names, 'sparse leaves', 3
     )
-  rest = [name for name in names if name not in fixed]
+  rest = [name for name in names if name not in mapped]
   if distribution == 'erk':
     spread = erk_densities({n: shapes[n] for n in rest}, sparsity, erk_power) if rest else {}
   else:
     spread = dict.fromkeys(rest, 1.0 - sparsity)
-  return {name: fixed[name] if name in fixed else spread[name] for name in names}
+  return {name: 1.0 - mapped[name] if name in mapped else spread[name] for name in names}
 
 
 def kept_count(size: int, density: float) -> int:

@@ -94,17 +94,19 @@ def ste(
   if not isinstance(update_freq, int) or update_freq < 1:
     raise ValueError(f'update_freq={update_freq!r}: must be an integer >= 1, e.g. 1.')
 
-  def sparsities(params):
+  def sparsities(params, warn=False):
     if pattern is not None:
       names = distributions.sparse_names(params, weight_name_regex, prune_filter)
       return dict.fromkeys(names, 1.0 - pattern[0] / pattern[1])
-    density = distributions.densities(
+    density = distributions.leaf_densities(
       params,
       sparsity,
       distribution,
       sparsity_map=sparsity_map,
       weight_name_regex=weight_name_regex,
       prune_filter=prune_filter,
+      erk_power=1.0,
+      warn=warn,
     )
     return {name: 1.0 - d for name, d in density.items() if d < 1.0}
 
@@ -114,7 +116,7 @@ def ste(
     return update_mask(weights, jnp.float32(0), jnp.float32(target), threshold_method='exact')[1]
 
   def init_fn(params):
-    targets = sparsities(params)
+    targets = sparsities(params, warn=True)
     for name, leaf in named_leaves(params):
       if name in targets:  # a bad N:M shape fails now, not at step one
         jax.eval_shape(lambda w, n=name: new_mask(n, w, targets[n]), leaf)

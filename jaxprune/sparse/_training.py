@@ -170,9 +170,9 @@ def sparse_training(
     if drop_fraction_decay not in ('cosine', 'constant'):
       raise ValueError(f"drop_fraction_decay={drop_fraction_decay!r}: use 'cosine' or 'constant'.")
 
-  def counts(params):
+  def counts(params, warn=False):
     """name -> kept count of each masked leaf (leaves at density 1 stay dense)."""
-    density = distributions.densities(
+    density = distributions.leaf_densities(
       params,
       sparsity,
       distribution,
@@ -180,13 +180,14 @@ def sparse_training(
       weight_name_regex=weight_name_regex,
       prune_filter=prune_filter,
       erk_power=erk_power,
+      warn=warn,
     )
     sizes = {name: math.prod(leaf.shape) for name, leaf in named_leaves(params)}
     kept = {name: distributions.kept_count(sizes[name], d) for name, d in density.items()}
     return {name: k for name, k in kept.items() if k < sizes[name]}
 
   def init_fn(params):
-    kept = counts(params)
+    kept = counts(params, warn=True)
     key, state_key = jax.random.split(jax.random.PRNGKey(seed))
     masks = [
       None
