@@ -44,6 +44,7 @@ from jaxprune._methods import (
 )
 from jaxprune._names import leaf_name
 from jaxprune._summaries import apply_masks
+from jaxprune._updates import zeroed
 
 PyTree = Any
 Names = str | Callable[[str, Any], bool]
@@ -125,7 +126,7 @@ def _prune_each(
     value = jnp.asarray(flat.values[i])
     prev = _previous_mask(flat.previous[i], value.shape)
     if scores is None:
-      weights = jnp.where(prev, value, jnp.zeros((), value.dtype))
+      weights = zeroed(prev, value)
     else:
       weights = jnp.asarray(flat.scores[i])
     try:

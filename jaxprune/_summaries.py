@@ -27,6 +27,7 @@ from jax import Array
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _maps as maps
 from jaxprune import _schedule as schedule
+from jaxprune import _updates as updates_lib
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
 from jaxprune._transform import PruningState
@@ -228,7 +229,7 @@ def apply_masks(params: PyTree, state: Any) -> PyTree:
         f'the mask of leaf {leaf_name(path)!r} has shape {jnp.shape(mask)} but the leaf has '
         f"shape {jnp.shape(leaf)}; masks are not broadcast: give the leaf's shape"
       )
-    zeroed.append(jnp.where(mask, leaf, jnp.zeros((), jnp.asarray(leaf).dtype)))
+    zeroed.append(updates_lib.zeroed(mask, leaf))
   return jax.tree_util.tree_unflatten(treedef, zeroed)
 
 

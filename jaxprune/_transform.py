@@ -27,6 +27,7 @@ from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _schedule as schedule
 from jaxprune import _specs as specs_lib
+from jaxprune import _updates as updates_lib
 from jaxprune._checks import need_params
 from jaxprune._magnitude import MagnitudeRule
 from jaxprune._meshes import explicit_mesh
@@ -97,19 +98,6 @@ class PruningState(NamedTuple):
   moved_updates: Array
 
 
-def _as_stored(values: Array, dtype: Any) -> Array:
-  """`values` rounded to `dtype`, the way optax.apply_updates stores them.
-
-  XLA computes narrow floats in float32 and drops a round trip through them
-  (f32 -> bf16 -> f32, or a bf16 sum read back as f32) as "excess precision";
-  reduce_precision is the rounding it keeps.
-  """
-  info = jnp.finfo(dtype)
-  if info.bits < 32:
-    values = lax.reduce_precision(values, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-  return values.astype(dtype)
-
-
 def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> None:
   """ValueErrors naming the leaf when params or updates do not match the state's masks."""
   is_none = lambda x: x is None
@@ -165,7 +153,7 @@ def _pruned_indices(state: PruningState) -> list[int]:
 def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
   """Updates that leave pruned weights at exactly zero after `optax.apply_updates`."""
   return jax.tree.map(
-    lambda mask, u, p: u if mask is None else jnp.where(mask, _rounded(u), -p).astype(u.dtype),
+    lambda mask, u, p: u if mask is None else updates_lib.masked_update(mask, u, p),
     masks,
     updates,
     params,
@@ -190,24 +178,6 @@ def _ordered_after(tree: PyTree, token: Array) -> PyTree:
   A select on `token < 0` (never true) orders it for the cost of a fused compare.
   """
   return jax.tree.map(lambda x: jnp.where(token < 0, jnp.zeros_like(x), x), tree)
-
-
-def _rounded(updates: Array) -> Array:
-  """`updates` rounded to their dtype, as the chained form stores them between transforms
-  (computed inline, narrow floats would keep XLA's float32 excess precision)."""
-  return _as_stored(updates, updates.dtype)
-
-
-def _stored_sum(params: Array, updates: Array) -> Array:
-  """`params + updates` as `optax.apply_updates` stores them, for updates computed inline.
-
-  XLA:CPU fuses a bare `p + u` whose `u` ends in a multiply into one multiply-add,
-  which rounds once where the step rounds twice. The select (whose condition
-  is always true: a NaN param gives NaN either way) keeps the add separate, as
-  it is in the masked step, so both round alike.
-  """
-  keep = ~jnp.isnan(params)
-  return _as_stored(params + jnp.where(keep, _rounded(updates), -params), params.dtype)
 
 
 def _weights_of(arrays: list[Array]) -> list[Callable[[Any], Array]]:
@@ -245,7 +215,7 @@ def _from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> _Source
   def weights(operands):
     def stored(p, u, token):
       p, u = counting.fresh((p, u), token)
-      return _as_stored(p + u, p.dtype)
+      return updates_lib.stored_weight(p, u)
 
     return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
 
@@ -270,7 +240,7 @@ def _from_optimizer(
     grads, inner, params = operands
     updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
     leaves = jax.tree.leaves(params)
-    return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
+    return _weights_of([updates_lib.stored_weight(leaves[i], updates[i]) for i in pruned])
 
   return _Source(
     (grads, inner, params),

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _names as names_lib
+from jaxprune._updates import zeroed
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _solvers as solvers
@@ -452,12 +453,12 @@ def _prune_leaf(
   finite = jnp.bool_(True)
   if method == 'magnitude':
     mask = solvers.magnitude(w, sparsity=sparsity, nm=nm, per_row=per_row)
-    new = jnp.where(mask, w, 0.0)
+    new = zeroed(mask, w)
   elif method == 'wanda':
     mask = solvers.wanda(
       w, jnp.repeat(stat['sqnorm'], w.shape[0] // groups, axis=0), sparsity=sparsity, nm=nm
     )
-    new = jnp.where(mask, w, 0.0)
+    new = zeroed(mask, w)
   else:
     grouped = w.reshape(groups, -1, w.shape[1])
     solve = functools.partial(

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxprune import _nm as nm_lib
 from jaxprune import _ranking as ranking
+from jaxprune._updates import zeroed
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -58,7 +59,7 @@ def inverse_hessian_factor(
   zeroed). A dead input (diag H = 0: never nonzero on the calibration data) gets H_jj = 1."""
   dead = jnp.diag(h) == 0
   h = h + jnp.diag(dead.astype(h.dtype))
-  w = jnp.where(dead[None, :], 0.0, w)
+  w = zeroed(~dead[None, :], w)
   h = h + percdamp * jnp.mean(jnp.diag(h)) * jnp.eye(h.shape[0], dtype=h.dtype)
   lower = jnp.linalg.cholesky(h)
   hinv = jax.scipy.linalg.cho_solve((lower, True), jnp.eye(h.shape[0], dtype=h.dtype))
@@ -124,7 +125,7 @@ def sparsegpt(
       if nm is not None:
         prune1 = _nm_block_step(w1, u1, prune1, i, nm)
       col = jax.lax.dynamic_index_in_dim(w1, i, axis=1, keepdims=False)
-      q = jnp.where(jax.lax.dynamic_index_in_dim(prune1, i, axis=1, keepdims=False), 0.0, col)
+      q = zeroed(~jax.lax.dynamic_index_in_dim(prune1, i, axis=1, keepdims=False), col)
       err = (col - q) / u1[i, i]
       w1 = w1 - err[:, None] * jax.lax.dynamic_index_in_dim(u1, i, axis=0)
       q1 = jax.lax.dynamic_update_index_in_dim(q1, q, i, axis=1)

@@ -22,6 +22,7 @@ import optax
 from jax import Array, lax
 
 from jaxprune import _nm as nm_lib
+from jaxprune import _updates as updates_lib
 from jaxprune._checks import need_params
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._masks import update_mask
@@ -150,7 +151,7 @@ def ste(
     )
     u_leaves = jax.tree.leaves(updates)
     new_dense = [
-      None if m is None else (d + u).astype(d.dtype)
+      None if m is None else updates_lib.stored_weight(d, u)
       for m, d, u in zip(old, dense, u_leaves, strict=True)
     ]
     due = state.step % update_freq == 0
@@ -172,7 +173,7 @@ def ste(
     # Kept before and after: params == dense, so adding `u` stores exactly the new dense
     # weight; newly kept: params are 0, and 0 + w is w.
     out = [
-      u if n is None else jnp.where(n, jnp.where(m, u, w), -p).astype(u.dtype)
+      u if n is None else updates_lib.masked_update(n, jnp.where(m, u, w), p)
       for u, p, m, n, w in zip(u_leaves, p_leaves, old, new, new_dense, strict=True)
     ]
     return jax.tree.unflatten(treedef, out), STEState(

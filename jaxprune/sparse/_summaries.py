@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax import Array
 
+from jaxprune import _summaries as summaries
 from jaxprune._names import named_leaves
 from jaxprune.sparse._ste import STEState
 from jaxprune.sparse._training import SparseState
@@ -38,10 +38,6 @@ def get_masks(opt_state: PyTree) -> dict[str, Array]:
 
 
 def apply_masks(params: PyTree, opt_state: PyTree) -> PyTree:
-  """`params` with the entries outside the masks set to zero (e.g. right after `init`)."""
-  return jax.tree.map(
-    lambda m, p: p if m is None else jnp.where(m, p, jnp.zeros_like(p)),
-    find_state(opt_state).masks,
-    params,
-    is_leaf=lambda x: x is None,
-  )
+  """`params` with the entries outside the masks set to zero (e.g. right after `init`):
+  `jaxprune.apply_masks` with the masks of the sparse state."""
+  return summaries.apply_masks(params, find_state(opt_state).masks)

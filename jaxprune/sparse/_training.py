@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 from jax import Array, lax
 
+from jaxprune import _updates as updates_lib
 from jaxprune._checks import check_fraction, need_params
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._names import named_leaves
@@ -91,7 +92,7 @@ def reset_at(inner_state: PyTree, params: PyTree, grown: PyTree) -> PyTree:
     if not like_params(node):
       return node
     leaves = [
-      x if g is None else jnp.where(g, jnp.zeros_like(x), x)
+      x if g is None else updates_lib.zeroed(~g, x)
       for x, g in zip(jax.tree.leaves(node), grown_leaves, strict=True)
     ]
     return jax.tree.unflatten(structure, leaves)
@@ -123,11 +124,6 @@ def check_like_params(rule: str, grads: PyTree, params: PyTree) -> None:
         f'{tuple(g.shape)}, the param {tuple(p.shape)}; pass the gradients '
         'of these params.'
       )
-
-
-def _stored(p: Array, u: Array) -> Array:
-  """The weight `optax.apply_updates` stores for param `p` and update `u`."""
-  return (p + u).astype(p.dtype)
 
 
 def sparse_training(
@@ -211,8 +207,7 @@ def sparse_training(
     p_leaves, g_leaves = jax.tree.leaves(params), jax.tree.leaves(grads)
     old = jax.tree.leaves(state.masks, is_leaf=lambda x: x is None)
     masked_grads = [
-      g if m is None else jnp.where(m, g, jnp.zeros_like(g))
-      for g, m in zip(g_leaves, old, strict=True)
+      g if m is None else updates_lib.zeroed(m, g) for g, m in zip(g_leaves, old, strict=True)
     ]
     updates, inner_state = inner.update(
       jax.tree.unflatten(treedef, masked_grads), state.inner_state, params
@@ -244,7 +239,7 @@ def sparse_training(
             else jax.random.uniform(jax.random.fold_in(subkey, i), m.shape)
           )
           regrown = functools.partial(select.drop_and_grow, max_drop=max_drop)
-          magnitudes = jnp.abs(_stored(p, u))
+          magnitudes = jnp.abs(updates_lib.stored_weight(p, u))
           new_mask = select.on_any_mesh(regrown, m, m, magnitudes, grow_scores, n_drop)
           # NaN or Inf weights or gradients would break the counts: the leaf keeps its mask,
           # as the pruning transform skips such updates.
@@ -256,7 +251,7 @@ def sparse_training(
       new, inner_state = lax.cond(due, regrow, lambda operands: (old, operands[0]), (inner_state,))
       grown = [None if n is None else n & ~m for n, m in zip(new, old, strict=True)]
     out = [
-      u if n is None else jnp.where(n if g is None else n & ~g, u, -p).astype(u.dtype)
+      u if n is None else updates_lib.masked_update(n if g is None else n & ~g, u, p)
       for u, p, n, g in zip(u_leaves, p_leaves, new, grown, strict=True)
     ]
     return jax.tree.unflatten(treedef, out), SparseState(
