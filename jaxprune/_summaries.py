@@ -39,6 +39,36 @@ def _is_state(x: Any) -> bool:
   return isinstance(x, PruningState)
 
 
+def find_state(state: Any, kinds: type | tuple[type, ...], what: str, when_none: str) -> Any:
+  """The one state of type `kinds` inside an optax state (or the state itself).
+
+  The one search of jaxprune's accessors: `find_pruning_state` and
+  `jaxprune.sparse.find_state` call it.
+
+  Args:
+    state: an optax state (any pytree holding states) or the state itself.
+    kinds: the state's type, or a tuple of types.
+    what: the state in words, for the errors, e.g. 'jaxprune PruningState'.
+    when_none: the way out when there is none, for the error.
+
+  Raises:
+    ValueError: when there is none, or several (pass the one you mean).
+  """
+
+  def is_kind(x):
+    return isinstance(x, kinds)
+
+  found = [x for x in jax.tree.leaves(state, is_leaf=is_kind) if is_kind(x)]
+  if len(found) == 1:
+    return found[0]
+  if not found:
+    raise ValueError(f'expected exactly one {what} in the optimizer state, found 0: {when_none}')
+  raise ValueError(
+    f'expected exactly one {what} in the optimizer state, found {len(found)}; pass the '
+    f'{what} itself.'
+  )
+
+
 def find_pruning_state(state: Any) -> PruningState:
   """Returns the PruningState inside an optax state (or the state itself).
 
@@ -46,21 +76,13 @@ def find_pruning_state(state: Any) -> PruningState:
     ValueError: when there is none (the state of an optimizer without
       `jaxprune.pruning`), or several (pass the one you mean).
   """
-  if _is_state(state):
-    return state
-  found = [x for x in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(x)]
-  if not found:
-    raise ValueError(
-      'expected exactly one jaxprune PruningState in the optimizer state, found 0: pass the '
-      'state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its tx.init(params)), or '
-      'the PruningState itself.'
-    )
-  if len(found) > 1:
-    raise ValueError(
-      f'expected exactly one jaxprune PruningState in the optimizer state, found '
-      f'{len(found)}; pass the PruningState itself.'
-    )
-  return found[0]
+  return find_state(
+    state,
+    PruningState,
+    'jaxprune PruningState',
+    'pass the state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its '
+    'tx.init(params)), or the PruningState itself.',
+  )
 
 
 def _checked(state: Any) -> PruningState:

@@ -30,7 +30,7 @@ from jaxprune import _specs as specs_lib
 from jaxprune import _updates as updates_lib
 from jaxprune._checks import need_params
 from jaxprune._magnitude import MagnitudeRule
-from jaxprune._meshes import explicit_mesh
+from jaxprune._meshes import on_any_mesh
 from jaxprune._names import leaf_name
 
 PyTree = Any
@@ -118,26 +118,19 @@ def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> No
 
 
 def _new_masks_on_any_mesh(compute, operands, state, sparsities):
-  """`compute(operands, state, sparsities)`, also for arrays sharded over explicit mesh axes.
+  """`compute(operands, state, sparsities)`, also for arrays sharded over explicit mesh axes
+  (`meshes.on_any_mesh`): masks come back sharded like the old masks, thresholds and the
+  count replicated. The sparsities come in as arguments, not closed over."""
 
+  def out_sharding(mesh):
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return (
+      [jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
+      [replicated for _ in jax.tree.leaves(state.thresholds)],
+      replicated,
+    )
 
-  Explicit axes (the default of `jax.make_mesh`) type every array with its
-  sharding, and ops without a sharding rule (the block reshapes) refuse them.
-  The mask update runs with automatic axes instead, where XLA's partitioner
-  shards it as under `pjit`; masks come back sharded like the old masks,
-  thresholds and the count replicated. Values closed over keep their explicit
-  types, so the sparsities come in as arguments.
-  """
-  mesh = explicit_mesh(jax.tree.leaves(operands))
-  if mesh is None:
-    return compute(operands, state, sparsities)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  out_sharding = (
-    [jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
-    [replicated for _ in jax.tree.leaves(state.thresholds)],
-    replicated,
-  )
-  return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(operands, state, sparsities)
+  return on_any_mesh(compute, out_sharding, operands, state, sparsities)
 
 
 def _is_none(x: Any) -> bool:

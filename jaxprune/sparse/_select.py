@@ -11,14 +11,11 @@ deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 from jax import Array
 
 from jaxprune import _ranking as ranking
-from jaxprune._meshes import explicit_mesh
 
 
 def top_k_mask(scores: Array, k: int) -> Array:
@@ -67,15 +64,3 @@ def drop_and_grow(
   candidates = jnp.where(kept, -inf, grow_scores.reshape(-1).astype(jnp.float32))
   grown = jnp.zeros_like(flat).at[ranking.highest_k_indices(candidates, max_drop)].set(selected)
   return (kept | grown).reshape(mask.shape)
-
-
-def on_any_mesh(fn: Callable[..., Array], like: Array, *arrays: Array) -> Array:
-  """`fn(*arrays)`, also for arrays typed with explicit mesh axes (`jax.make_mesh`'s default).
-
-  `lax.top_k` and the block reshapes have no sharding rule for explicit axes;
-  there `fn` runs with automatic axes, which XLA's partitioner shards as under
-  `pjit`, and the result comes back sharded like `like`.
-  """
-  if explicit_mesh([like, *arrays]) is None:
-    return fn(*arrays)
-  return jax.sharding.auto_axes(fn, out_sharding=jax.typeof(like).sharding)(*arrays)

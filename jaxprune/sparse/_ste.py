@@ -26,9 +26,9 @@ from jaxprune import _updates as updates_lib
 from jaxprune._checks import need_params
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._masks import update_mask
+from jaxprune._meshes import on_any_mesh, sharded_like
 from jaxprune._names import named_leaves
 from jaxprune.sparse import _distributions as distributions
-from jaxprune.sparse import _select as select
 from jaxprune.sparse._training import check_inner, check_like_params
 
 PyTree = Any
@@ -163,7 +163,11 @@ def ste(
         if w is None
         else jnp.where(
           jnp.all(jnp.isfinite(w)),
-          select.on_any_mesh(functools.partial(new_mask, n, target=targets[n]), w, w),
+          on_any_mesh(
+            functools.partial(new_mask, n, target=targets[n]),
+            sharded_like(w),
+            w,
+          ),
           m,
         )
         for n, w, m in zip(names, weights, old, strict=True)

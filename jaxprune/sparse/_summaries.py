@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 from jax import Array
 
 from jaxprune import _summaries as summaries
@@ -17,18 +16,18 @@ _STATES = (SparseState, STEState)
 
 
 def find_state(opt_state: PyTree) -> SparseState | STEState:
-  """The one `SparseState` or `STEState` inside an optax state (or the state itself)."""
-  found = [
-    x
-    for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _STATES))
-    if isinstance(x, _STATES)
-  ]
-  if len(found) != 1:
-    raise ValueError(
-      f'expected one jaxprune.sparse state in the optimizer state, found '
-      f'{len(found)}; pass the SparseState or STEState itself.'
-    )
-  return found[0]
+  """The one `SparseState` or `STEState` inside an optax state (or the state itself).
+
+  Raises:
+    ValueError: when there is none, or several (pass the one you mean).
+  """
+  return summaries.find_state(
+    opt_state,
+    _STATES,
+    'jaxprune.sparse state (SparseState or STEState)',
+    'pass the state of a jaxprune.sparse rule (its tx.init(params)), or the SparseState '
+    'or STEState itself.',
+  )
 
 
 def get_masks(opt_state: PyTree) -> dict[str, Array]:

@@ -32,6 +32,7 @@ from jax import Array, lax
 from jaxprune import _updates as updates_lib
 from jaxprune._checks import check_fraction, need_params
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
+from jaxprune._meshes import on_any_mesh, sharded_like
 from jaxprune._names import named_leaves
 from jaxprune.sparse import _distributions as distributions
 from jaxprune.sparse import _select as select
@@ -240,7 +241,7 @@ def sparse_training(
           )
           regrown = functools.partial(select.drop_and_grow, max_drop=max_drop)
           magnitudes = jnp.abs(updates_lib.stored_weight(p, u))
-          new_mask = select.on_any_mesh(regrown, m, m, magnitudes, grow_scores, n_drop)
+          new_mask = on_any_mesh(regrown, sharded_like(m), m, magnitudes, grow_scores, n_drop)
           # NaN or Inf weights or gradients would break the counts: the leaf keeps its mask,
           # as the pruning transform skips such updates.
           finite = jnp.all(jnp.isfinite(magnitudes)) & jnp.all(jnp.isfinite(grow_scores))
