@@ -154,5 +154,12 @@ def leaf_densities(
 
 
 def kept_count(size: int, density: float) -> int:
-  """Entries kept in a leaf of `size` at `density`: round(size * density), at least 1."""
+  """Entries kept in a leaf of `size` at `density`, on the host: round(size * density),
+  clamped to [1, size].
+
+  The rounding: Python's `round`, half to even, of the float64 product `size * density`
+  (itself rounded to float64 first). It is not `jaxprune.pruning`'s exact rule
+  (`_thresholds.exact_keep_count`: a float32 sparsity, rounded in exact arithmetic inside
+  jit), which STE's magnitude masks use; the two can differ by one at a half-way product.
+  """
   return min(size, max(1, round(size * density)))
