@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+import jaxprune
 from jaxprune import sparse
 
 
@@ -47,7 +48,7 @@ def test_one_mask_update_against_numpy(rule):
   fn = sparse.rigl if rule == 'rigl' else sparse.set_
   tx = fn(adam, 0.75, end_step=8, update_freq=2, drop_fraction=0.5, distribution='uniform')
   state = tx.init(params)
-  masks = {n: np.asarray(m) for n, m in sparse.get_masks(state).items()}
+  masks = {n: np.asarray(m) for n, m in jaxprune.named_leaves(sparse.get_masks(state))}
   assert {n: int(m.sum()) for n, m in masks.items()} == {'a/kernel': 60, 'b/kernel': 40}
   # Two steps without an update (steps 0 and 1), then the update at step 2.
   step = jax.jit(tx.update)
@@ -73,7 +74,7 @@ def test_one_mask_update_against_numpy(rule):
     'b/kernel': int(np.floor(np.float32(40) * fraction)),
   }
   assert n_drops == {'a/kernel': 25, 'b/kernel': 17}
-  new_masks = sparse.get_masks(new_state)
+  new_masks = dict(jaxprune.named_leaves(sparse.get_masks(new_state)))
   for name, old in masks.items():
     layer = name.split('/')[0]
     new = np.asarray(new_masks[name])
@@ -111,7 +112,8 @@ def _run(tx, steps, params=None):
   for i in range(steps):
     updates, state = step(_grads(params, i), state, params)
     params = optax.apply_updates(params, updates)
-    history.append(({n: np.asarray(m) for n, m in sparse.get_masks(state).items()}, params))
+    masks = {n: np.asarray(m) for n, m in jaxprune.named_leaves(sparse.get_masks(state))}
+    history.append((masks, params))
   return history, state
 
 
@@ -323,3 +325,18 @@ def test_bfloat16_ste_params_are_the_masked_dense_weights():
       np.testing.assert_array_equal(
         np.asarray(params[name]['kernel'], np.float32), np.where(mask, got_dense, 0.0)
       )
+
+
+@pytest.mark.parametrize('rule', sorted(RULES))
+def test_get_masks_is_a_tree_like_params_as_jaxprune_get_masks(rule):
+  params = _params()
+  state = RULES[rule]().init(params)
+  masks = sparse.get_masks((state,))
+  assert masks['a']['bias'] is None
+  assert [name for name, _ in jaxprune.named_leaves(masks)] == ['a/kernel', 'b/kernel']
+  assert masks['a']['kernel'].shape == (12, 20) and masks['a']['kernel'].dtype == jnp.bool_
+  masked = jaxprune.apply_masks(params, masks)  # the core takes it as it is
+  for a, b in zip(
+    jax.tree.leaves(masked), jax.tree.leaves(sparse.apply_masks(params, state)), strict=True
+  ):
+    np.testing.assert_array_equal(a, b)

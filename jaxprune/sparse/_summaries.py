@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jax import Array
-
 from jaxprune import _summaries as summaries
-from jaxprune._names import named_leaves
 from jaxprune.sparse._ste import STEState
 from jaxprune.sparse._training import SparseState
 
@@ -30,10 +27,27 @@ def find_state(opt_state: PyTree) -> SparseState | STEState:
   )
 
 
-def get_masks(opt_state: PyTree) -> dict[str, Array]:
-  """`{leaf name: bool mask}` of the sparse leaves (True = kept)."""
-  masks = find_state(opt_state).masks
-  return {name: mask for name, mask in named_leaves(masks) if mask is not None}
+def get_masks(opt_state: PyTree) -> PyTree:
+  """The masks of a sparse-training state, as a tree.
+
+  Args:
+    opt_state: a `SparseState` or `STEState`, or an optax state that holds one.
+
+  Returns:
+    The bool mask tree (True = kept), parallel to the params, None for the dense
+    leaves: the shape `jaxprune.get_masks` returns, which `jaxprune.apply_masks`,
+    `jaxprune.strip` and `jaxprune.size_report` take. `jaxprune.named_leaves(masks)`
+    gives `(name, mask)` pairs of the sparse leaves.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxprune import sparse
+    >>> params = {'Dense_0': {'kernel': jnp.ones((4, 4)), 'bias': jnp.ones(4)}}
+    >>> masks = sparse.get_masks(sparse.static(optax.sgd(0.1), 0.75).init(params))
+    >>> masks['Dense_0']['bias'] is None, int(masks['Dense_0']['kernel'].sum())
+    (True, 4)
+  """
+  return find_state(opt_state).masks
 
 
 def apply_masks(params: PyTree, opt_state: PyTree) -> PyTree:
