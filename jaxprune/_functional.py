@@ -25,13 +25,13 @@ wrapped in `jax.jit` (masks and scores may be traced).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxprune import _specs as specs
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._methods import (
   L1Unstructured,
@@ -44,6 +44,7 @@ from jaxprune._methods import (
 )
 from jaxprune._names import leaf_name
 from jaxprune._summaries import apply_masks
+from jaxprune._updates import zeroed
 
 PyTree = Any
 Names = str | Callable[[str, Any], bool]
@@ -51,18 +52,6 @@ Names = str | Callable[[str, Any], bool]
 
 def _is_none(x: Any) -> bool:
   return x is None
-
-
-def _selector(names: Names) -> Callable[[str, Any], bool]:
-  if callable(names):
-    return names
-  if not isinstance(names, str):
-    raise TypeError(f'names={names!r}: expected a regex string or a predicate (name, leaf) -> bool')
-  try:
-    pattern = re.compile(names)
-  except re.error as e:
-    raise ValueError(f'names={names!r} is not a valid regex: {e}') from None
-  return lambda name, leaf: pattern.search(name) is not None
 
 
 def _leaves(tree: PyTree, params_def: Any, what: str) -> list[Any]:
@@ -94,11 +83,10 @@ def _flatten(params: PyTree, names: Names, masks: PyTree | None, scores: PyTree 
   values = [leaf for _, leaf in flat]
   previous = [None] * len(values) if masks is None else _leaves(masks, params_def, 'masks')
   score_leaves = values if scores is None else _leaves(scores, params_def, 'scores')
-  wanted = _selector(names)
+  # A regex names leaves as torch names a parameter: vectors (biases) too.
+  wanted = specs.leaf_filter(names, field='names', min_ndim=0)
   selected = [
-    i
-    for i, (name, leaf) in enumerate(zip(leaf_names, values, strict=True))
-    if leaf is not None and wanted(name, leaf)
+    i for i, (name, leaf) in enumerate(zip(leaf_names, values, strict=True)) if wanted(name, leaf)
   ]
   if not selected:
     raise ValueError(
@@ -138,7 +126,7 @@ def _prune_each(
     value = jnp.asarray(flat.values[i])
     prev = _previous_mask(flat.previous[i], value.shape)
     if scores is None:
-      weights = jnp.where(prev, value, jnp.zeros((), value.dtype))
+      weights = zeroed(prev, value)
     else:
       weights = jnp.asarray(flat.scores[i])
     try:

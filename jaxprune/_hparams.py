@@ -26,6 +26,7 @@ from jaxprune import _hparams_warnings as hparams_warnings
 from jaxprune import _maps as maps
 from jaxprune import _nm as nm
 from jaxprune import _schedule as schedule
+from jaxprune._checks import FRACTION_RULE, is_fraction
 from jaxprune._maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
 from jaxprune._numerics import INT32_MAX, MAX_NBINS, SMALLEST_NORMAL
 
@@ -314,9 +315,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "must be > 0 (1 is linear, 3 is Zhu & Gupta's; 0 would never leave "
     'initial_sparsity and a negative exponent diverges)',
   ),
-  'threshold_decay': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
-  'initial_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
-  'target_sparsity': ((lambda v: 0.0 <= v < 1.0), 'must be in [0, 1)'),
+  'threshold_decay': (is_fraction, FRACTION_RULE),
+  'initial_sparsity': (is_fraction, FRACTION_RULE),
+  'target_sparsity': (is_fraction, FRACTION_RULE),
   'nbins': (
     (lambda v: 2 <= v <= MAX_NBINS),
     'must be in [2, 2**24] (bin indices stay exact in float32)',

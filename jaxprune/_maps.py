@@ -11,10 +11,12 @@ dropped; every regex must compile.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jaxprune import _nm as nm
+from jaxprune._checks import check_fraction
 from jaxprune._numerics import INT32_MAX
 
 
@@ -79,6 +81,71 @@ def _entries(field: str, values: Any) -> list[tuple[str, str]]:
   return entries
 
 
+def match_entries(
+  field: str, names: Sequence[str], entries: Iterable[tuple[str, Any]], *, kind: str = 'leaf'
+) -> tuple[dict[str, Any], list[str]]:
+  """Each name's value from the one map entry whose regex it matches: jaxprune's map rule.
+
+  Every per-name map follows it: the hparams' maps (`weight_sparsity_map`,
+  `block_dims_map`, `nm_sparsity_map`, `layer_axes_map`), `jaxprune.sparse`'s
+  `sparsity_map` and `oneshot.prune`'s `overrides`. Regexes are matched with
+  `re.search` against the names (docs/explanation/semantics.md#names-and-maps).
+
+  Args:
+    field: the map's name, for the error.
+    names: the names the map applies to (the pruned leaves, the layers).
+    entries: (regex, value) pairs.
+    kind: what a name names, for the error ('leaf', 'layer').
+
+  Returns:
+    ({name: value} for the names an entry matches, [the regexes that match no name]).
+    The caller reports the regexes with `warn_unmatched`.
+
+  Raises:
+    ValueError: when a name matches several entries, naming it and them: which value
+      it should get is ambiguous.
+  """
+  entries = list(entries)
+  values: dict[str, Any] = {}
+  used: set[str] = set()
+  for name in names:
+    hits = [(regex, value) for regex, value in entries if re.search(regex, name)]
+    if len(hits) > 1:
+      raise ValueError(
+        f'{field}: {kind} {name!r} matches several entries {[regex for regex, _ in hits]}; '
+        'make the regexes exclusive.'
+      )
+    if hits:
+      used.add(hits[0][0])
+      values[name] = hits[0][1]
+  return values, [regex for regex, _ in entries if regex not in used]
+
+
+def warn_unmatched(
+  unmatched: Sequence[str], names: Sequence[str], what: str, stacklevel: int = 2
+) -> None:
+  """Warns, naming them and the names, about map entries that match nothing.
+
+  A warning rather than an error (docs/explanation/semantics.md#names-and-maps): an entry
+  is a pattern over the names of a model, and a config may be shared by models that do
+  not all have every layer; the warning still names a regex with a typo at once.
+
+  Args:
+    unmatched: the entries, as the user should read them ("sparsity_map entry 'x'").
+    names: the names they were matched against.
+    what: what one name is, plural, e.g. 'pruned leaves'.
+    stacklevel: as for `warnings.warn`, counted from the caller.
+  """
+  if unmatched:
+    verb = 'matches' if len(unmatched) == 1 else 'match'
+    warnings.warn(
+      f'jaxprune: {", ".join(unmatched)} {verb} none of the {what}, which are '
+      f'{list(names)}. Fix the regexes (matched with re.search) or drop them.',
+      UserWarning,
+      stacklevel=stacklevel + 1,
+    )
+
+
 def check_regex(where: str, regex: str) -> None:
   """ValueError naming `where` when `regex` does not compile."""
   try:
@@ -97,8 +164,7 @@ def sparsity_map(hparams: Any) -> list[tuple[str, float]]:
       raise ValueError(
         f'weight_sparsity_map entry {regex}:{value}: sparsity {value!r} is not a number.'
       ) from None
-    if not 0.0 <= sparsity < 1.0:
-      raise ValueError(f'weight_sparsity_map entry {regex}:{value}: sparsity must be in [0, 1).')
+    check_fraction('sparsity', sparsity, where=f'weight_sparsity_map entry {regex}:{value}')
     parsed.append((regex, sparsity))
   return parsed
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 
 from jaxprune import _blocks as blocks
 from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _thresholds as thresholds
+from jaxprune._checks import check_fraction
 
 
 def _pool_layers(
@@ -369,6 +369,4 @@ def _check_arguments(
   for field, value in zip(('block_height', 'block_width'), dims, strict=True):
     hparams_lib.check_value(field, value, where=f'update_mask: block_dims={block_dims!r}')
   if not isinstance(sparsity, jax.core.Tracer):  # a traced sparsity cannot be checked here
-    values = np.asarray(sparsity, np.float64)
-    if not np.all((values >= 0) & (values < 1)):
-      raise ValueError(f'update_mask: sparsity={sparsity!r}: must be in [0, 1).')
+    check_fraction('sparsity', sparsity, where='update_mask')

@@ -12,10 +12,10 @@ follow torch's semantics:
   relative to what the previous mask still keeps (entries for unstructured
   methods, slices for `LnStructured`), the new mask is computed on those only,
   and entries pruned before stay pruned;
-- ties are broken deterministically: entries are ranked by score, largest
-  first, and among equal scores the lower flat index ranks higher (as
-  `lax.top_k` does), so the higher index is pruned first. NaN scores rank as
-  the largest (kept), as in `torch.topk`.
+- ties are broken deterministically, by jaxprune's one rule (`jaxprune._ranking`):
+  entries are ranked by score, largest first, and among equal scores the lower
+  flat index ranks higher (as `lax.top_k` does), so the higher index is pruned
+  first. NaN scores rank as the largest (kept), as in `torch.topk`.
 
 Every method is pure and jittable for a fixed `amount`. When the previous mask
 is a traced value (the whole call is under `jit`), the number of unpruned
@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxprune import _ranking as ranking
 from jaxprune._nm import nm_mask_from_scores, parse_nm
 
 
@@ -143,13 +144,8 @@ def prune_lowest(
       )
     alive = previous_mask.reshape(-1).astype(bool)
     n_alive = jnp.sum(alive, dtype=jnp.int32)
-  n_keep = n_alive - _count_to_prune(amount, n_alive)
-  order = jnp.argsort(flat, descending=True, stable=True)
-  alive_sorted = alive[order]
-  rank_among_alive = jnp.cumsum(alive_sorted, dtype=jnp.int32) - 1
-  keep_sorted = alive_sorted & (rank_among_alive < n_keep)
-  keep = jnp.zeros(flat.shape, bool).at[order].set(keep_sorted)
-  return keep.reshape(scores.shape)
+  pruned = ranking.lowest_k(flat, _count_to_prune(amount, n_alive), among=alive)
+  return (alive & ~pruned).reshape(scores.shape)
 
 
 @dataclasses.dataclass(frozen=True)

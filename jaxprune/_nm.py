@@ -14,6 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxprune import _ranking as ranking
+
 __all__ = ['is_nm_sparse', 'nm_mask', 'nm_mask_from_scores', 'parse_nm']
 
 
@@ -120,7 +122,7 @@ def nm_mask_from_scores(
   """Keeps the `n` highest `scores` of every `m` consecutive ones along `axis`.
 
   `nm_mask` with the ranking given by `scores` instead of magnitudes (ties go
-  to the lower index), for criteria other than magnitude.
+  to the lower index: `jaxprune._ranking`'s rule), for criteria other than magnitude.
 
   Args:
     scores: real array; higher means more important.
@@ -135,9 +137,7 @@ def nm_mask_from_scores(
   axis = _check(tuple(scores.shape), n, m, axis, name)
   moved = jnp.moveaxis(scores, axis, -1)
   groups = moved.reshape(*moved.shape[:-1], moved.shape[-1] // m, m)
-  order = jnp.argsort(groups, axis=-1, descending=True, stable=True)
-  ranks = jnp.argsort(order, axis=-1)
-  keep = (ranks < n).reshape(moved.shape)
+  keep = ~ranking.lowest_k(groups, m - n, axis=-1).reshape(moved.shape)
   return jnp.moveaxis(keep, -1, axis)
 
 

@@ -6,6 +6,7 @@ See docs/explanation/semantics.md#names-and-maps.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import warnings
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import numpy as np
 
 from jaxprune import _blocks as blocks
 from jaxprune import _hparams as hparams_lib
+from jaxprune import _maps as maps
 from jaxprune._names import leaf_name, named_leaves
 
 PyTree = Any
@@ -44,25 +46,47 @@ class LeafSpec:
   layer_axes: int = 0
 
 
-def default_filter(hparams: Any) -> PruneFilter:
-  """Prunes leaves whose name matches `weight_name_regex` and that have ndim >= 2."""
-  pattern = re.compile(hparams.weight_name_regex)
-  return lambda name, leaf: bool(pattern.search(name)) and getattr(leaf, 'ndim', 0) >= 2
+def leaf_filter(
+  selector: str | PruneFilter, *, field: str = 'weight_name_regex', min_ndim: int = 2
+) -> PruneFilter:
+  """The predicate `(name, leaf) -> bool` that picks the pruned leaves: jaxprune's one selector.
 
+  A regex picks the leaves whose name (`jaxprune.leaf_name`) it matches with
+  `re.search` and that have at least `min_ndim` axes: 2 for `pruning`, `pruned` and
+  `jaxprune.sparse` (weights, not biases or scales), 0 for `jaxprune.functional`, where
+  the regex names the leaves to prune as torch names a parameter (a bias too). A
+  predicate replaces the regex and the axes rule. Either way a leaf without elements,
+  or None, is never picked: there is nothing to prune.
 
-def _single_match(
-  field: str, name: str, entries: tuple[tuple[str, Any], ...], used: set[tuple[str, str]]
-) -> Any:
-  matches = [(regex, value) for regex, value in entries if re.search(regex, name)]
-  if len(matches) > 1:
-    raise ValueError(
-      f'{field}: leaf {name!r} matches several entries '
-      f'{[f"{r}:{v}" for r, v in matches]}; make the regexes exclusive.'
+  Args:
+    selector: a regex string or a predicate `(name, leaf) -> bool`.
+    field: the argument's name, for the errors.
+    min_ndim: the axes a leaf a regex matches must have.
+
+  Raises:
+    TypeError: when `selector` is neither a string nor callable.
+    ValueError: when the regex does not compile.
+  """
+  if callable(selector):
+    chosen = selector
+  elif isinstance(selector, str):
+    maps.check_regex(field, selector)
+    pattern = re.compile(selector)
+
+    def chosen(name, leaf):
+      return pattern.search(name) is not None and len(_shape(leaf)) >= min_ndim
+
+  else:
+    raise TypeError(
+      f'{field}={selector!r}: expected a regex string or a predicate (name, leaf) -> bool.'
     )
-  if not matches:
-    return None
-  used.add((field, matches[0][0]))
-  return matches[0][1]
+  return lambda name, leaf: leaf is not None and math.prod(_shape(leaf)) > 0 and chosen(name, leaf)
+
+
+def _shape(leaf: Any) -> tuple[int, ...]:
+  """The shape of an array, a shape/dtype struct or a Python number."""
+  shape = getattr(leaf, 'shape', None)
+  return tuple(np.shape(leaf) if shape is None else shape)
 
 
 def _check_prunable(name: str, leaf: Any) -> None:
@@ -79,7 +103,7 @@ def leaf_specs(
 ) -> PyTree:
   """A tree parallel to `params`: a LeafSpec for each pruned leaf, None for the rest.
 
-  Leaves with no elements are never pruned (there is nothing to threshold).
+  The pruned leaves are those `leaf_filter` picks (leaves with no elements never are).
 
   Args:
     params: the params tree (arrays or shape/dtype structs).
@@ -95,19 +119,31 @@ def leaf_specs(
   """
   h = hparams_lib.freeze(hparams)
   by_default_filter = prune_filter is None
-  prune_filter = prune_filter or default_filter(h)
-  used: set[tuple[str, str]] = set()
+  chosen = leaf_filter(h.weight_name_regex if prune_filter is None else prune_filter)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  named = [(leaf_name(path), leaf) for path, leaf in flat]
+  picked = [chosen(name, leaf) for name, leaf in named]
+  pruned = [name for (name, leaf), p in zip(named, picked, strict=True) if p]
+  for (name, leaf), p in zip(named, picked, strict=True):
+    if p:
+      _check_prunable(name, leaf)
+  matched: dict[str, dict[str, Any]] = {}
+  unmatched: list[str] = []
+  for field, entries in (
+    ('weight_sparsity_map', h.sparsity_entries),
+    ('block_dims_map', h.block_entries),
+    ('nm_sparsity_map', h.nm_entries),
+    ('layer_axes_map', h.layer_entries),
+  ):
+    matched[field], missed = maps.match_entries(field, pruned, entries)
+    unmatched += [f'{field} entry {regex!r}' for regex in missed]
   elementwise: list[str] = []
 
-  def spec(path, leaf):
-    name = leaf_name(path)
-    if not prune_filter(name, leaf) or int(np.prod(leaf.shape)) == 0:
-      return None
-    _check_prunable(name, leaf)
-    target = _single_match('weight_sparsity_map', name, h.sparsity_entries, used)
-    dims = _single_match('block_dims_map', name, h.block_entries, used) or h.block_dims
-    nm = _single_match('nm_sparsity_map', name, h.nm_entries, used) or h.nm
-    layer_axes = _single_match('layer_axes_map', name, h.layer_entries, used) or 0
+  def spec(name, leaf):
+    target = matched['weight_sparsity_map'].get(name)
+    dims = matched['block_dims_map'].get(name) or h.block_dims
+    nm = matched['nm_sparsity_map'].get(name) or h.nm
+    layer_axes = matched['layer_axes_map'].get(name) or 0
     _check_layer_axes(name, tuple(leaf.shape), layer_axes, by_default_filter)
     layer_shape = tuple(leaf.shape)[layer_axes:]
     resolved = blocks.resolve_block_dims(layer_shape, dims)
@@ -121,12 +157,14 @@ def leaf_specs(
       layer_axes=layer_axes,
     )
 
-  specs = jax.tree_util.tree_map_with_path(spec, params)
+  specs = jax.tree_util.tree_unflatten(
+    treedef,
+    [spec(name, leaf) if p else None for (name, leaf), p in zip(named, picked, strict=True)],
+  )
   if warn:
-    pruned = [s.name for s in spec_leaves(specs) if s is not None]
     if not pruned:
       _warn_nothing_pruned(h, params, by_default_filter)
-    _warn_unused(h, used, pruned)
+    maps.warn_unmatched(unmatched, pruned, 'pruned leaves', stacklevel=3)
     if elementwise:
       warnings.warn(
         f'jaxprune: block dims apply to 2-D weights (after squeezing size-1 axes); these '
@@ -176,26 +214,6 @@ def _warn_nothing_pruned(h: hparams_lib.HParams, params: PyTree, by_default_filt
     'weights to prune.',
     stacklevel=3,
   )
-
-
-def _warn_unused(h: hparams_lib.HParams, used: set[tuple[str, str]], pruned: list[str]) -> None:
-  maps = {
-    'weight_sparsity_map': h.sparsity_entries,
-    'block_dims_map': h.block_entries,
-    'nm_sparsity_map': h.nm_entries,
-    'layer_axes_map': h.layer_entries,
-  }
-  unused = [
-    f'{field} entry {regex!r}'
-    for field, entries in maps.items()
-    for regex, _ in entries
-    if (field, regex) not in used
-  ]
-  if unused:
-    warnings.warn(
-      f'jaxprune: {", ".join(unused)} match no pruned leaf; pruned leaves are {pruned}.',
-      stacklevel=3,
-    )
 
 
 def _is_spec(x: Any) -> bool:

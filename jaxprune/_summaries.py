@@ -16,7 +16,6 @@ what its values are for:
 
 from __future__ import annotations
 
-import re
 import warnings
 from typing import Any
 
@@ -26,7 +25,9 @@ import ml_collections
 from jax import Array
 
 from jaxprune import _hparams as hparams_lib
+from jaxprune import _maps as maps
 from jaxprune import _schedule as schedule
+from jaxprune import _updates as updates_lib
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
 from jaxprune._transform import MOVED_ADVICE, SHORTFALL, PruningState, shortfall_message
@@ -38,6 +39,36 @@ def _is_state(x: Any) -> bool:
   return isinstance(x, PruningState)
 
 
+def find_state(state: Any, kinds: type | tuple[type, ...], what: str, when_none: str) -> Any:
+  """The one state of type `kinds` inside an optax state (or the state itself).
+
+  The one search of jaxprune's accessors: `find_pruning_state` and
+  `jaxprune.sparse.find_state` call it.
+
+  Args:
+    state: an optax state (any pytree holding states) or the state itself.
+    kinds: the state's type, or a tuple of types.
+    what: the state in words, for the errors, e.g. 'jaxprune PruningState'.
+    when_none: the way out when there is none, for the error.
+
+  Raises:
+    ValueError: when there is none, or several (pass the one you mean).
+  """
+
+  def is_kind(x):
+    return isinstance(x, kinds)
+
+  found = [x for x in jax.tree.leaves(state, is_leaf=is_kind) if is_kind(x)]
+  if len(found) == 1:
+    return found[0]
+  if not found:
+    raise ValueError(f'expected exactly one {what} in the optimizer state, found 0: {when_none}')
+  raise ValueError(
+    f'expected exactly one {what} in the optimizer state, found {len(found)}; pass the '
+    f'{what} itself.'
+  )
+
+
 def find_pruning_state(state: Any) -> PruningState:
   """Returns the PruningState inside an optax state (or the state itself).
 
@@ -45,21 +76,13 @@ def find_pruning_state(state: Any) -> PruningState:
     ValueError: when there is none (the state of an optimizer without
       `jaxprune.pruning`), or several (pass the one you mean).
   """
-  if _is_state(state):
-    return state
-  found = [x for x in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(x)]
-  if not found:
-    raise ValueError(
-      'expected exactly one jaxprune PruningState in the optimizer state, found 0: pass the '
-      'state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its tx.init(params)), or '
-      'the PruningState itself.'
-    )
-  if len(found) > 1:
-    raise ValueError(
-      f'expected exactly one jaxprune PruningState in the optimizer state, found '
-      f'{len(found)}; pass the PruningState itself.'
-    )
-  return found[0]
+  return find_state(
+    state,
+    PruningState,
+    'jaxprune PruningState',
+    'pass the state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its '
+    'tx.init(params)), or the PruningState itself.',
+  )
 
 
 def _checked(state: Any) -> PruningState:
@@ -224,7 +247,7 @@ def apply_masks(params: PyTree, state: Any) -> PyTree:
         f'the mask of leaf {leaf_name(path)!r} has shape {jnp.shape(mask)} but the leaf has '
         f"shape {jnp.shape(leaf)}; masks are not broadcast: give the leaf's shape"
       )
-    zeroed.append(jnp.where(mask, leaf, jnp.zeros((), jnp.asarray(leaf).dtype)))
+    zeroed.append(updates_lib.zeroed(mask, leaf))
   return jax.tree_util.tree_unflatten(treedef, zeroed)
 
 
@@ -291,14 +314,17 @@ def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> Non
   if last == 0:
     return
   short = []
-  for name in _named(state.thresholds):
-    achieved = out.get(f'{name}/sparsity')
-    if achieved is None or any(re.search(r, name) for r, _ in h.nm_entries):
+  names = [name for name in _named(state.thresholds) if f'{name}/sparsity' in out]
+  nm_leaves, _ = maps.match_entries('nm_sparsity_map', names, h.nm_entries)
+  targets, _ = maps.match_entries('weight_sparsity_map', names, h.sparsity_entries)
+  for name in names:
+    achieved = out[f'{name}/sparsity']
+    if name in nm_leaves:
       continue
     if hparams is None:  # the schedule is not known: the global target at the last step
       wanted = float(state.sparsity)
     else:
-      target = next((v for r, v in h.sparsity_entries if re.search(r, name)), h.target_sparsity)
+      target = targets.get(name, h.target_sparsity)
       wanted = float(schedule.sparsity_at(h, last, target=target))
     if wanted - float(achieved) > SHORTFALL:
       short.append(f'{name} {float(achieved):.1%} (target {wanted:.1%})')

@@ -318,8 +318,13 @@ def histogram_thresholds(
   return _first_reaching(edges, reaches_on(False), lo, hi, guess, finish=(threshold, layout))
 
 
-def keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
-  """tfmot's k = max(round(N * (1 - s)), 1), half to even, exact for every size.
+def exact_keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
+  """tfmot's k = max(round(N * (1 - s)), 1) for a float32 sparsity s, exactly, inside jit.
+
+  The rounding: N (1 - s) is rounded half to even once, in exact arithmetic on the float32
+  value of s, for every size. `jaxprune.sparse.kept_count` is another rule (a density on
+  the host, Python's `round` of the float64 product): the two can differ by one where
+  N (1 - s) is about half-way, so they do not share a name.
 
   N (static, < 2**31) times the float32 sparsity s is rounded once, as if in
   exact arithmetic: tfmot's float32 product drifts by a weight or more beyond
@@ -363,7 +368,7 @@ def keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
 def exact_thresholds(
   layout: counting.Layout, maxima: Sequence[Array], sparsity: Array, search: str = 'adaptive'
 ) -> list[Array]:
-  """The k-th largest magnitude of every unit, k = keep_count(N, sparsity); `mask = a >= it`.
+  """The k-th largest magnitude of every unit, k = exact_keep_count(N, sparsity); `mask = a >= it`.
 
   Per unit, searches the largest float32 bit pattern b with count(a >= float(b))
   >= k, which is the value a sort would put at position k - 1 from the top.
@@ -380,7 +385,7 @@ def exact_thresholds(
   Args and Returns: as `histogram_thresholds`, without `nbins`.
   """
   sizes = layout.sizes()
-  kept = keep_count(sizes, sparsity)
+  kept = exact_keep_count(sizes, sparsity)
   sample_kept = jnp.ceil(kept * jnp.asarray(layout.sizes(True) / sizes, jnp.float32)).astype(
     jnp.int32
   )

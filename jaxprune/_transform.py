@@ -28,8 +28,10 @@ from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _schedule as schedule
 from jaxprune import _specs as specs_lib
+from jaxprune import _updates as updates_lib
+from jaxprune._checks import need_params
 from jaxprune._magnitude import MagnitudeRule
-from jaxprune._meshes import explicit_mesh
+from jaxprune._meshes import on_any_mesh
 from jaxprune._names import leaf_name
 
 PyTree = Any
@@ -97,19 +99,6 @@ class PruningState(NamedTuple):
   moved_updates: Array
 
 
-def _as_stored(values: Array, dtype: Any) -> Array:
-  """`values` rounded to `dtype`, the way optax.apply_updates stores them.
-
-  XLA computes narrow floats in float32 and drops a round trip through them
-  (f32 -> bf16 -> f32, or a bf16 sum read back as f32) as "excess precision";
-  reduce_precision is the rounding it keeps.
-  """
-  info = jnp.finfo(dtype)
-  if info.bits < 32:
-    values = lax.reduce_precision(values, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-  return values.astype(dtype)
-
-
 def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> None:
   """ValueErrors naming the leaf when params or updates do not match the state's masks."""
   is_none = lambda x: x is None
@@ -130,26 +119,19 @@ def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> No
 
 
 def _new_masks_on_any_mesh(compute, operands, state, sparsities):
-  """`compute(operands, state, sparsities)`, also for arrays sharded over explicit mesh axes.
+  """`compute(operands, state, sparsities)`, also for arrays sharded over explicit mesh axes
+  (`meshes.on_any_mesh`): masks come back sharded like the old masks, thresholds and the
+  count replicated. The sparsities come in as arguments, not closed over."""
 
+  def out_sharding(mesh):
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return (
+      [jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
+      [replicated for _ in jax.tree.leaves(state.thresholds)],
+      replicated,
+    )
 
-  Explicit axes (the default of `jax.make_mesh`) type every array with its
-  sharding, and ops without a sharding rule (the block reshapes) refuse them.
-  The mask update runs with automatic axes instead, where XLA's partitioner
-  shards it as under `pjit`; masks come back sharded like the old masks,
-  thresholds and the count replicated. Values closed over keep their explicit
-  types, so the sparsities come in as arguments.
-  """
-  mesh = explicit_mesh(jax.tree.leaves(operands))
-  if mesh is None:
-    return compute(operands, state, sparsities)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  out_sharding = (
-    [jax.typeof(m).sharding for m in jax.tree.leaves(state.masks)],
-    [replicated for _ in jax.tree.leaves(state.thresholds)],
-    replicated,
-  )
-  return jax.sharding.auto_axes(compute, out_sharding=out_sharding)(operands, state, sparsities)
+  return on_any_mesh(compute, out_sharding, operands, state, sparsities)
 
 
 def _is_none(x: Any) -> bool:
@@ -165,7 +147,7 @@ def _pruned_indices(state: PruningState) -> list[int]:
 def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
   """Updates that leave pruned weights at exactly zero after `optax.apply_updates`."""
   return jax.tree.map(
-    lambda mask, u, p: u if mask is None else jnp.where(mask, _rounded(u), -p).astype(u.dtype),
+    lambda mask, u, p: u if mask is None else updates_lib.masked_update(mask, u, p),
     masks,
     updates,
     params,
@@ -275,24 +257,6 @@ def _ordered_after(tree: PyTree, token: Array) -> PyTree:
   return jax.tree.map(lambda x: jnp.where(token < 0, jnp.zeros_like(x), x), tree)
 
 
-def _rounded(updates: Array) -> Array:
-  """`updates` rounded to their dtype, as the chained form stores them between transforms
-  (computed inline, narrow floats would keep XLA's float32 excess precision)."""
-  return _as_stored(updates, updates.dtype)
-
-
-def _stored_sum(params: Array, updates: Array) -> Array:
-  """`params + updates` as `optax.apply_updates` stores them, for updates computed inline.
-
-  XLA:CPU fuses a bare `p + u` whose `u` ends in a multiply into one multiply-add,
-  which rounds once where the step rounds twice. The select (whose condition
-  is always true: a NaN param gives NaN either way) keeps the add separate, as
-  it is in the masked step, so both round alike.
-  """
-  keep = ~jnp.isnan(params)
-  return _as_stored(params + jnp.where(keep, _rounded(updates), -params), params.dtype)
-
-
 def _weights_of(arrays: list[Array]) -> list[Callable[[Any], Array]]:
   """Each array as the `token -> values` callable the mask rules read."""
   return [functools.partial(counting.fresh, a) for a in arrays]
@@ -328,7 +292,7 @@ def _from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> _Source
   def weights(operands):
     def stored(p, u, token):
       p, u = counting.fresh((p, u), token)
-      return _as_stored(p + u, p.dtype)
+      return updates_lib.stored_weight(p, u)
 
     return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
 
@@ -353,7 +317,7 @@ def _from_optimizer(
     grads, inner, params = operands
     updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
     leaves = jax.tree.leaves(params)
-    return _weights_of([_stored_sum(leaves[i], updates[i]) for i in pruned])
+    return _weights_of([updates_lib.stored_weight(leaves[i], updates[i]) for i in pruned])
 
   return _Source(
     (grads, inner, params),
@@ -451,12 +415,6 @@ class _Engine:
     )
 
 
-def _need_params(params: PyTree | None, what: str) -> PyTree:
-  if params is None:
-    raise ValueError(f'{what} needs the params: call tx.update(grads, state, params).')
-  return params
-
-
 def pruning(
   hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None,
   *,
@@ -507,7 +465,7 @@ def pruning(
   engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter, mask_rule)
 
   def update_fn(updates, state, params=None):
-    params = _need_params(params, 'jaxprune.pruning')
+    params = need_params(params, 'jaxprune.pruning')
     _check_like_init(state, params, updates)
     pruned = _pruned_indices(state)
     source = (
@@ -566,7 +524,7 @@ def pruned(
     return optimizer.init(params), engine.init(params)
 
   def update_fn(grads, state, params=None, **extra_args):
-    params = _need_params(params, 'jaxprune.pruned')
+    params = need_params(params, 'jaxprune.pruned')
     inner, pruning_state = state
     _check_like_init(pruning_state, params, grads)
     pruned = _pruned_indices(pruning_state)

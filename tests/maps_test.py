@@ -1,8 +1,12 @@
 """The hyperparameters as text: TF's HParams string and the 'regex:value' maps."""
 
+import jax.numpy as jnp
+import optax
 import pytest
 
+import jaxprune
 from jaxprune import _maps as maps
+from jaxprune import oneshot, sparse
 
 
 def test_split_top_level_keeps_bracketed_lists_whole():
@@ -74,3 +78,67 @@ def test_bad_entries_name_the_map_and_entry(field, entry, message):
   }[field]
   with pytest.raises(ValueError, match=f'{field} entry.*{message}'):
     parse({field: [entry]})
+
+
+def test_match_entries_is_the_rule_of_every_map():
+  names = ['Dense_0/kernel', 'Dense_1/kernel', 'Embed_0/embedding']
+  values, unmatched = maps.match_entries(
+    'm', names, [('Dense_0', 0.5), ('embedding', 0.1), ('Conv', 0.3)]
+  )
+  assert values == {'Dense_0/kernel': 0.5, 'Embed_0/embedding': 0.1}
+  assert unmatched == ['Conv']
+  with pytest.raises(ValueError, match=r"^m: layer 'Dense_0/kernel' matches several entries "):
+    maps.match_entries('m', names, [('Dense', 0.5), ('kernel', 0.1)], kind='layer')
+  with pytest.warns(UserWarning, match=r"m entry 'Conv' matches none of the leaves, which are "):
+    maps.warn_unmatched(["m entry 'Conv'"], names, 'leaves')
+
+
+def test_pruning_sparse_and_oneshot_share_the_map_rule():
+  """Several matching entries: an error naming the leaf and the entries; an entry that
+  matches nothing: a warning naming it and the names it was matched against."""
+  params = {'Dense_0': {'kernel': jnp.ones((4, 2))}}
+  batches = [jnp.ones((3, 4))]
+
+  def model(p, x):
+    return x @ p['Dense_0']['kernel']
+
+  several = [
+    lambda: jaxprune.pruning(weight_sparsity_map=['Dense:0.5', 'kernel:0.6']).init(params),
+    lambda: sparse.static(optax.sgd(0.1), 0.5, sparsity_map={'Dense': 0.5, 'kernel': 0.6}).init(
+      params
+    ),
+    lambda: oneshot.prune(
+      model,
+      params,
+      batches,
+      method='magnitude',
+      sparsity=0.5,
+      overrides={'Dense': 0.5, 'kernel': 0.6},
+    ),
+  ]
+  for call in several:
+    with pytest.raises(ValueError, match=r"'Dense_0/kernel' matches several entries \['Dense',"):
+      call()
+  nothing = [
+    (
+      lambda: jaxprune.pruning(weight_sparsity_map=['Conv:0.5']).init(params),
+      'weight_sparsity_map',
+    ),
+    (
+      lambda: sparse.static(optax.sgd(0.1), 0.5, sparsity_map={'Conv': 0.5}).init(params),
+      'sparsity_map',
+    ),
+    (
+      lambda: oneshot.prune(
+        model, params, batches, method='magnitude', sparsity=0.5, overrides={'Conv': 0.5}
+      ),
+      'overrides',
+    ),
+  ]
+  for call, field in nothing:
+    with pytest.warns(
+      UserWarning,
+      match=rf"{field} entry 'Conv' matches none of the .*, which "
+      r"are \['Dense_0/kernel'\]",
+    ):
+      call()

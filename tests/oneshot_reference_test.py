@@ -141,12 +141,12 @@ def test_bad_inputs_are_clear_errors_that_change_nothing():
   params, batches, _, w = _setup()
   cases = [
     (dict(batches=[], method='wanda', sparsity=0.5), 'at least one calibration batch'),
-    (dict(method='wanda', sparsity=1.0), r'sparsity must be a number in \[0, 1\)'),
-    (dict(method='sparsegpt', sparsity=-0.1), r'sparsity must be a number in \[0, 1\)'),
+    (dict(method='wanda', sparsity=1.0), r'sparsity=1.0: must be in \[0, 1\)'),
+    (dict(method='sparsegpt', sparsity=-0.1), r'sparsity=-0.1: must be in \[0, 1\)'),
     (dict(method='wanda', nm='3:6'), 'not divisible by M=6'),
     (dict(method='obs', sparsity=0.5), "method='obs'"),
     (dict(method='wanda'), 'give sparsity'),
-    (dict(method='wanda', sparsity=0.5, overrides={'nothing': 0.5}), 'match no layer'),
+    (dict(method='wanda', sparsity=0.5, overrides={'w': 0.5, '^w$': 0.2}), 'matches several'),
   ]
   for kwargs, message in cases:
     with pytest.raises(ValueError, match=message):

@@ -102,7 +102,9 @@ def test_errors(kwargs, message):
 
 def test_select_primitives_against_numpy():
   rng = np.random.default_rng(0)
-  # Ties: magnitudes drawn from few values; the lower flat index wins among equals.
+  # Ties: scores drawn from few values. The lower flat index ranks higher among equals
+  # (lax.top_k's order): of equal drop scores the higher index is dropped first, of equal
+  # grow scores the lower index grows first.
   mask = np.zeros(60, bool)
   mask[rng.choice(60, 25, replace=False)] = True
   drop = rng.integers(0, 4, 60).astype(np.float32)
@@ -118,7 +120,7 @@ def test_select_primitives_against_numpy():
       )
     ).reshape(-1)
     active = np.flatnonzero(mask)
-    by_drop = active[np.lexsort((active, drop[active]))]  # ascending score, then index
+    by_drop = active[np.lexsort((-active, drop[active]))]  # ascending score, higher index
     kept = mask.copy()
     kept[by_drop[:n_drop]] = False
     others = np.flatnonzero(~kept)

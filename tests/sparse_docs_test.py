@@ -3,6 +3,8 @@
 import numpy as np
 from docs_blocks import code_cells
 
+import jaxprune
+
 
 def test_docs_example(capsys):
   blocks = code_cells('guides/sparse.md')
@@ -14,10 +16,10 @@ def test_docs_example(capsys):
   eps = 0.1 * 9472 / 330
   want = {'Dense_0/kernel': round(eps * 192), 'Dense_1/kernel': round(eps * 138)}
   assert (
-    {n: int(m.sum()) for n, m in scope['masks'].items()}
+    {n: int(m.sum()) for n, m in jaxprune.named_leaves(scope['masks'])}
     == want
     == {'Dense_0/kernel': 551, 'Dense_1/kernel': 396}
   )
-  for name, mask in scope['masks'].items():
+  for name, mask in jaxprune.named_leaves(scope['masks']):
     kernel = np.asarray(scope['params'][name.split('/')[0]]['kernel'])
     np.testing.assert_array_equal(kernel[~np.asarray(mask)], 0)

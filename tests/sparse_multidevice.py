@@ -95,7 +95,8 @@ def run() -> dict:
     out = step(*args)
     by_name = dict(jaxprune.named_leaves(p_shard))
     for i, name in enumerate(txs):
-      masks = sparse.get_masks(out[1][i])
+      masks = dict(jaxprune.named_leaves(sparse.get_masks(out[1][i])))
+      before = dict(jaxprune.named_leaves(sparse.get_masks(inits[i])))
       results[name][layout] = {
         'params_equal': trees_equal(out[0][i], ref[0][i]),
         'state_equal': trees_equal(out[1][i], ref[1][i]),
@@ -103,8 +104,7 @@ def run() -> dict:
           m.sharding.is_equivalent_to(by_name[n], m.ndim) for n, m in masks.items()
         ),
         'masks_changed': any(
-          bool((np.asarray(m) != np.asarray(sparse.get_masks(inits[i])[n])).any())
-          for n, m in masks.items()
+          bool((np.asarray(m) != np.asarray(before[n])).any()) for n, m in masks.items()
         ),
       }
   return results

@@ -81,7 +81,7 @@ def test_ste_update_freq_and_errors():
     grads = jax.tree.map(lambda p, i=i: jnp.full(p.shape, (-1.0) ** i, jnp.float32), params)
     updates, state = step(grads, state, params)
     params = optax.apply_updates(params, updates)
-    masks.append(np.asarray(sparse.get_masks(state)['a/kernel']))
+    masks.append(np.asarray(sparse.get_masks(state)['a']['kernel']))
   assert (masks[0] == masks[1]).all() and (masks[1] == masks[2]).all()
   assert masks[0].sum() == masks[3].sum() == 80
   with pytest.raises(ValueError, match='not divisible by M=3'):

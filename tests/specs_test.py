@@ -116,3 +116,53 @@ def test_non_real_float_leaf_names_the_leaf(dtype):
   params = {'odd': {'kernel': jnp.ones((4, 4), dtype)}}
   with pytest.raises(ValueError, match=f"leaf 'odd/kernel' has dtype {np.dtype(dtype)}"):
     jaxprune.pruning(helpers.hparams()).init(params)
+
+
+def test_leaf_filter_is_the_one_selector():
+  params = {
+    'Dense_0': {'kernel': jnp.ones((4, 3)), 'bias': jnp.ones(3)},
+    'Embed_0': {'embedding': jax.ShapeDtypeStruct((5, 2), jnp.float32)},
+    'empty': {'kernel': jnp.ones((0, 3))},
+    'scale': {'kernel': 2.0},
+  }
+  named = jaxprune.named_leaves(params)
+
+  def picked(chooser):
+    return [name for name, leaf in named if chooser(name, leaf)]
+
+  # A regex: re.search on the name, 2 or more axes, some elements.
+  assert picked(specs.leaf_filter('(kernel|embedding)$')) == [
+    'Dense_0/kernel',
+    'Embed_0/embedding',
+  ]
+  # functional's: a regex names vectors and scalars too, never empty leaves or None.
+  assert picked(specs.leaf_filter('Dense_0|scale', min_ndim=0)) == [
+    'Dense_0/bias',
+    'Dense_0/kernel',
+    'scale/kernel',
+  ]
+  assert not specs.leaf_filter('.', min_ndim=0)('x', None)
+  # A predicate replaces the regex and the axes rule, not the one about elements.
+  assert picked(specs.leaf_filter(lambda name, leaf: 'e' in name)) == [
+    'Dense_0/bias',
+    'Dense_0/kernel',
+    'Embed_0/embedding',
+    'scale/kernel',
+  ]
+  with pytest.raises(ValueError, match=r"names: invalid regex '\('"):
+    specs.leaf_filter('(', field='names')
+  with pytest.raises(TypeError, match='expected a regex string or a predicate'):
+    specs.leaf_filter(3)
+
+
+def test_pruning_sparse_and_functional_select_with_leaf_filter():
+  params = {
+    'Dense_0': {'kernel': jnp.ones((4, 3)), 'bias': jnp.ones(3)},
+    'empty': {'kernel': jnp.ones((0, 3))},
+  }
+  masks = jaxprune.pruning().init(params).masks
+  assert [name for name, _ in jaxprune.named_leaves(masks)] == ['Dense_0/kernel']
+  assert jaxprune.sparse.sparse_names(params) == ['Dense_0/kernel']
+  masks = jaxprune.functional.l1_unstructured(params, 1, names='Dense_0|empty')
+  assert masks['empty']['kernel'] is None  # nothing to prune
+  assert masks['Dense_0']['bias'].shape == (3,)  # a regex names a bias as torch does

@@ -11,6 +11,8 @@ import pytest
 import tiny_models
 
 import jaxprune
+from jaxprune import _summaries as summaries
+from jaxprune import sparse
 
 
 def _pruned_state():
@@ -126,3 +128,22 @@ def test_no_shortfall_warning_at_the_target():
     out = jaxprune.summaries(state, hparams)
   assert float(out['Dense_0/kernel/sparsity']) == 0.5
   assert _outlier_run.during_training == []
+
+
+def test_find_state_is_the_one_search_of_the_accessors():
+  params = {'Dense_0': {'kernel': jnp.ones((4, 4))}}
+  pruning_state = jaxprune.pruning().init(params)
+  state = (optax.adam(1e-3).init(params), pruning_state)
+  assert summaries.find_state(state, jaxprune.PruningState, 'x', 'y') is pruning_state
+  assert summaries.find_state(pruning_state, jaxprune.PruningState, 'x', 'y') is pruning_state
+  with pytest.raises(
+    ValueError, match=r'^expected exactly one x in the optimizer state, found 0: y$'
+  ):
+    summaries.find_state(state[0], jaxprune.PruningState, 'x', 'y')
+  with pytest.raises(ValueError, match=r'found 2; pass the x itself\.$'):
+    summaries.find_state((pruning_state, pruning_state), jaxprune.PruningState, 'x', 'y')
+  sparse_state = sparse.static(optax.sgd(0.1), 0.5).init(params)
+  assert sparse.find_state(((), sparse_state)) is sparse_state
+  for find, other in ((sparse.find_state, state), (jaxprune.find_pruning_state, sparse_state)):
+    with pytest.raises(ValueError, match='found 0: pass the state of'):
+      find(other)

@@ -266,7 +266,7 @@ def _keep_count_reference(total, sparsity):
   return max(round(Fraction(total) * (1 - Fraction(float(F32(sparsity))))), 1)
 
 
-def test_keep_count_is_exact_for_every_size():
+def test_exact_keep_count_is_exact_for_every_size():
   """k = round(N (1 - s)), half to even, for the float32 s, up to 2**31 - 1 weights.
 
   tfmot's float32 product is off by one weight or more for most N above 2**24."""
@@ -285,7 +285,7 @@ def test_keep_count_is_exact_for_every_size():
       [0.5, 0.5, 0.5, 0.5, 0.5, 0.1, 0.9, 0.0, 0.0],
     ]
   ).astype(F32)
-  got = np.asarray(jax.jit(lambda s: thresholds.keep_count(totals, s))(sparsities))
+  got = np.asarray(jax.jit(lambda s: thresholds.exact_keep_count(totals, s))(sparsities))
   expected = [_keep_count_reference(int(n), s) for n, s in zip(totals, sparsities, strict=True)]
   np.testing.assert_array_equal(got, expected)
 

@@ -22,8 +22,8 @@ LINSPACE = np.linspace(1, 100, 100, dtype=np.float32).reshape(10, 10)
     (10, 0.0, 10),
   ],
 )
-def test_keep_count_keeps_at_least_one(total, sparsity, kept):
-  assert int(thresholds.keep_count(total, jnp.float32(sparsity))) == kept
+def test_exact_keep_count_keeps_at_least_one(total, sparsity, kept):
+  assert int(thresholds.exact_keep_count(total, jnp.float32(sparsity))) == kept
 
 
 def test_exact_rule_keeps_the_largest_when_the_count_rounds_to_zero():
@@ -32,7 +32,7 @@ def test_exact_rule_keeps_the_largest_when_the_count_rounds_to_zero():
   Through `update_mask` keeping 0 and keeping 1 cannot be told apart: the search
   for the largest value with count(a >= value) >= k ends at max|w| in both cases
   (for k = 0 every value qualifies and the bracket's top is the maximum), so the
-  mask is `a >= max` either way. `keep_count` itself is tested above.
+  mask is `a >= max` either way. `exact_keep_count` itself is tested above.
   """
   w = jnp.asarray([[0.5, -3.0, 2.0]], jnp.float32)
   threshold, mask = jax.jit(lambda w: jaxprune.update_mask(w, 0.0, 0.9, threshold_method='exact'))(
@@ -73,7 +73,7 @@ def test_exact_rule_on_a_large_tensor_uses_the_full_count():
 
 
 @pytest.mark.parametrize('size, kept', [(13, 6), (11, 6), (3, 2)])
-def test_keep_count_rounds_half_to_even(size, kept):
+def test_exact_keep_count_rounds_half_to_even(size, kept):
   # tfmot's tf.round: 13 * 0.5 = 6.5 -> 6, 11 * 0.5 = 5.5 -> 6, 3 * 0.5 = 1.5 -> 2.
   w = jnp.asarray(np.arange(1, size + 1, dtype=np.float32).reshape(1, size))
   _, mask = jaxprune.update_mask(w, 0.0, 0.5, threshold_method='exact')

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _names as names_lib
+from jaxprune._updates import zeroed
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _solvers as solvers
@@ -95,8 +96,9 @@ def prune(
       of each output), instead of `sparsity`.
     overrides: `{regex: sparsity | 'N:M' | None}` for the layers whose name
       (e.g. 'block_0/q/kernel', 'blocks/up/kernel[3]' for a stack's slice 3) the
-      regex matches (`re.search`); None or 0 leaves them dense. Each regex must
-      match a layer, each layer at most one.
+      regex matches (`re.search`); None or 0 leaves them dense. A layer matching
+      two regexes is an error, a regex matching no layer a warning (the rule of
+      every map in jaxprune).
     per_row: magnitude only: compare within each output row.
     blocksize: SparseGPT's column block (a multiple of M for N:M).
     percdamp: SparseGPT's dampening (0 only for a nonsingular Hessian).
@@ -451,12 +453,12 @@ def _prune_leaf(
   finite = jnp.bool_(True)
   if method == 'magnitude':
     mask = solvers.magnitude(w, sparsity=sparsity, nm=nm, per_row=per_row)
-    new = jnp.where(mask, w, 0.0)
+    new = zeroed(mask, w)
   elif method == 'wanda':
     mask = solvers.wanda(
       w, jnp.repeat(stat['sqnorm'], w.shape[0] // groups, axis=0), sparsity=sparsity, nm=nm
     )
-    new = jnp.where(mask, w, 0.0)
+    new = zeroed(mask, w)
   else:
     grouped = w.reshape(groups, -1, w.shape[1])
     solve = functools.partial(

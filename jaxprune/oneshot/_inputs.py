@@ -6,7 +6,6 @@ that names the fix.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -14,18 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxprune import _maps as maps
 from jaxprune import _nm as nm_lib
+from jaxprune._checks import check_fraction
 from jaxprune.oneshot._layers import Layer
 
 PyTree = Any
 Target = tuple[float, tuple[int, int] | None]  # (sparsity, nm)
-
-
-def check_sparsity(where: str, value: Any) -> float:
-  """`value` as a float in [0, 1), or a ValueError naming `where`."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-    raise ValueError(f'{where}={value!r}: sparsity must be a number in [0, 1), e.g. 0.5.')
-  return float(value)
 
 
 def parse_target(where: str, sparsity: Any, nm: Any) -> Target | None:
@@ -38,7 +32,8 @@ def parse_target(where: str, sparsity: Any, nm: Any) -> Target | None:
     return 0.0, nm_lib.parse_nm(nm)
   if sparsity is None:
     return None
-  sparsity = check_sparsity(where, sparsity)
+  check_fraction('sparsity', sparsity, where=where, example='0.5')
+  sparsity = float(sparsity)
   return (sparsity, None) if sparsity > 0 else None
 
 
@@ -61,29 +56,17 @@ def layer_key(layer: Layer) -> tuple[int, int | None]:
 def layer_targets(
   layers: list[Layer], default: Target | None, overrides: Mapping[str, Any]
 ) -> dict[tuple[int, int | None], Target | None]:
-  """Each layer's target: its override's (one regex at most), else the default."""
+  """Each layer's target: its override's, else the default (jaxprune's map rule,
+  `maps.match_entries`: a layer matching two regexes is an error, a regex matching no
+  layer a warning)."""
   parsed = {}
   for regex, value in overrides.items():
-    try:
-      re.compile(regex)
-    except re.error as err:
-      raise ValueError(f'overrides: invalid regex {regex!r} ({err}).') from None
+    maps.check_regex('overrides', regex)
     parsed[regex] = parse_override(regex, value)
-  targets, used = {}, set()
-  for layer in layers:
-    hits = [r for r in parsed if re.search(r, layer.name)]
-    if len(hits) > 1:
-      raise ValueError(
-        f'overrides: layer {layer.name!r} matches several regexes {hits}; make them exclusive.'
-      )
-    used.update(hits)
-    targets[layer_key(layer)] = parsed[hits[0]] if hits else default
-  unused = [r for r in parsed if r not in used]
-  if unused:
-    raise ValueError(
-      f'overrides: {unused} match no layer; the layers are {[layer.name for layer in layers]}.'
-    )
-  return targets
+  names = [layer.name for layer in layers]
+  mapped, unmatched = maps.match_entries('overrides', names, parsed.items(), kind='layer')
+  maps.warn_unmatched([f'overrides entry {regex!r}' for regex in unmatched], names, 'layers', 4)
+  return {layer_key(layer): mapped.get(layer.name, default) for layer in layers}
 
 
 def check_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:

@@ -2,8 +2,9 @@
 
 Masks are bool, True for kept weights. A target sparsity `s` prunes
 `round(s * count)` entries of each compared set; among equal scores the lower
-index is pruned first. `nm=(n, m)` keeps `n` of every `m` consecutive inputs
-of each output row instead.
+index is pruned first (`ranking.lowest_k_stable`, the tie order of Wanda's
+reference code, which the tests match). `nm=(n, m)` keeps `n` of every `m`
+consecutive inputs of each output row instead.
 """
 
 from __future__ import annotations
@@ -14,16 +15,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxprune import _nm as nm_lib
+from jaxprune import _ranking as ranking
+from jaxprune._updates import zeroed
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _keep(scores: jax.Array, pruned: int, axis: int | None) -> jax.Array:
-  """True except for the `pruned` lowest `scores` along `axis` (None: all entries)."""
-  flat = scores.reshape(-1) if axis is None else scores
-  order = jnp.argsort(flat, axis=-1 if axis is None else axis, stable=True)
-  ranks = jnp.argsort(order, axis=-1 if axis is None else axis)
-  return (ranks >= pruned).reshape(scores.shape)
 
 
 def _select(
@@ -32,8 +27,8 @@ def _select(
   if nm is not None:
     return nm_lib.nm_mask_from_scores(scores, nm[0], nm[1], axis=-1)
   if per_row:
-    return _keep(scores, round(sparsity * scores.shape[1]), axis=1)
-  return _keep(scores, round(sparsity * scores.size), axis=None)
+    return ~ranking.lowest_k_stable(scores, round(sparsity * scores.shape[1]), axis=1)
+  return ~ranking.lowest_k_stable(scores, round(sparsity * scores.size))
 
 
 @functools.partial(jax.jit, static_argnames=('sparsity', 'nm', 'per_row'))
@@ -64,7 +59,7 @@ def inverse_hessian_factor(
   zeroed). A dead input (diag H = 0: never nonzero on the calibration data) gets H_jj = 1."""
   dead = jnp.diag(h) == 0
   h = h + jnp.diag(dead.astype(h.dtype))
-  w = jnp.where(dead[None, :], 0.0, w)
+  w = zeroed(~dead[None, :], w)
   h = h + percdamp * jnp.mean(jnp.diag(h)) * jnp.eye(h.shape[0], dtype=h.dtype)
   lower = jnp.linalg.cholesky(h)
   hinv = jax.scipy.linalg.cho_solve((lower, True), jnp.eye(h.shape[0], dtype=h.dtype))
@@ -76,7 +71,7 @@ def _nm_block_step(w1, u1, prune1, i, nm):
   n, m = nm
   group = jax.lax.dynamic_slice_in_dim(w1, i, m, axis=1)
   diag = jax.lax.dynamic_slice_in_dim(jnp.diag(u1), i, m)
-  chosen = ~_keep(group**2 / diag[None, :] ** 2, m - n, axis=1)
+  chosen = ranking.lowest_k_stable(group**2 / diag[None, :] ** 2, m - n, axis=1)
   updated = jax.lax.dynamic_update_slice_in_dim(prune1, chosen, i, axis=1)
   return jnp.where(i % m == 0, updated, prune1)
 
@@ -121,7 +116,7 @@ def sparsegpt(
     w1 = w[:, i1:i2]
     if nm is None:
       scores = w1**2 / jnp.diag(u1)[None, :] ** 2
-      prune1 = ~_keep(scores, round(sparsity * w1.size), axis=None)
+      prune1 = ranking.lowest_k_stable(scores, round(sparsity * w1.size))
     else:
       prune1 = jnp.zeros(w1.shape, bool)
 
@@ -130,7 +125,7 @@ def sparsegpt(
       if nm is not None:
         prune1 = _nm_block_step(w1, u1, prune1, i, nm)
       col = jax.lax.dynamic_index_in_dim(w1, i, axis=1, keepdims=False)
-      q = jnp.where(jax.lax.dynamic_index_in_dim(prune1, i, axis=1, keepdims=False), 0.0, col)
+      q = zeroed(~jax.lax.dynamic_index_in_dim(prune1, i, axis=1, keepdims=False), col)
       err = (col - q) / u1[i, i]
       w1 = w1 - err[:, None] * jax.lax.dynamic_index_in_dim(u1, i, axis=0)
       q1 = jax.lax.dynamic_update_index_in_dim(q1, q, i, axis=1)

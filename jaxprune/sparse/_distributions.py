@@ -11,16 +11,17 @@ solved again over the rest, as in RigL's and jaxpruner's code.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from jaxprune import _maps as maps
+from jaxprune import _specs as specs
+from jaxprune._checks import check_fraction
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._names import named_leaves
+from jaxprune._specs import PruneFilter
 
 PyTree = Any
-PruneFilter = Callable[[str, Any], bool]
 DISTRIBUTIONS = ('uniform', 'erk')
 
 
@@ -32,21 +33,11 @@ def sparse_names(
   """Names of the leaves that get a mask, in the params' flattening order.
 
   By default those whose name matches `weight_name_regex` and that have at
-  least 2 dimensions and some elements (jaxprune.pruning's rule);
-  `prune_filter(name, leaf)` replaces the rule.
+  least 2 dimensions and some elements (jaxprune.pruning's rule, `specs.leaf_filter`);
+  `prune_filter(name, leaf)` replaces the regex and the dimensions rule.
   """
-  maps.check_regex('weight_name_regex', weight_name_regex)
-  pattern = re.compile(weight_name_regex)
-  if prune_filter is None:
-
-    def prune_filter(name, leaf):
-      return bool(pattern.search(name)) and len(leaf.shape) >= 2
-
-  return [
-    name
-    for name, leaf in named_leaves(params)
-    if math.prod(leaf.shape) > 0 and prune_filter(name, leaf)
-  ]
+  chosen = specs.leaf_filter(weight_name_regex if prune_filter is None else prune_filter)
+  return [name for name, leaf in named_leaves(params) if chosen(name, leaf)]
 
 
 def erk_densities(
@@ -96,16 +87,41 @@ def densities(
     distribution: 'uniform' (every leaf at `sparsity`) or 'erk' (`erk_densities`
       over the leaves not in `sparsity_map`).
     sparsity_map: `{regex: sparsity}`; a leaf whose name matches an entry gets
-      that sparsity and is left out of the distribution (a leaf matching two
-      entries is an error).
+      that sparsity and is left out of the distribution. jaxprune's map rule
+      (`jaxprune.pruning`'s): a leaf matching two entries is an error, an entry
+      matching no sparse leaf a warning.
     weight_name_regex, prune_filter: which leaves are sparse (`sparse_names`).
     erk_power: the ERK exponent.
 
   Returns:
     name -> density in (0, 1], for the sparse leaves only.
   """
-  if not 0.0 <= sparsity < 1.0:
-    raise ValueError(f'sparsity={sparsity!r}: must be in [0, 1), e.g. 0.9.')
+  return leaf_densities(
+    params,
+    sparsity,
+    distribution,
+    sparsity_map=sparsity_map,
+    weight_name_regex=weight_name_regex,
+    prune_filter=prune_filter,
+    erk_power=erk_power,
+    warn=True,
+  )
+
+
+def leaf_densities(
+  params: PyTree,
+  sparsity: float,
+  distribution: str,
+  *,
+  sparsity_map: Mapping[str, float] | None,
+  weight_name_regex: str,
+  prune_filter: PruneFilter | None,
+  erk_power: float,
+  warn: bool,
+) -> dict[str, float]:
+  """`densities`; `warn=False` keeps quiet about unmatched map entries (the training rules
+  work them out again at every trace of their update, and warn once, at init)."""
+  check_fraction('sparsity', sparsity, example='0.9')
   if distribution not in DISTRIBUTIONS:
     raise ValueError(f'distribution={distribution!r}: use one of {DISTRIBUTIONS}.')
   if not (isinstance(erk_power, (int, float)) and math.isfinite(erk_power) and erk_power >= 0):
@@ -116,8 +132,7 @@ def densities(
   entries = dict(sparsity_map or {})
   for regex, value in entries.items():
     maps.check_regex(f'sparsity_map entry {regex!r}', regex)
-    if not 0.0 <= value < 1.0:
-      raise ValueError(f'sparsity_map entry {regex!r}: {value!r}: sparsity must be in [0, 1).')
+    check_fraction('sparsity', value, where=f'sparsity_map entry {regex!r}')
   shapes = {name: tuple(leaf.shape) for name, leaf in named_leaves(params)}
   names = sparse_names(params, weight_name_regex, prune_filter)
   if not names:
@@ -125,30 +140,26 @@ def densities(
       f'no leaf is sparse: none matches weight_name_regex={weight_name_regex!r} '
       'with 2 or more dimensions; pass another regex or a prune_filter.'
     )
-  fixed = {}
-  for name in names:
-    matches = [regex for regex in entries if re.search(regex, name)]
-    if len(matches) > 1:
-      raise ValueError(
-        f'sparsity_map: leaf {name!r} matches several entries {matches}; '
-        'make the regexes exclusive.'
-      )
-    if matches:
-      fixed[name] = 1.0 - entries[matches[0]]
-  unused = [regex for regex in entries if not any(re.search(regex, n) for n in names)]
-  if unused:
-    raise ValueError(
-      f'sparsity_map entries {unused} match no sparse leaf; the sparse leaves '
-      f'are {names}. Fix the regexes (matched with re.search) or drop them.'
+  mapped, unmatched = maps.match_entries('sparsity_map', names, entries.items())
+  if warn:
+    maps.warn_unmatched(
+      [f'sparsity_map entry {regex!r}' for regex in unmatched], names, 'sparse leaves', 3
     )
-  rest = [name for name in names if name not in fixed]
+  rest = [name for name in names if name not in mapped]
   if distribution == 'erk':
     spread = erk_densities({n: shapes[n] for n in rest}, sparsity, erk_power) if rest else {}
   else:
     spread = dict.fromkeys(rest, 1.0 - sparsity)
-  return {name: fixed[name] if name in fixed else spread[name] for name in names}
+  return {name: 1.0 - mapped[name] if name in mapped else spread[name] for name in names}
 
 
 def kept_count(size: int, density: float) -> int:
-  """Entries kept in a leaf of `size` at `density`: round(size * density), at least 1."""
+  """Entries kept in a leaf of `size` at `density`, on the host: round(size * density),
+  clamped to [1, size].
+
+  The rounding: Python's `round`, half to even, of the float64 product `size * density`
+  (itself rounded to float64 first). It is not `jaxprune.pruning`'s exact rule
+  (`_thresholds.exact_keep_count`: a float32 sparsity, rounded in exact arithmetic inside
+  jit), which STE's magnitude masks use; the two can differ by one at a half-way product.
+  """
   return min(size, max(1, round(size * density)))

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import optax
 
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
+from jaxprune._specs import PruneFilter
 from jaxprune.sparse._training import sparse_training
-
-PruneFilter = Callable[[str, Any], bool]
 
 
 def static(

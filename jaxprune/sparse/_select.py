@@ -3,19 +3,19 @@
 Each works on one leaf flattened, inside jit, with `lax.top_k` on a static
 count instead of a full sort of the leaf: SET's and RigL's drop/grow counts
 are a fraction of the kept entries (3% of the leaf at 90% sparsity and drop
-fraction 0.3). Among equal scores the lower flat index is selected first, as
-`lax.top_k` orders ties, so masks are deterministic.
+fraction 0.3). Ties follow jaxprune's one rule (`jaxprune._ranking`, `lax.top_k`'s
+order, from which RigL's code keeps its weights too): among equal scores the lower
+flat index ranks higher, so it is kept first and grown first, and masks are
+deterministic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
-from jax import Array, lax
+from jax import Array
 
-from jaxprune._meshes import explicit_mesh
+from jaxprune import _ranking as ranking
 
 
 def top_k_mask(scores: Array, k: int) -> Array:
@@ -23,7 +23,7 @@ def top_k_mask(scores: Array, k: int) -> Array:
   flat = scores.reshape(-1)
   if k >= flat.size:
     return jnp.ones(scores.shape, bool)
-  _, indices = lax.top_k(flat, k)
+  indices = ranking.highest_k_indices(flat, k)
   return jnp.zeros(flat.shape, bool).at[indices].set(True).reshape(scores.shape)
 
 
@@ -39,7 +39,8 @@ def drop_and_grow(
 
   The grown entries are those of highest `grow_scores` among the entries not
   kept after the drop (so a just-dropped entry may come back, as in RigL).
-  The number of kept entries is unchanged.
+  The number of kept entries is unchanged. Ties: of equal drop scores the higher
+  index is dropped first, of equal grow scores the lower index grows first.
 
   Args:
     mask: bool, the current mask; it must keep at least `max_drop` entries.
@@ -57,23 +58,9 @@ def drop_and_grow(
     return mask
   flat = mask.reshape(-1)
   selected = jnp.arange(max_drop) < n_drop
-  neg_inf = jnp.array(-jnp.inf, jnp.float32)
-  lowest = jnp.where(flat, -drop_scores.reshape(-1).astype(jnp.float32), neg_inf)
-  _, drop_at = lax.top_k(lowest, max_drop)
-  kept = flat.at[drop_at].set(~selected)
-  candidates = jnp.where(kept, neg_inf, grow_scores.reshape(-1).astype(jnp.float32))
-  _, grow_at = lax.top_k(candidates, max_drop)
-  grown = jnp.zeros_like(flat).at[grow_at].set(selected)
+  inf = jnp.array(jnp.inf, jnp.float32)
+  droppable = jnp.where(flat, drop_scores.reshape(-1).astype(jnp.float32), inf)
+  kept = flat.at[ranking.lowest_k_indices(droppable, max_drop)].set(~selected)
+  candidates = jnp.where(kept, -inf, grow_scores.reshape(-1).astype(jnp.float32))
+  grown = jnp.zeros_like(flat).at[ranking.highest_k_indices(candidates, max_drop)].set(selected)
   return (kept | grown).reshape(mask.shape)
-
-
-def on_any_mesh(fn: Callable[..., Array], like: Array, *arrays: Array) -> Array:
-  """`fn(*arrays)`, also for arrays typed with explicit mesh axes (`jax.make_mesh`'s default).
-
-  `lax.top_k` and the block reshapes have no sharding rule for explicit axes;
-  there `fn` runs with automatic axes, which XLA's partitioner shards as under
-  `pjit`, and the result comes back sharded like `like`.
-  """
-  if explicit_mesh([like, *arrays]) is None:
-    return fn(*arrays)
-  return jax.sharding.auto_axes(fn, out_sharding=jax.typeof(like).sharding)(*arrays)

@@ -22,11 +22,13 @@ import optax
 from jax import Array, lax
 
 from jaxprune import _nm as nm_lib
+from jaxprune import _updates as updates_lib
+from jaxprune._checks import need_params
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
 from jaxprune._masks import update_mask
+from jaxprune._meshes import on_any_mesh, sharded_like
 from jaxprune._names import named_leaves
 from jaxprune.sparse import _distributions as distributions
-from jaxprune.sparse import _select as select
 from jaxprune.sparse._training import check_inner, check_like_params
 
 PyTree = Any
@@ -93,17 +95,19 @@ def ste(
   if not isinstance(update_freq, int) or update_freq < 1:
     raise ValueError(f'update_freq={update_freq!r}: must be an integer >= 1, e.g. 1.')
 
-  def sparsities(params):
+  def sparsities(params, warn=False):
     if pattern is not None:
       names = distributions.sparse_names(params, weight_name_regex, prune_filter)
       return dict.fromkeys(names, 1.0 - pattern[0] / pattern[1])
-    density = distributions.densities(
+    density = distributions.leaf_densities(
       params,
       sparsity,
       distribution,
       sparsity_map=sparsity_map,
       weight_name_regex=weight_name_regex,
       prune_filter=prune_filter,
+      erk_power=1.0,
+      warn=warn,
     )
     return {name: 1.0 - d for name, d in density.items() if d < 1.0}
 
@@ -113,7 +117,7 @@ def ste(
     return update_mask(weights, jnp.float32(0), jnp.float32(target), threshold_method='exact')[1]
 
   def init_fn(params):
-    targets = sparsities(params)
+    targets = sparsities(params, warn=True)
     for name, leaf in named_leaves(params):
       if name in targets:  # a bad N:M shape fails now, not at step one
         jax.eval_shape(lambda w, n=name: new_mask(n, w, targets[n]), leaf)
@@ -130,10 +134,7 @@ def ste(
     )
 
   def update_fn(grads, state, params=None):
-    if params is None:
-      raise ValueError(
-        'jaxprune.sparse.ste: the update needs the params: call tx.update(grads, state, params).'
-      )
+    need_params(params, 'jaxprune.sparse.ste')
     check_like_params('ste', grads, params)
     targets = sparsities(params)
     names = [name for name, _ in named_leaves(params)]
@@ -150,7 +151,7 @@ def ste(
     )
     u_leaves = jax.tree.leaves(updates)
     new_dense = [
-      None if m is None else (d + u).astype(d.dtype)
+      None if m is None else updates_lib.stored_weight(d, u)
       for m, d, u in zip(old, dense, u_leaves, strict=True)
     ]
     due = state.step % update_freq == 0
@@ -162,7 +163,11 @@ def ste(
         if w is None
         else jnp.where(
           jnp.all(jnp.isfinite(w)),
-          select.on_any_mesh(functools.partial(new_mask, n, target=targets[n]), w, w),
+          on_any_mesh(
+            functools.partial(new_mask, n, target=targets[n]),
+            sharded_like(w),
+            w,
+          ),
           m,
         )
         for n, w, m in zip(names, weights, old, strict=True)
@@ -172,7 +177,7 @@ def ste(
     # Kept before and after: params == dense, so adding `u` stores exactly the new dense
     # weight; newly kept: params are 0, and 0 + w is w.
     out = [
-      u if n is None else jnp.where(n, jnp.where(m, u, w), -p).astype(u.dtype)
+      u if n is None else updates_lib.masked_update(n, jnp.where(m, u, w), p)
       for u, p, m, n, w in zip(u_leaves, p_leaves, old, new, new_dense, strict=True)
     ]
     return jax.tree.unflatten(treedef, out), STEState(

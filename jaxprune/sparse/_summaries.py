@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-from jax import Array
-
-from jaxprune._names import named_leaves
+from jaxprune import _summaries as summaries
 from jaxprune.sparse._ste import STEState
 from jaxprune.sparse._training import SparseState
 
@@ -17,31 +13,44 @@ _STATES = (SparseState, STEState)
 
 
 def find_state(opt_state: PyTree) -> SparseState | STEState:
-  """The one `SparseState` or `STEState` inside an optax state (or the state itself)."""
-  found = [
-    x
-    for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _STATES))
-    if isinstance(x, _STATES)
-  ]
-  if len(found) != 1:
-    raise ValueError(
-      f'expected one jaxprune.sparse state in the optimizer state, found '
-      f'{len(found)}; pass the SparseState or STEState itself.'
-    )
-  return found[0]
+  """The one `SparseState` or `STEState` inside an optax state (or the state itself).
+
+  Raises:
+    ValueError: when there is none, or several (pass the one you mean).
+  """
+  return summaries.find_state(
+    opt_state,
+    _STATES,
+    'jaxprune.sparse state (SparseState or STEState)',
+    'pass the state of a jaxprune.sparse rule (its tx.init(params)), or the SparseState '
+    'or STEState itself.',
+  )
 
 
-def get_masks(opt_state: PyTree) -> dict[str, Array]:
-  """`{leaf name: bool mask}` of the sparse leaves (True = kept)."""
-  masks = find_state(opt_state).masks
-  return {name: mask for name, mask in named_leaves(masks) if mask is not None}
+def get_masks(opt_state: PyTree) -> PyTree:
+  """The masks of a sparse-training state, as a tree.
+
+  Args:
+    opt_state: a `SparseState` or `STEState`, or an optax state that holds one.
+
+  Returns:
+    The bool mask tree (True = kept), parallel to the params, None for the dense
+    leaves: the shape `jaxprune.get_masks` returns, which `jaxprune.apply_masks`,
+    `jaxprune.strip` and `jaxprune.size_report` take. `jaxprune.named_leaves(masks)`
+    gives `(name, mask)` pairs of the sparse leaves.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxprune import sparse
+    >>> params = {'Dense_0': {'kernel': jnp.ones((4, 4)), 'bias': jnp.ones(4)}}
+    >>> masks = sparse.get_masks(sparse.static(optax.sgd(0.1), 0.75).init(params))
+    >>> masks['Dense_0']['bias'] is None, int(masks['Dense_0']['kernel'].sum())
+    (True, 4)
+  """
+  return find_state(opt_state).masks
 
 
 def apply_masks(params: PyTree, opt_state: PyTree) -> PyTree:
-  """`params` with the entries outside the masks set to zero (e.g. right after `init`)."""
-  return jax.tree.map(
-    lambda m, p: p if m is None else jnp.where(m, p, jnp.zeros_like(p)),
-    find_state(opt_state).masks,
-    params,
-    is_leaf=lambda x: x is None,
-  )
+  """`params` with the entries outside the masks set to zero (e.g. right after `init`):
+  `jaxprune.apply_masks` with the masks of the sparse state."""
+  return summaries.apply_masks(params, find_state(opt_state).masks)

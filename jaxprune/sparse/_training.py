@@ -29,7 +29,10 @@ import jax.numpy as jnp
 import optax
 from jax import Array, lax
 
+from jaxprune import _updates as updates_lib
+from jaxprune._checks import check_fraction, need_params
 from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
+from jaxprune._meshes import on_any_mesh, sharded_like
 from jaxprune._names import named_leaves
 from jaxprune.sparse import _distributions as distributions
 from jaxprune.sparse import _select as select
@@ -90,7 +93,7 @@ def reset_at(inner_state: PyTree, params: PyTree, grown: PyTree) -> PyTree:
     if not like_params(node):
       return node
     leaves = [
-      x if g is None else jnp.where(g, jnp.zeros_like(x), x)
+      x if g is None else updates_lib.zeroed(~g, x)
       for x, g in zip(jax.tree.leaves(node), grown_leaves, strict=True)
     ]
     return jax.tree.unflatten(structure, leaves)
@@ -124,11 +127,6 @@ def check_like_params(rule: str, grads: PyTree, params: PyTree) -> None:
       )
 
 
-def _stored(p: Array, u: Array) -> Array:
-  """The weight `optax.apply_updates` stores for param `p` and update `u`."""
-  return (p + u).astype(p.dtype)
-
-
 def sparse_training(
   inner: optax.GradientTransformation,
   sparsity: float,
@@ -154,8 +152,7 @@ def sparse_training(
   if rule not in RULES:
     raise ValueError(f'rule={rule!r}: use one of {RULES}.')
   check_inner(inner, rule)
-  if not 0.0 <= sparsity < 1.0:
-    raise ValueError(f'sparsity={sparsity!r}: must be in [0, 1), e.g. 0.9.')
+  check_fraction('sparsity', sparsity, example='0.9')
   if distribution not in distributions.DISTRIBUTIONS:
     raise ValueError(f'distribution={distribution!r}: use one of {distributions.DISTRIBUTIONS}.')
   if rule != 'static':
@@ -166,14 +163,13 @@ def sparse_training(
       )
     if not isinstance(update_freq, int) or update_freq < 1:
       raise ValueError(f'update_freq={update_freq!r}: must be an integer >= 1, e.g. 100.')
-    if not 0.0 <= drop_fraction < 1.0:
-      raise ValueError(f'drop_fraction={drop_fraction!r}: must be in [0, 1), e.g. 0.3.')
+    check_fraction('drop_fraction', drop_fraction, example='0.3')
     if drop_fraction_decay not in ('cosine', 'constant'):
       raise ValueError(f"drop_fraction_decay={drop_fraction_decay!r}: use 'cosine' or 'constant'.")
 
-  def counts(params):
+  def counts(params, warn=False):
     """name -> kept count of each masked leaf (leaves at density 1 stay dense)."""
-    density = distributions.densities(
+    density = distributions.leaf_densities(
       params,
       sparsity,
       distribution,
@@ -181,13 +177,14 @@ def sparse_training(
       weight_name_regex=weight_name_regex,
       prune_filter=prune_filter,
       erk_power=erk_power,
+      warn=warn,
     )
     sizes = {name: math.prod(leaf.shape) for name, leaf in named_leaves(params)}
     kept = {name: distributions.kept_count(sizes[name], d) for name, d in density.items()}
     return {name: k for name, k in kept.items() if k < sizes[name]}
 
   def init_fn(params):
-    kept = counts(params)
+    kept = counts(params, warn=True)
     key, state_key = jax.random.split(jax.random.PRNGKey(seed))
     masks = [
       None
@@ -203,11 +200,7 @@ def sparse_training(
     )
 
   def update_fn(grads, state, params=None):
-    if params is None:
-      raise ValueError(
-        f'jaxprune.sparse.{rule}: the update needs the params: call '
-        'tx.update(grads, state, params).'
-      )
+    need_params(params, f'jaxprune.sparse.{rule}')
     check_like_params(rule, grads, params)
     kept = counts(params)
     names = [name for name, _ in named_leaves(params)]
@@ -215,8 +208,7 @@ def sparse_training(
     p_leaves, g_leaves = jax.tree.leaves(params), jax.tree.leaves(grads)
     old = jax.tree.leaves(state.masks, is_leaf=lambda x: x is None)
     masked_grads = [
-      g if m is None else jnp.where(m, g, jnp.zeros_like(g))
-      for g, m in zip(g_leaves, old, strict=True)
+      g if m is None else updates_lib.zeroed(m, g) for g, m in zip(g_leaves, old, strict=True)
     ]
     updates, inner_state = inner.update(
       jax.tree.unflatten(treedef, masked_grads), state.inner_state, params
@@ -248,8 +240,8 @@ def sparse_training(
             else jax.random.uniform(jax.random.fold_in(subkey, i), m.shape)
           )
           regrown = functools.partial(select.drop_and_grow, max_drop=max_drop)
-          magnitudes = jnp.abs(_stored(p, u))
-          new_mask = select.on_any_mesh(regrown, m, m, magnitudes, grow_scores, n_drop)
+          magnitudes = jnp.abs(updates_lib.stored_weight(p, u))
+          new_mask = on_any_mesh(regrown, sharded_like(m), m, magnitudes, grow_scores, n_drop)
           # NaN or Inf weights or gradients would break the counts: the leaf keeps its mask,
           # as the pruning transform skips such updates.
           finite = jnp.all(jnp.isfinite(magnitudes)) & jnp.all(jnp.isfinite(grow_scores))
@@ -260,7 +252,7 @@ def sparse_training(
       new, inner_state = lax.cond(due, regrow, lambda operands: (old, operands[0]), (inner_state,))
       grown = [None if n is None else n & ~m for n, m in zip(new, old, strict=True)]
     out = [
-      u if n is None else jnp.where(n if g is None else n & ~g, u, -p).astype(u.dtype)
+      u if n is None else updates_lib.masked_update(n if g is None else n & ~g, u, p)
       for u, p, n, g in zip(u_leaves, p_leaves, new, grown, strict=True)
     ]
     return jax.tree.unflatten(treedef, out), SparseState(
