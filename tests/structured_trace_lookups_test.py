@@ -341,3 +341,15 @@ def test_summary_names_the_weight_axes_a_rule_blocked():
     "(blocked by primitive 'sort'); params/outer/kernel:0 (blocked by primitive "
     "'sort')"
   ) in summary
+
+
+def test_a_module_that_remakes_its_rotary_table_is_told_to_prune_its_apply():
+  """The module's own code makes its sin/cos table for the pruned head size, which
+  the trace held as a constant; the pruned callable matches, the module does not."""
+  x = jax.random.normal(jax.random.key(1), (2, 6, 16))
+  model = RotaryAttention('gptj')
+  variables = model.init(jax.random.key(0), x)
+  with pytest.raises(RuntimeError, match=r'while the pruned callable matches it') as info:
+    jps.prune(model, variables, x, ratio=0.5, constraint=EXACT, progress=False)
+  assert 'prune(model.apply, variables, x)' in str(info.value)
+  assert 'Please report' not in str(info.value)

@@ -187,6 +187,17 @@ def _verified(graph, variables, plan, example_args, runs):
       with full_precision():
         outputs = fn(*example_args)
       report = compare(reference, outputs)
+    if not report.ok and reports:  # the pruned callable passed: the model's own code differs
+      raise RuntimeError(
+        f'prune: {what} differs from the dense model with the removed channels zeroed '
+        f'(largest difference {report.max_rel_diff:.3g} of the output scale), while the '
+        "pruned callable matches it; nothing was changed. The model's code computes "
+        'something from a pruned size that the trace held as a constant (a rotary '
+        "embedding's sin/cos table from the head size, a scale from the width): prune "
+        'the function instead, prune(model.apply, variables, x), whose result runs the '
+        'traced computation at the new sizes, or keep that group whole with '
+        'Constraint(locked=(...,)).'
+      )
     if not report.ok:
       raise RuntimeError(
         f'prune: {what} differs from the dense model with the removed channels zeroed '
