@@ -11,7 +11,8 @@ masks and `jaxprune.sparse` (SET, RigL, random masks) rank by it.
 stable ascending sort (numpy's `argsort(kind='stable')`, torch's `sort(stable=True)`).
 `jaxprune.oneshot` prunes by it because Wanda's reference code does
 (`torch.sort(scores, stable=True)`, then the first k of each row), and its tests match
-that code's masks entry for entry, ties included.
+that code's masks entry for entry, ties included; `jaxprune.structured`'s selectors
+remove channels by it (in numpy, on the host), as they always have.
 """
 
 from __future__ import annotations
