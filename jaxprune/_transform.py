@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from jax import Array, lax
 
@@ -201,8 +202,12 @@ class _TrainingWarnings:
     self.warned_moved = self.warned_short = False
 
   def __call__(self, names: tuple[str, ...], step, moved, achieved, targets) -> None:
-    step = int(step)
-    if bool(moved) and not self.warned_moved:
+    # The values arrive as jax arrays: read them as numpy before anything else, since an
+    # operation on them here (iterating one dispatches a slice) can deadlock the runtime
+    # thread that runs this callback.
+    step, moved = int(np.asarray(step)), bool(np.asarray(moved))
+    achieved, targets = np.asarray(achieved).tolist(), np.asarray(targets).tolist()
+    if moved and not self.warned_moved:
       self.warned_moved = True
       warnings.warn(
         f'jaxprune: the mask update at step {step} found pruned weights that were no '
@@ -211,9 +216,9 @@ class _TrainingWarnings:
         stacklevel=1,  # called by the runtime, not by user code
       )
     short = [
-      f'{name} {float(a):.1%} (target {float(t):.1%})'
+      f'{name} {a:.1%} (target {t:.1%})'
       for name, a, t in zip(names, achieved, targets, strict=True)
-      if float(t) - float(a) > SHORTFALL
+      if t - a > SHORTFALL
     ]
     if short and not self.warned_short:
       self.warned_short = True
