@@ -36,10 +36,11 @@ def _first_k(
     candidates = jnp.take_along_axis(_last_axis(among, axis).astype(bool), order, axis=-1)
     place = jnp.cumsum(candidates, axis=-1, dtype=jnp.int32) - 1  # among the candidates
     chosen_sorted = candidates & (place < k)
-  # Back from the order to the entries: a scatter, cheaper than sorting the order.
-  chosen = jnp.put_along_axis(
-    jnp.zeros(order.shape, bool), order, chosen_sorted, axis=-1, inplace=False
-  )
+  # Back from the order to the entries by each entry's rank, a second sort: a scatter
+  # would be a while loop over the entries on XLA:CPU (and one more in the training
+  # step, where the N:M masks are made).
+  rank = jnp.argsort(order, axis=-1)
+  chosen = jnp.take_along_axis(chosen_sorted, rank, axis=-1)
   return jnp.reshape(chosen, shape) if axis is None else jnp.moveaxis(chosen, -1, axis)
 
 

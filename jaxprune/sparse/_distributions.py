@@ -158,8 +158,9 @@ def kept_count(size: int, density: float) -> int:
   clamped to [1, size].
 
   The rounding: Python's `round`, half to even, of the float64 product `size * density`
-  (itself rounded to float64 first). It is not `jaxprune.pruning`'s exact rule
-  (`_thresholds.exact_keep_count`: a float32 sparsity, rounded in exact arithmetic inside
-  jit), which STE's magnitude masks use; the two can differ by one at a half-way product.
+  (itself rounded to float64 first). It is not the kept count of `jaxprune.pruning`'s
+  exact rule (a float32 sparsity, rounded in exact arithmetic inside jit;
+  docs/explanation/semantics.md#exact-thresholds), which STE's magnitude masks use; the
+  two can differ by one at a half-way product.
   """
   return min(size, max(1, round(size * density)))
