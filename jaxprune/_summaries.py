@@ -302,10 +302,11 @@ def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> Non
   puts nearly every other weight in the lowest bin, and then nothing is pruned
   (TF's rule does the same). Without `hparams`, each leaf is held to the global
   target of the last step. Quiet under `jit`, before the first mask update, and
-  for N:M leaves, global pruning and mask rules (no per-leaf target).
+  for N:M leaves, global pruning and mask rules (no per-leaf target), and with a
+  threshold decay (the masks then lag the schedule by design).
   """
   h = hparams_lib.HParams() if hparams is None else hparams_lib.freeze(hparams)
-  if h.global_pruning or h.nm is not None:
+  if h.global_pruning or h.nm is not None or h.threshold_decay:
     return
   try:
     last = int(state.last_update_step)

@@ -185,6 +185,8 @@ def shortfall_message(h: hparams_lib.HParams, step: int, short: list[str]) -> st
     )
   else:
     causes = causes[0].upper() + causes[1:]
+  if h.block_dims != (1, 1) or h.block_entries:
+    causes += ', or a leaf has too few blocks to come closer (it is pruned a block at a time)'
   return (
     f'jaxprune: after the mask update at step {step}, these leaves are far below their '
     f'target sparsity: {", ".join(short)}. {causes}.'
@@ -230,8 +232,10 @@ def _per_leaf_targets(
 ) -> tuple[tuple[str, ...], Array, Array]:
   """(names, mask sparsity, target) of the leaves whose target the rule meets on its own:
   magnitude leaves of the default rule, without global pruning (N:M leaves and other
-  rules have no per-leaf target)."""
-  if not isinstance(rule, MagnitudeRule) or rule.hparams.global_pruning:
+  rules have no per-leaf target) and without a threshold decay (which makes the masks
+  lag the schedule by design)."""
+  h = getattr(rule, 'hparams', None)
+  if not isinstance(rule, MagnitudeRule) or h.global_pruning or h.threshold_decay:
     return (), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.float32)
   leaves = [j for j, spec in enumerate(rule.specs) if spec.nm is None]
   achieved = [1.0 - jnp.mean(masks[j].astype(jnp.float32)) for j in leaves]
