@@ -30,7 +30,7 @@ from jaxprune import _schedule as schedule
 from jaxprune import _updates as updates_lib
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
-from jaxprune._transform import MOVED_ADVICE, SHORTFALL, PruningState, shortfall_message
+from jaxprune._transform import PruningState
 
 PyTree = Any
 
@@ -82,6 +82,43 @@ def find_pruning_state(state: Any) -> PruningState:
     'jaxprune PruningState',
     'pass the state of optax.chain(optimizer, jaxprune.pruning(hparams)) (its '
     'tx.init(params)), or the PruningState itself.',
+  )
+
+
+MOVED_ADVICE = (
+  'the params are not as sparse as the masks say. Is jaxprune.pruning placed before the '
+  'optimizer, as in optax.chain(jaxprune.pruning(hp), optax.adam(lr))? The optimizer '
+  'then trains the pruned weights again. Put pruning last: optax.chain(optax.adam(lr), '
+  'jaxprune.pruning(hp)), or use jaxprune.pruned(optax.adam(lr), hp). (Params changed '
+  'outside the optimizer step have the same effect.)'
+)
+
+
+# A leaf this far below its target after a mask update is reported: the histogram
+# rule may fall short by one bin's share, never by this much on ordinary weights.
+SHORTFALL = 0.1
+
+
+def shortfall_message(h: hparams_lib.HParams, step: int, short: list[str]) -> str:
+  """The warning for leaves left far below their target by the mask update at `step`,
+  with the likely causes and the remedy for the rule `h` uses."""
+  causes = (
+    'their weights were all zero, or held NaN or Inf, at the update (such a leaf '
+    'keeps its mask; see nonfinite_skips)'
+  )
+  if h.threshold_method == 'histogram':
+    causes = (
+      f'Either a few large weights put nearly all the others in the lowest of the '
+      f"histogram's {h.nbins} bins (threshold_method='exact' keeps exactly the "
+      f"target's share; more bins help too), or {causes}"
+    )
+  else:
+    causes = causes[0].upper() + causes[1:]
+  if h.block_dims != (1, 1) or h.block_entries:
+    causes += ', or a leaf has too few blocks to come closer (it is pruned a block at a time)'
+  return (
+    f'jaxprune: after the mask update at step {step}, these leaves are far below their '
+    f'target sparsity: {", ".join(short)}. {causes}.'
   )
 
 

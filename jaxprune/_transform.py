@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from jax import Array, lax
 
@@ -156,97 +154,6 @@ def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
   )
 
 
-MOVED_ADVICE = (
-  'the params are not as sparse as the masks say. Is jaxprune.pruning placed before the '
-  'optimizer, as in optax.chain(jaxprune.pruning(hp), optax.adam(lr))? The optimizer '
-  'then trains the pruned weights again. Put pruning last: optax.chain(optax.adam(lr), '
-  'jaxprune.pruning(hp)), or use jaxprune.pruned(optax.adam(lr), hp). (Params changed '
-  'outside the optimizer step have the same effect.)'
-)
-
-
-# A leaf this far below its target after a mask update is reported: the histogram
-# rule may fall short by one bin's share, never by this much on ordinary weights.
-SHORTFALL = 0.1
-
-
-def shortfall_message(h: hparams_lib.HParams, step: int, short: list[str]) -> str:
-  """The warning for leaves left far below their target by the mask update at `step`,
-  with the likely causes and the remedy for the rule `h` uses."""
-  causes = (
-    'their weights were all zero, or held NaN or Inf, at the update (such a leaf '
-    'keeps its mask; see nonfinite_skips)'
-  )
-  if h.threshold_method == 'histogram':
-    causes = (
-      f'Either a few large weights put nearly all the others in the lowest of the '
-      f"histogram's {h.nbins} bins (threshold_method='exact' keeps exactly the "
-      f"target's share; more bins help too), or {causes}"
-    )
-  else:
-    causes = causes[0].upper() + causes[1:]
-  if h.block_dims != (1, 1) or h.block_entries:
-    causes += ', or a leaf has too few blocks to come closer (it is pruned a block at a time)'
-  return (
-    f'jaxprune: after the mask update at step {step}, these leaves are far below their '
-    f'target sparsity: {", ".join(short)}. {causes}.'
-  )
-
-
-class _TrainingWarnings:
-  """The host side of the checks of a mask update, each warning once per transform:
-  pruned weights found moved (`MOVED_ADVICE`), and leaves left far below their target
-  (`shortfall_message`). The step calls it only at mask updates (inside their
-  conditional), so the steps between them hold no host transfer."""
-
-  def __init__(self, hparams: hparams_lib.HParams):
-    self.hparams = hparams
-    self.warned_moved = self.warned_short = False
-
-  def __call__(self, names: tuple[str, ...], step, moved, achieved, targets) -> None:
-    # The values arrive as jax arrays: read them as numpy before anything else, since an
-    # operation on them here (iterating one dispatches a slice) can deadlock the runtime
-    # thread that runs this callback.
-    step, moved = int(np.asarray(step)), bool(np.asarray(moved))
-    achieved, targets = np.asarray(achieved).tolist(), np.asarray(targets).tolist()
-    if moved and not self.warned_moved:
-      self.warned_moved = True
-      warnings.warn(
-        f'jaxprune: the mask update at step {step} found pruned weights that were no '
-        f'longer zero, so {MOVED_ADVICE}',
-        UserWarning,
-        stacklevel=1,  # called by the runtime, not by user code
-      )
-    short = [
-      f'{name} {a:.1%} (target {t:.1%})'
-      for name, a, t in zip(names, achieved, targets, strict=True)
-      if t - a > SHORTFALL
-    ]
-    if short and not self.warned_short:
-      self.warned_short = True
-      warnings.warn(shortfall_message(self.hparams, step, short), UserWarning, stacklevel=1)
-
-
-def _per_leaf_targets(
-  rule: MaskRule, masks: list[Array], sparsity: Any
-) -> tuple[tuple[str, ...], Array, Array]:
-  """(names, mask sparsity, target) of the leaves whose target the rule meets on its own:
-  magnitude leaves of the default rule, without global pruning (N:M leaves and other
-  rules have no per-leaf target) and without a threshold decay (which makes the masks
-  lag the schedule by design)."""
-  h = getattr(rule, 'hparams', None)
-  if not isinstance(rule, MagnitudeRule) or h.global_pruning or h.threshold_decay:
-    return (), jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.float32)
-  leaves = [j for j, spec in enumerate(rule.specs) if spec.nm is None]
-  achieved = [1.0 - jnp.mean(masks[j].astype(jnp.float32)) for j in leaves]
-  targets = [jnp.asarray(sparsity[j], jnp.float32) for j in leaves]
-  return (
-    tuple(rule.specs[j].name for j in leaves),
-    jnp.stack(achieved) if leaves else jnp.zeros((0,), jnp.float32),
-    jnp.stack(targets) if leaves else jnp.zeros((0,), jnp.float32),
-  )
-
-
 def _any_moved(masks: list[Array], params: list[Array]) -> Array:
   """Whether a pruned entry of `params` is nonzero (NaN aside): each step leaves the
   entries its masks prune at exactly zero, so at the next step they still are
@@ -354,7 +261,6 @@ class _Engine:
         )
       mask_rule.check(self.hparams)
     self.sparsity_fn, self.prune_filter, self.mask_rule = sparsity_fn, prune_filter, mask_rule
-    self.training_warnings = _TrainingWarnings(self.hparams)
 
   def rule(self, params: PyTree, warn: bool = False) -> MaskRule:
     if self.mask_rule is not None:
@@ -403,9 +309,6 @@ class _Engine:
     def recompute(operands):
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
       moved = (step > 0) & _any_moved(old_masks, source.params(operands))
-      names, achieved, targets = _per_leaf_targets(rule, masks, sparsity)
-      warn = functools.partial(self.training_warnings, names)
-      jax.debug.callback(warn, step, moved, achieved, targets)
       return masks, thresholds, skips, moved.astype(jnp.int32)
 
     def keep(_):
