@@ -255,3 +255,21 @@ def test_chain_with_sgd_still_runs_without_warnings():
     warnings.simplefilter('error')
     state = tx.init(params)
     tx.update(params, state, params)
+
+
+@pytest.mark.parametrize('form', ['pruned', 'pruned_params', 'chained_params'])
+def test_no_form_holds_a_host_callback(form):
+  # A callback in a jitted step costs every call, even one that never runs it: JAX then
+  # leaves its fast dispatch path (docs/explanation/semantics.md#order-in-an-optax-chain).
+  hparams = _hparams(pruning_frequency=3, sparsity_function_end_step=30, target_sparsity=0.8)
+  if form.endswith('params'):
+    hparams.mask_source = 'params'
+  tx = (
+    optax.chain(optax.adam(1e-2), jaxprune.pruning(hparams))
+    if form.startswith('chained')
+    else jaxprune.pruned(optax.adam(1e-2), hparams)
+  )
+  params = _params()
+  state = tx.init(params)
+  jaxpr = jax.make_jaxpr(tx.update)(params, state, params)
+  assert _callback_primitives(jaxpr.jaxpr) == []
