@@ -208,7 +208,7 @@ def _from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> _Source
   def weights(operands):
     def stored(p, u, token):
       p, u = counting.fresh((p, u), token)
-      return updates_lib.stored_weight(p, u)
+      return updates_lib.stored_weight(p, u, inline=False)  # arrays the optimizer stored
 
     return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
 

@@ -39,3 +39,15 @@ def test_zeroed_keeps_the_dtype_and_nan_outside_the_mask_goes():
   assert got.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(got, np.float32), [1.0, 0.0, 0.0])
   assert np.signbit(np.asarray(updates_lib.zeroed(jnp.array([False]), jnp.array([-2.0])))) == 0
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_stored_updates_give_the_same_weight_without_the_inline_guard(dtype):
+  # The chained form's updates arrive as stored arrays: the bare sum is apply_updates.
+  rng = np.random.default_rng(1)
+  params = jnp.asarray(rng.standard_normal((16, 16)), dtype)
+  updates = jnp.asarray(0.37 * rng.standard_normal((16, 16)), dtype)
+  stored = jax.jit(lambda p, u: updates_lib.stored_weight(p, u, inline=False))(params, updates)
+  want = optax.apply_updates(params, updates)
+  assert stored.dtype == dtype
+  np.testing.assert_array_equal(np.asarray(stored, np.float32), np.asarray(want, np.float32))
