@@ -137,7 +137,7 @@ def nm_mask_from_scores(
   axis = _check(tuple(scores.shape), n, m, axis, name)
   moved = jnp.moveaxis(scores, axis, -1)
   groups = moved.reshape(*moved.shape[:-1], moved.shape[-1] // m, m)
-  keep = ~ranking.lowest_k(groups, m - n, axis=-1).reshape(moved.shape)
+  keep = ranking.highest_k(groups, n, axis=-1).reshape(moved.shape)
   return jnp.moveaxis(keep, -1, axis)
 
 

@@ -68,6 +68,22 @@ def lowest_k(
   return _first_k(order, k, among, scores.shape, axis)
 
 
+def highest_k(scores: Array, k: Array | int, *, axis: int | None = None) -> Array:
+  """True at the `k` highest entries of `scores`, in this module's order: the complement
+  of `lowest_k(scores, n - k)` for `n` entries per slice. Each entry's rank is read from
+  a second sort (the N:M masks keep the `n` highest of every `m` this way).
+
+  Args:
+    scores: real, any shape (NaN ranks highest).
+    k: how many, an int or an int32 array; per slice along `axis`.
+    axis: None ranks all entries together; an int ranks each slice along that axis.
+  """
+  values = _last_axis(scores, axis)
+  rank = jnp.argsort(jnp.argsort(values, axis=-1, descending=True, stable=True), axis=-1)
+  chosen = rank < k
+  return jnp.reshape(chosen, scores.shape) if axis is None else jnp.moveaxis(chosen, -1, axis)
+
+
 def lowest_k_stable(
   scores: Array, k: Array | int, *, axis: int | None = None, among: Array | None = None
 ) -> Array:

@@ -72,3 +72,14 @@ def test_nan_ranks_highest_and_signed_zeros_tie():
   # -1 lowest; then the zeros, which tie (the higher index first); NaN last.
   np.testing.assert_array_equal(ranking.lowest_k(scores, 2), [0, 0, 1, 0, 1])
   np.testing.assert_array_equal(ranking.lowest_k(scores, 4), [0, 1, 1, 1, 1])
+
+
+def test_highest_k_is_the_complement_of_lowest_k():
+  rng = np.random.default_rng(3)
+  scores = jnp.asarray(rng.integers(0, 4, (6, 8)).astype(np.float32))  # many ties
+  for k in range(9):
+    np.testing.assert_array_equal(
+      ranking.highest_k(scores, k, axis=1), ~ranking.lowest_k(scores, 8 - k, axis=1)
+    )
+  flat = scores.reshape(-1)
+  np.testing.assert_array_equal(ranking.highest_k(flat, 5), ~ranking.lowest_k(flat, 43))
