@@ -30,7 +30,7 @@ from jaxprune import _schedule as schedule
 from jaxprune import _updates as updates_lib
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
-from jaxprune._transform import PruningState
+from jaxprune._transform import ORDER_FIX, PruningState
 
 PyTree = Any
 
@@ -88,9 +88,8 @@ def find_pruning_state(state: Any) -> PruningState:
 MOVED_ADVICE = (
   'the params are not as sparse as the masks say. Is jaxprune.pruning placed before the '
   'optimizer, as in optax.chain(jaxprune.pruning(hp), optax.adam(lr))? The optimizer '
-  'then trains the pruned weights again. Put pruning last: optax.chain(optax.adam(lr), '
-  'jaxprune.pruning(hp)), or use jaxprune.pruned(optax.adam(lr), hp). (Params changed '
-  'outside the optimizer step have the same effect.)'
+  f'then trains the pruned weights again. {ORDER_FIX} (Params changed outside the '
+  'optimizer step have the same effect.)'
 )
 
 

@@ -7,6 +7,7 @@ update that finds one nonzero counts in `PruningState.moved_updates`, and the
 accessors warn with the fix.
 """
 
+import re
 import warnings
 
 import jax
@@ -148,3 +149,65 @@ def test_the_warning_is_quiet_under_jit():
     warnings.simplefilter('error')
     out = jax.jit(jaxprune.summaries)(state)
   assert int(out['model_pruning/moved_updates']) == 1
+
+
+def _adam():
+  return optax.adam(1e-2)
+
+
+CHAINS = {
+  'pruning before adam': (lambda hp: optax.chain(jaxprune.pruning(hp), _adam()), True),
+  'named_chain, pruning first': (
+    lambda hp: optax.named_chain(('prune', jaxprune.pruning(hp)), ('adam', _adam())),
+    True,
+  ),
+  'pruned, then a scale': (
+    lambda hp: optax.chain(jaxprune.pruned(_adam(), hp), optax.scale(0.5)),
+    True,
+  ),
+  'a chain ending in pruning, then a scale': (
+    lambda hp: optax.chain(optax.chain(_adam(), jaxprune.pruning(hp)), optax.scale(1.0)),
+    True,
+  ),
+  'MultiSteps of pruning before adam': (
+    lambda hp: optax.MultiSteps(optax.chain(jaxprune.pruning(hp), _adam()), 2),
+    True,
+  ),
+  'pruning last': (lambda hp: optax.chain(_adam(), jaxprune.pruning(hp)), False),
+  'named_chain, pruning last': (
+    lambda hp: optax.named_chain(('adam', _adam()), ('prune', jaxprune.pruning(hp))),
+    False,
+  ),
+  'pruned': (lambda hp: jaxprune.pruned(_adam(), hp), False),
+  'a clip, then pruned': (
+    lambda hp: optax.chain(optax.clip(1.0), jaxprune.pruned(_adam(), hp)),
+    False,
+  ),
+  'MultiSteps of pruning last': (
+    lambda hp: optax.MultiSteps(optax.chain(_adam(), jaxprune.pruning(hp)), 2),
+    False,
+  ),
+  'inject_hyperparams': (
+    lambda hp: optax.inject_hyperparams(
+      lambda learning_rate: optax.chain(optax.adam(learning_rate), jaxprune.pruning(hp))
+    )(learning_rate=1e-2),
+    False,
+  ),
+}
+
+
+@pytest.mark.parametrize('case', sorted(CHAINS))
+def test_a_transform_after_pruning_in_a_chain_is_told_when_the_step_is_traced(case):
+  """Before the first step runs, at no cost in the compiled step: the chain's loop is
+  read from the Python stack while the step is traced."""
+  make, followed = CHAINS[case]
+  tx = make(_hparams())
+  params = mlp_params()
+  state = tx.init(params)
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    jax.jit(tx.update).lower(params, state, params)
+  told = [w for w in record if 'is followed by another transform' in str(w.message)]
+  assert bool(told) == followed, [str(w.message) for w in record]
+  for w in told:
+    assert re.search(FIX, str(w.message)) and w.filename == __file__
