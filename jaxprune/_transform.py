@@ -172,22 +172,32 @@ def _warn_if_followed_in_a_chain(what: str) -> None:
   (optax's frames only), so it costs nothing in the compiled step; a step that holds a
   host callback instead would cost every call. Where the stack does not show a chain,
   nothing is said here, and the accessors still warn about moved weights."""
-  frame, level = sys._getframe(2), 3  # the frame of the caller of `update_fn`
+  try:
+    level = _followed_at(sys._getframe(2), 3)  # from the frame of the caller of `update_fn`
+  except Exception:  # another optax or Python: the check must never stop a step
+    return
+  if level is not None:
+    warnings.warn(
+      f'{what} is followed by another transform in an optax chain, which changes its '
+      'updates: the pruned weights will not land on zero (an optimizer placed after it '
+      f'trains them again). {ORDER_FIX}',
+      UserWarning,
+      stacklevel=level,
+    )
+
+
+def _followed_at(frame: Any, level: int) -> int | None:
+  """The user's `stacklevel` when a chain among optax's frames from `frame` (at `level`)
+  up runs a transform after the current one, else None."""
   while frame is not None and frame.f_code.co_filename.startswith(_OPTAX_DIR):
     local = frame.f_locals if frame.f_code.co_name == 'update_fn' else {}
-    fns, transforms = local.get('update_fns'), local.get('transforms')
+    fns, transforms = local.get('update_fns'), local.get('transforms')  # chain, named_chain
     if (fns and local.get('fn') is not fns[-1]) or (
       transforms and 'name' in local and local['name'] != transforms[-1][0]
     ):
-      warnings.warn(
-        f'{what} is followed by another transform in an optax chain, which changes its '
-        'updates: the pruned weights will not land on zero (an optimizer placed after it '
-        f'trains them again). {ORDER_FIX}',
-        UserWarning,
-        stacklevel=_user_level(frame, level),
-      )
-      return
+      return _user_level(frame, level)
     frame, level = frame.f_back, level + 1
+  return None
 
 
 _LIBRARIES = tuple(
