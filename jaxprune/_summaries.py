@@ -30,7 +30,8 @@ from jaxprune import _schedule as schedule
 from jaxprune import _updates as updates_lib
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
-from jaxprune._transform import ORDER_FIX, PruningState
+from jaxprune._order import ORDER_FIX
+from jaxprune._transform import PruningState
 
 PyTree = Any
 

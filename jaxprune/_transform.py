@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import sys
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -28,6 +25,7 @@ from jax import Array, lax
 
 from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
+from jaxprune import _order as order
 from jaxprune import _schedule as schedule
 from jaxprune import _specs as specs_lib
 from jaxprune import _updates as updates_lib
@@ -155,70 +153,6 @@ def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
     params,
     is_leaf=_is_none,
   )
-
-
-_OPTAX_DIR = os.path.dirname(optax.__file__) + os.sep
-ORDER_FIX = (
-  'Put pruning last: optax.chain(optax.adam(lr), jaxprune.pruning(hp)), or use '
-  'jaxprune.pruned(optax.adam(lr), hp).'
-)
-
-
-def _warn_if_followed_in_a_chain(what: str) -> None:
-  """Warns, while the step is traced, when an `optax.chain` or `optax.named_chain` runs
-  another transform after this one: it changes the updates that set pruned weights to
-  exactly zero (the usual case: the optimizer placed after `pruning`, which then trains
-  the pruned weights again). The check reads the chain's loop from the Python stack
-  (optax's frames only), so it costs nothing in the compiled step; a step that holds a
-  host callback instead would cost every call. Where the stack does not show a chain,
-  nothing is said here, and the accessors still warn about moved weights."""
-  try:
-    level = _followed_at(sys._getframe(2), 3)  # from the frame of the caller of `update_fn`
-  except Exception:  # another optax or Python: the check must never stop a step
-    return
-  if level is not None:
-    warnings.warn(
-      f'{what} is followed by another transform in an optax chain, which changes its '
-      'updates: the pruned weights will not land on zero (an optimizer placed after it '
-      f'trains them again). {ORDER_FIX}',
-      UserWarning,
-      stacklevel=level,
-    )
-
-
-def _followed_at(frame: Any, level: int) -> int | None:
-  """The user's `stacklevel` when a chain among optax's frames from `frame` (at `level`)
-  up runs a transform after the current one, else None."""
-  while frame is not None and frame.f_code.co_filename.startswith(_OPTAX_DIR):
-    local = frame.f_locals if frame.f_code.co_name == 'update_fn' else {}
-    fns, transforms = local.get('update_fns'), local.get('transforms')  # chain, named_chain
-    if (fns and local.get('fn') is not fns[-1]) or (
-      transforms and 'name' in local and local['name'] != transforms[-1][0]
-    ):
-      return _user_level(frame, level)
-    frame, level = frame.f_back, level + 1
-  return None
-
-
-_LIBRARIES = tuple(
-  os.path.dirname(module.__file__) + os.sep for module in (optax, jax, sys.modules[__package__])
-)
-
-
-def _user_level(frame: Any, level: int) -> int:
-  """The `stacklevel` of the first frame above `frame` (at `level`) outside optax, jax and
-  jaxprune: the user's line that calls the step."""
-  while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
-    frame, level = frame.f_back, level + 1
-  return level
-
-
-def _any_moved(masks: list[Array], params: list[Array]) -> Array:
-  """Whether a pruned entry of `params` is nonzero (NaN aside): each step leaves the
-  entries its masks prune at exactly zero, so at the next step they still are
-  unless something after the transform changed them."""
-  moved = [jnp.any(~mask & (p != 0) & ~jnp.isnan(p)) for mask, p in zip(masks, params, strict=True)]
-  return functools.reduce(jnp.logical_or, moved, jnp.bool_(False))
 
 
 def _ordered_after(tree: PyTree, token: Array) -> PyTree:
@@ -367,7 +301,7 @@ class _Engine:
 
     def recompute(operands):
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
-      moved = (step > 0) & _any_moved(old_masks, source.params(operands))
+      moved = (step > 0) & order.any_moved(old_masks, source.params(operands))
       return masks, thresholds, skips, moved.astype(jnp.int32)
 
     def keep(_):
@@ -437,7 +371,7 @@ def pruning(
 
   def update_fn(updates, state, params=None):
     params = need_params(params, 'jaxprune.pruning')
-    _warn_if_followed_in_a_chain('jaxprune.pruning')
+    order.warn_if_followed_in_a_chain('jaxprune.pruning')
     _check_like_init(state, params, updates)
     pruned = _pruned_indices(state)
     source = (
@@ -497,7 +431,7 @@ def pruned(
 
   def update_fn(grads, state, params=None, **extra_args):
     params = need_params(params, 'jaxprune.pruned')
-    _warn_if_followed_in_a_chain('jaxprune.pruned')
+    order.warn_if_followed_in_a_chain('jaxprune.pruned')
     inner, pruning_state = state
     _check_like_init(pruning_state, params, grads)
     pruned = _pruned_indices(pruning_state)
