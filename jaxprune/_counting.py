@@ -49,11 +49,14 @@ class Part:
     shape: the shape of `values(...)`.
     unit_axes: how many leading axes index units (stacked layers); 0 when
       the whole array belongs to one unit.
+    signed: optionally, `token -> array` of the values before their magnitude is
+      taken (the weights), for the finiteness check of `part_maxima`.
   """
 
   values: Callable[[Any], Array]
   shape: tuple[int, ...]
   unit_axes: int = 0
+  signed: Callable[[Any], Array] | None = None
 
   @property
   def num_units(self) -> int:
@@ -147,8 +150,13 @@ def _part_counts(
   if sample:
     rows = rows[..., ::SAMPLE_STRIDE, :]
   probes = unit_shaped(part, thresholds, rows.ndim)[..., None]  # (..., J, 1)
-  scale = unit_shaped(part, scale, rows.ndim)
-  scaled = rows * scale[..., :1] * scale[..., 1:]
+  # Each factor passes a barrier on its own: XLA:CPU then reads it in the counting
+  # reduction, where a factor computed in the same fusion is first broadcast to the
+  # weights' size and stored.
+  first, second = lax.optimization_barrier(
+    (unit_shaped(part, scale[:, 0], rows.ndim), unit_shaped(part, scale[:, 1], rows.ndim))
+  )
+  scaled = rows * first * second
   if below_tiny:
     lift = jnp.float32(2.0**100)
     scaled = jnp.minimum(scaled, numerics.step_ulps(jnp.float32(numerics.TINY), -1)) * lift
@@ -207,9 +215,18 @@ def counts(
 
 
 def part_maxima(layout: Layout) -> list[Array]:
-  """max(values) per unit of each part, float32; NaN where a NaN is."""
+  """max(values) per unit of each part, float32; Inf where a NaN or an Inf is.
+
+  A backend's max may drop NaN (XLA:CPU does in arrays of 4096 or more elements); a sum
+  keeps it: the sum of `signed - signed` is NaN exactly when a value is NaN or infinite. It
+  reads the signed values, not their magnitudes, so that XLA:CPU computes |w| in the
+  max's reduction instead of storing it for both.
+  """
   maxima = []
   for part in layout.parts:
-    values = part.values(None)
-    maxima.append(jnp.max(values, axis=tuple(range(part.unit_axes, values.ndim))).reshape(-1))
+    axes = tuple(range(part.unit_axes, len(part.shape)))
+    signed = (part.signed or part.values)(None)
+    signed = signed.astype(jnp.float32)
+    finite = jnp.isfinite(jnp.sum(signed - signed, axis=axes))
+    maxima.append(jnp.where(finite, jnp.max(part.values(None), axis=axes), jnp.inf).reshape(-1))
   return maxima

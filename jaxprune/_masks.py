@@ -137,65 +137,58 @@ def update_masks(
     True where the weights hold a NaN or Inf).
   """
   search = thresholds.resolve_search(mask_search)
-  own = [_own_part(v, pooling, global_threshold) for v in variables]
-  keys = [
-    (part.shape, v.layer_axes, v.is_blocked()) for part, v in zip(own, variables, strict=True)
-  ]
-  groups = _same_keys(keys) if search == 'fixed' else [[i] for i in range(len(own))]
   layout = counting.Layout(
-    tuple(_stacked(variables, own, members, global_threshold) for members in groups),
-    shared=global_threshold,
+    tuple(_own_part(v, pooling, global_threshold) for v in variables), shared=global_threshold
   )
-  # Each variable's maxima per layer, in the variables' order.
-  part_max = _per_variable(
-    groups,
-    counting.part_maxima(
-      counting.Layout(
-        tuple(
-          dataclasses.replace(part, unit_axes=variables[members[0]].layer_axes + (len(members) > 1))
-          for part, members in zip(layout.parts, groups, strict=True)
-        )
-      )
-    ),
-    variables,
+  # Each variable's maxima per layer, in the variables' order (Inf where a NaN is).
+  part_max = counting.part_maxima(
+    dataclasses.replace(
+      layout,
+      parts=tuple(
+        dataclasses.replace(part, unit_axes=v.layer_axes)
+        for part, v in zip(layout.parts, variables, strict=True)
+      ),
+      shared=False,
+    )
   )
   if global_threshold:
-    # jnp.max propagates NaN, so a NaN anywhere reaches the global maximum.
     unit_max = [jnp.max(jnp.concatenate(part_max), keepdims=True)]
   else:
     unit_max = part_max
   ok = [jnp.isfinite(m) & (m > 0) for m in unit_max]
   # A safe max keeps the searches finite where they are not used.
   safe_max = [jnp.where(good, m, jnp.float32(1.0)) for good, m in zip(ok, unit_max, strict=True)]
-  order = [i for members in groups for i in members]
   if global_threshold:
     sparsity = jnp.reshape(sparsity[0], (-1,))
-    search_max = safe_max
   else:
-    sparsity = jnp.concatenate([jnp.reshape(sparsity[i], (-1,)) for i in order])
-    search_max = [jnp.concatenate([safe_max[i] for i in members]) for members in groups]
+    sparsity = jnp.concatenate([jnp.reshape(s, (-1,)) for s in sparsity])
   if threshold_method == 'histogram':
-    per_part = thresholds.histogram_thresholds(layout, search_max, sparsity, nbins, search)
+    current = thresholds.histogram_thresholds(layout, safe_max, sparsity, nbins, search)
   else:
-    per_part = thresholds.exact_thresholds(layout, search_max, sparsity, search)
-  current = _per_variable(groups, per_part, variables, global_threshold)
-  masks, new_thresholds = [], []
-  for i, (part, variable, old_mask, piece) in enumerate(
-    zip(own, variables, old_masks, current, strict=True)
-  ):
-    g = 0 if global_threshold else i
-    previous = jnp.reshape(old_thresholds[g], (-1,))
+    current = thresholds.exact_thresholds(layout, safe_max, sparsity, search)
+  pieces = []
+  for i, piece in enumerate(current):
     if threshold_decay:
+      previous = jnp.reshape(old_thresholds[0 if global_threshold else i], (-1,))
       # The select (thresholds are >= 0) keeps the threshold's product rounded: XLA:CPU
       # would otherwise fuse it into the decay's multiply-add.
       piece = jnp.where(piece >= 0, piece, jnp.float32(0.0))
       piece = piece * jnp.float32(1.0 - threshold_decay) + previous * jnp.float32(threshold_decay)
+    pieces.append(piece)
+  # One token for the comparisons: values computed together are read together.
+  token = tuple(pieces)
+  masks, new_thresholds = [], []
+  for i, (part, variable, old_mask, piece) in enumerate(
+    zip(layout.parts, variables, old_masks, pieces, strict=True)
+  ):
+    g = 0 if global_threshold else i
     score_mask = compare(
-      part.values(piece), _layer_shaped(variable, piece, len(part.shape)), threshold_method
+      part.values(token), _layer_shaped(variable, piece, len(part.shape)), threshold_method
     )
     mask = expand_mask(score_mask, variable.shape, variable.block_dims, variable.layer_axes)
     masks.append(jnp.where(_layer_shaped(variable, ok[g], len(variable.shape)), mask, old_mask))
     if not global_threshold or i == 0:
+      previous = jnp.reshape(old_thresholds[g], (-1,))
       new_thresholds.append(jnp.where(ok[g], piece, previous))
   nonfinite = ~jnp.isfinite(jnp.concatenate(part_max))
   return new_thresholds, masks, nonfinite
@@ -214,59 +207,8 @@ def _own_part(variable: Variable, pooling: str, global_threshold: bool) -> count
     lambda token: jnp.abs(variable.values(token).astype(jnp.float32)),
     variable.shape,
     0 if global_threshold else variable.layer_axes,
+    signed=variable.values,
   )
-
-
-def _same_keys(keys: Sequence[Any]) -> list[list[int]]:
-  """Indices grouped by equal keys, in order of first appearance."""
-  groups: dict[Any, list[int]] = {}
-  for i, key in enumerate(keys):
-    groups.setdefault(key, []).append(i)
-  return list(groups.values())
-
-
-def _stacked(
-  variables: Sequence[Variable],
-  parts: Sequence[counting.Part],
-  members: list[int],
-  global_threshold: bool,
-) -> counting.Part:
-  """One part for the members (a variable, or variables of one shape stacked).
-
-  The fixed plan's passes then count every variable of a shape in one kernel.
-  The stack is written once, in the weights' dtype (for the weights `pruned`
-  stores at a mask update, in place of them); each pass reads it.
-  """
-  if len(members) == 1:
-    return parts[members[0]]
-  unit_axes = 0 if global_threshold else parts[members[0]].unit_axes + 1
-  if variables[members[0]].is_blocked():  # pooled scores: float32 already
-    stack = jnp.stack([parts[i].values(None) for i in members])
-    return counting.Part(lambda token: counting.fresh(stack, token), stack.shape, unit_axes)
-  stack = jnp.stack([variables[i].values(None) for i in members])
-  return counting.Part(
-    lambda token: jnp.abs(counting.fresh(stack, token).astype(jnp.float32)), stack.shape, unit_axes
-  )
-
-
-def _per_variable(
-  groups: list[list[int]],
-  per_part: Sequence[Array],
-  variables: Sequence[Variable],
-  global_threshold: bool = False,
-) -> list[Array]:
-  """Per-part (units of the part,) arrays split into each variable's (layers,) array, in the
-  variables' order; with `global_threshold`, the one (1,) array for every variable."""
-  out: list[Array | None] = [None] * len(variables)
-  for members, piece in zip(groups, per_part, strict=True):
-    if global_threshold:
-      for i in members:
-        out[i] = piece
-      continue
-    rows = piece.reshape(len(members), -1) if len(members) > 1 else piece[None]
-    for row, i in zip(rows, members, strict=True):
-      out[i] = row
-  return out
 
 
 def _layer_shaped(variable: Variable, per_layer: Array, ndim: int) -> Array:

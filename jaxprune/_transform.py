@@ -23,6 +23,7 @@ import ml_collections
 import optax
 from jax import Array, lax
 
+from jaxprune import _bits as bits
 from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _order as order
@@ -302,12 +303,19 @@ class _Engine:
     def recompute(operands):
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
       moved = (step > 0) & order.any_moved(old_masks, source.params(operands))
-      return masks, thresholds, skips, moved.astype(jnp.int32)
+      return [bits.packed(m) for m in masks], thresholds, skips, moved.astype(jnp.int32)
 
     def keep(_):
-      return old_masks, old_thresholds, jnp.int32(0), jnp.int32(0)
+      packed = [jnp.zeros(bits.packed_shape(m.shape), jnp.uint8) for m in old_masks]
+      return packed, old_thresholds, jnp.int32(0), jnp.int32(0)
 
-    new_masks, new_thresholds, skips, moved = lax.cond(do_update, recompute, keep, source.operands)
+    # The new masks leave the conditional as bits (1/8 byte a weight) and are unpacked
+    # where the updates are masked: no mask-sized buffer is copied out of it.
+    packed, new_thresholds, skips, moved = lax.cond(do_update, recompute, keep, source.operands)
+    new_masks = [
+      jnp.where(do_update, bits.unpacked(p, m.shape), m)
+      for p, m in zip(packed, old_masks, strict=True)
+    ]
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
     return masks, PruningState(
       step=optax.safe_increment(step),

@@ -1,0 +1,40 @@
+"""Bool masks packed eight to a byte along their last axis.
+
+A mask update hands its masks out of the step's conditional this way: a conditional's
+results are buffers of their own, and at one bit a weight they cost 1/32 of float32
+params instead of a quarter (docs/explanation/semantics.md#applying-the-masks).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import Array
+
+_WEIGHTS = 2 ** jnp.arange(8, dtype=jnp.uint8)
+
+
+def packed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The shape of `packed(mask)` for a mask of `shape`."""
+  shape = tuple(shape) or (1,)
+  return shape[:-1] + (-(-shape[-1] // 8),)
+
+
+def packed(mask: Array) -> Array:
+  """uint8 bytes of `mask`'s bits along its last axis, the first entry in the lowest bit."""
+  mask = jnp.atleast_1d(mask)
+  pad = -mask.shape[-1] % 8
+  if pad:
+    mask = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, pad)])
+  groups = mask.reshape(*mask.shape[:-1], -1, 8).astype(jnp.uint8)
+  return jnp.sum(groups * _WEIGHTS, axis=-1, dtype=jnp.uint8)
+
+
+def unpacked(packed_mask: Array, shape: tuple[int, ...]) -> Array:
+  """The bool mask of `shape` that `packed` turned into `packed_mask`."""
+  size = shape[-1] if shape else 1
+  spread = jnp.repeat(packed_mask, 8, axis=-1, total_repeat_length=packed_mask.shape[-1] * 8)
+  shifts = (jnp.arange(spread.shape[-1]) % 8).astype(jnp.uint8)
+  mask = ((spread >> shifts) & 1).astype(bool)
+  if spread.shape[-1] != size:
+    mask = mask[..., :size]
+  return mask.reshape(shape)
