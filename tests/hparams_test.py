@@ -1,10 +1,13 @@
 """Hyperparameters: TF names and defaults, string parsing, validation errors and warnings."""
 
+import signal
+
 import docs_blocks
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pruning_helpers as helpers
 import pytest
 
@@ -267,6 +270,48 @@ def test_few_bins_warning_states_the_shares_and_a_fix():
   assert 'target sparsity 0.6 can prune nothing' in message
   # nbins=6 is the first with P(|z| < 5/6) = 59.5% < 60%.
   assert 'Use nbins >= 6' in message
+
+
+def _within_seconds(seconds, make):
+  """`make()`, failed as a hang when it runs longer than `seconds` (the test's own alarm)."""
+
+  def hang(signum, frame):
+    raise TimeoutError(f'still running after {seconds} s')
+
+  previous = signal.signal(signal.SIGALRM, hang)
+  signal.alarm(seconds)
+  try:
+    return make()
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize(
+  'text',
+  [
+    'target_sparsity=1e-7',
+    'target_sparsity=1e-9',
+    'target_sparsity=1e-45',
+    'weight_sparsity_map=[Dense_0:1e-9]',
+  ],
+)
+def test_tiny_targets_return_at_once(text):
+  """No nbins in [2, 2**24] puts less than 1e-7 of the weights in the lowest bin
+  (erf(5 / (2**24 sqrt 2)) = 2.4e-7): the warning says so, and says it at once."""
+  for make in (
+    jaxprune.parse_hparams,
+    jaxprune.pruning,
+    lambda t: jaxprune.pruned(optax.sgd(0.1), t),
+  ):
+    (message,) = _within_seconds(2, lambda m=make: helpers.warnings_of(lambda: m(text)))
+    assert "No nbins up to 16777216 (2**24) reaches it: use threshold_method='exact'." in message
+
+
+def test_a_small_target_names_the_bins_that_reach_it():
+  # erf(5 / (n sqrt 2)) < 1e-3 first at n = 3990 (erf(5 / (3989 sqrt 2)) = 1.00013e-3).
+  (message,) = helpers.warnings_of(lambda: jaxprune.parse_hparams('target_sparsity=0.001'))
+  assert 'Use nbins >= 3990' in message
 
 
 def test_few_bins_prune_nothing_on_normal_weights():
