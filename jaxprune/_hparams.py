@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -26,14 +25,10 @@ from jaxprune import _hparams_warnings as hparams_warnings
 from jaxprune import _maps as maps
 from jaxprune import _nm as nm
 from jaxprune import _schedule as schedule
-from jaxprune._checks import FRACTION_RULE, is_fraction
+from jaxprune._hparams_rules import RULES, check_rule, typed_value
 from jaxprune._maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
-from jaxprune._numerics import INT32_MAX, MAX_NBINS, SMALLEST_NORMAL
+from jaxprune._numerics import SMALLEST_NORMAL
 
-POOLING = ('AVG', 'MAX')
-THRESHOLD_METHODS = ('histogram', 'exact')
-MASK_SOURCES = ('updated', 'params')
-MASK_SEARCHES = ('auto', 'fixed', 'adaptive')
 # Which leaves are pruned by default: Dense/Conv kernels and embeddings
 # (docs/explanation/semantics.md#names-and-maps).
 DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
@@ -253,95 +248,6 @@ def _check_keys(hparams: Any) -> None:
       raise _unknown(key)
 
 
-def _typed(field: str, value: Any) -> Any:
-  """The value as the type of the field's default, or a ValueError naming both."""
-  default = _DEFAULTS[field]
-  if isinstance(default, bool):
-    if isinstance(value, (bool, np.bool_)):
-      return bool(value)
-    raise ValueError(f'{field}={value!r}: must be True or False (default {default}).')
-  if isinstance(default, int):
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-      _check(
-        -INT32_MAX - 1 <= value <= INT32_MAX,
-        field,
-        value,
-        'must fit in int32 (steps and sizes are int32 arrays inside jit)',
-      )
-      return int(value)
-    raise ValueError(f'{field}={value!r}: must be an integer (default {default}).')
-  if isinstance(default, float):
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-      value, (bool, np.bool_)
-    ):
-      _check(math.isfinite(value), field, value, 'must be a finite number')
-      return float(value)
-    raise ValueError(f'{field}={value!r}: must be a number (default {default}).')
-  if isinstance(default, str):
-    if isinstance(value, str):
-      return value
-    raise ValueError(f'{field}={value!r}: must be a string (default {default!r}).')
-  if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-    return tuple(value)
-  raise ValueError(
-    f'{field}={value!r}: must be a list of "regex:value" strings (default {list(default)!r}).'
-  )
-
-
-def _check(condition: bool, field: str, value: Any, rule: str) -> None:
-  if not condition:
-    raise ValueError(f'{field}={value!r}: {rule}.')
-
-
-# The rules of single fields (docs/explanation/semantics.md#hyperparameters, and the limits of int32
-# / float32
-# arithmetic); the rules between fields are in `_check_window`.
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-  'name': (
-    (lambda v: v.strip() != ''),
-    "must not be empty: it prefixes every summary ('<name>/sparsity'); the default "
-    "is 'model_pruning'",
-  ),
-  'weight_name_regex': (
-    (lambda v: v != ''),
-    'must not be empty: an empty regex matches every leaf name; give '
-    "the leaves to prune, e.g. '(kernel|embedding)$' (the default), or "
-    "'.' for every leaf with 2 or more axes",
-  ),
-  'begin_pruning_step': ((lambda v: v >= 0), 'must be >= 0'),
-  'sparsity_function_begin_step': ((lambda v: v >= 0), 'must be >= 0'),
-  'sparsity_function_exponent': (
-    (lambda v: v > 0),
-    "must be > 0 (1 is linear, 3 is Zhu & Gupta's; 0 would never leave "
-    'initial_sparsity and a negative exponent diverges)',
-  ),
-  'threshold_decay': (is_fraction, FRACTION_RULE),
-  'initial_sparsity': (is_fraction, FRACTION_RULE),
-  'target_sparsity': (is_fraction, FRACTION_RULE),
-  'nbins': (
-    (lambda v: 2 <= v <= MAX_NBINS),
-    'must be in [2, 2**24] (bin indices stay exact in float32)',
-  ),
-  'pruning_frequency': ((lambda v: v >= 1), 'must be >= 1'),
-  'block_height': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
-  'block_width': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
-  'block_pooling_function': ((lambda v: v.upper() in POOLING), f'must be one of {POOLING}'),
-  'threshold_method': ((lambda v: v in THRESHOLD_METHODS), f'must be one of {THRESHOLD_METHODS}'),
-  'mask_source': (
-    (lambda v: v in MASK_SOURCES),
-    f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
-    "rule), 'params' the params the step starts from (no cost on other steps)",
-  ),
-  'mask_search': (
-    (lambda v: v in MASK_SEARCHES),
-    f'must be one of {MASK_SEARCHES}: how thresholds are searched, with the same '
-    "result: 'fixed' in a few passes with no per-leaf control flow (GPUs, "
-    "TPUs), 'adaptive' with few candidates per pass (CPUs), 'auto' by "
-    'jax.default_backend()',
-  ),
-}
-
-
 def check_value(field: str, value: Any, where: str = '') -> Any:
   """Checks one field's type and range; returns the value as the field's type.
 
@@ -357,14 +263,14 @@ def check_value(field: str, value: Any, where: str = '') -> Any:
     ValueError: '<where>: <field>=<value>: <rule>.', naming the fix.
   """
   try:
-    value = _typed(field, value)
-    if field in _RULES:
-      check, rule = _RULES[field]
-      _check(check(value), field, value, rule)
+    value = typed_value(field, value, _DEFAULTS[field])
+    if field in RULES:
+      check, rule = RULES[field]
+      check_rule(check(value), field, value, rule)
     if field == 'sparsity_function_exponent':
       # The schedule runs in float32, where XLA flushes subnormals to zero: then
       # (1 - p) ** 0 == 1 and the sparsity never leaves initial_sparsity.
-      _check(
+      check_rule(
         value >= SMALLEST_NORMAL,
         field,
         value,
@@ -383,20 +289,20 @@ def check_value(field: str, value: Any, where: str = '') -> Any:
 
 def _check_window(h: HParams) -> None:
   """The rules between fields: the pruning window and the schedule's steps."""
-  _check(
+  check_rule(
     h.end_pruning_step == -1 or h.end_pruning_step > h.begin_pruning_step,
     'end_pruning_step',
     h.end_pruning_step,
     f'must be -1 (never stop) or > begin_pruning_step ({h.begin_pruning_step})',
   )
-  _check(
+  check_rule(
     h.sparsity_function_end_step > h.sparsity_function_begin_step,
     'sparsity_function_end_step',
     h.sparsity_function_end_step,
     f'must be > sparsity_function_begin_step ({h.sparsity_function_begin_step})',
   )
   first_update = schedule.first_update_step(h)
-  _check(
+  check_rule(
     h.end_pruning_step == -1 or h.end_pruning_step >= first_update,
     'end_pruning_step',
     h.end_pruning_step,
