@@ -1,16 +1,18 @@
 """The rules of single hyperparameter fields: their types and ranges, each with its message.
 
-`jaxprune._hparams.check_value` applies them; the rules between fields stay there.
+`jaxprune._hparams.check_value` applies them; `HParams` applies the rules between fields,
+`check_window` and `check_nm_alone`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from jaxprune import _schedule as schedule
 from jaxprune._checks import FRACTION_RULE, is_fraction
 from jaxprune._numerics import INT32_MAX, MAX_NBINS
 
@@ -18,6 +20,9 @@ POOLING = ('AVG', 'MAX')
 THRESHOLD_METHODS = ('histogram', 'exact')
 MASK_SOURCES = ('updated', 'params')
 MASK_SEARCHES = ('auto', 'fixed', 'adaptive')
+
+if TYPE_CHECKING:
+  from jaxprune._hparams import HParams
 
 
 def typed_value(field: str, value: Any, default: Any) -> Any:
@@ -60,7 +65,7 @@ def check_rule(condition: bool, field: str, value: Any, rule: str) -> None:
 
 
 # The rules of single fields (docs/explanation/semantics.md#hyperparameters, and the limits of
-# int32 / float32 arithmetic); the rules between fields are in `_hparams._check_window`.
+# int32 / float32 arithmetic); the rules between fields are `check_window` and `check_nm_alone`.
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
   'name': (
     (lambda v: v.strip() != ''),
@@ -105,3 +110,46 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     'jax.default_backend()',
   ),
 }
+
+
+def check_window(h: HParams) -> None:
+  """The rules between fields: the pruning window and the schedule's steps."""
+  check_rule(
+    h.end_pruning_step == -1 or h.end_pruning_step > h.begin_pruning_step,
+    'end_pruning_step',
+    h.end_pruning_step,
+    f'must be -1 (never stop) or > begin_pruning_step ({h.begin_pruning_step})',
+  )
+  check_rule(
+    h.sparsity_function_end_step > h.sparsity_function_begin_step,
+    'sparsity_function_end_step',
+    h.sparsity_function_end_step,
+    f'must be > sparsity_function_begin_step ({h.sparsity_function_begin_step})',
+  )
+  first_update = schedule.first_update_step(h)
+  check_rule(
+    h.end_pruning_step == -1 or h.end_pruning_step >= first_update,
+    'end_pruning_step',
+    h.end_pruning_step,
+    f'comes before the first mask update, at step max(begin_pruning_step, '
+    f'pruning_frequency) = {first_update}, so masks would never change; raise '
+    'end_pruning_step or lower pruning_frequency',
+  )
+
+
+def check_nm_alone(h: HParams) -> None:
+  """nm_sparsity gives every pruned leaf its pattern: a target beside it would be dropped
+  (as `sparse.ste` refuses a sparsity and an N:M pattern together)."""
+  if h.nm is None:
+    return
+  n, m = h.nm
+  dropped = [f'target_sparsity={h.target_sparsity}'] if h.target_sparsity != 0.5 else []
+  if h.sparsity_entries:
+    dropped.append(f'weight_sparsity_map={list(h.weight_sparsity_map)!r}')
+  if dropped:
+    raise ValueError(
+      f'nm_sparsity={h.nm_sparsity!r} keeps {n} of every {m} weights of each pruned leaf '
+      f'({1 - n / m:.0%} sparse), so {" and ".join(dropped)} would be dropped: give a '
+      f'target or nm_sparsity, not both (nm_sparsity_map=[regex:{n}:{m}] puts N:M on some '
+      'leaves and leaves the target to the others).'
+    )

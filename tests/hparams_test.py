@@ -418,3 +418,29 @@ def test_stopping_before_the_schedule_ends_warns():
     match='end_pruning_step=50 stops mask updates before sparsity_function_end_step=100',
   ):
     jaxprune.parse_hparams('end_pruning_step=50')
+
+
+def test_parse_hparams_takes_fields_by_keyword():
+  """The README offers hparams "as a jaxprune.parse_hparams(...) config": keywords too."""
+  hp = jaxprune.parse_hparams(target_sparsity=0.8, weight_sparsity_map=['Dense_0:0.5'])
+  assert (hp.target_sparsity, list(hp.weight_sparsity_map)) == (0.8, ['Dense_0:0.5'])
+  both = jaxprune.parse_hparams('nbins=64', base=hp, pruning_frequency=5)
+  assert (both.target_sparsity, both.nbins, both.pruning_frequency) == (0.8, 64, 5)
+  with pytest.raises(
+    ValueError,
+    match=r'^parse_hparams: target_sparsity is given twice \(target_sparsity=0.9 in the text '
+    r'and target_sparsity=0.8 by keyword\)',
+  ):
+    jaxprune.parse_hparams('target_sparsity=0.9', target_sparsity=0.8)
+  with pytest.raises(
+    ValueError,
+    match=r"^parse_hparams: unknown hyperparameter 'target_sparsty': did you mean "
+    r"'target_sparsity'",
+  ):
+    jaxprune.parse_hparams(target_sparsty=0.8)
+  with pytest.raises(ValueError, match=r'^parse_hparams: target_sparsity=1.2: must be in \[0, 1\)'):
+    jaxprune.parse_hparams(target_sparsity=1.2)
+  with pytest.raises(
+    TypeError, match=r'give fields by keyword as parse_hparams\(target_sparsity=0.8\)'
+  ):
+    jaxprune.parse_hparams({'target_sparsity': 0.8})
