@@ -15,7 +15,7 @@ from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _layer_prune as layer_prune
 from jaxprune.oneshot._layers import Layer, layers_and_reasons
-from jaxprune.oneshot._report import LayerReport, Report
+from jaxprune.oneshot._report import LayerReport, Report, short_message
 
 PyTree = Any
 Target = inputs.Target
@@ -321,7 +321,7 @@ def _run(
       collectors[key] = capture.collector(closed, chosen if shared else group, kinds)
     return collectors[key](current if sequential else leaves, batches, at)
 
-  records = []
+  records, short = [], []
   waves = sorted({layer.wave for layer in chosen}) if sequential else [None]
   for wave in waves:
     group = [layer for layer in chosen if not sequential or layer.wave == wave]
@@ -329,6 +329,8 @@ def _run(
       stats = measure(group, at) if kinds else {}
       for layer in part:
         target = targets[inputs.layer_key(layer)]
+        if method != 'magnitude':
+          _check_inputs_seen(layer, stats.get(layer.leaf), method)
         new, mask, error = layer_prune.prune_layer(
           layer,
           layer_prune.weight(layer, current[layer.leaf]),
@@ -343,6 +345,8 @@ def _run(
         current[layer.leaf], masks[layer.leaf] = layer_prune.put(
           layer, current[layer.leaf], masks[layer.leaf], new, mask
         )
+        if target[1] is None and int(jnp.sum(~mask)) != round(target[0] * mask.size):
+          short.append((layer.name, float(1 - jnp.mean(mask)), f'{100 * target[0]:g}%'))
         records.append(
           LayerReport(
             layer.name,
@@ -353,6 +357,8 @@ def _run(
             error,
           )
         )
+  if short:
+    warnings.warn(short_message(short), UserWarning, stacklevel=3)
   for i, leaf in enumerate(leaves):
     sharding = getattr(leaf, 'sharding', None)
     if masks[i] is not None and sharding is not None:
@@ -360,5 +366,19 @@ def _run(
   return (
     jax.tree.unflatten(treedef, current),
     jax.tree.unflatten(treedef, masks),
-    Report(tuple(records), tuple(skipped)),
+    Report(tuple(records), tuple(skipped), tuple(short)),
   )
+
+
+def _check_inputs_seen(layer: Layer, stat: Any, method: str) -> None:
+  """A ValueError when the calibration batches gave the layer no input row (a convolution
+  whose window is larger than its padded input has no output position): the method would
+  rank its weights by nothing."""
+  if stat is not None and int(stat[1]) == 0:
+    raise ValueError(
+      f'oneshot.prune: layer {layer.name!r} multiplied no input on the calibration batches '
+      '(a convolution whose window is larger than its padded input has no output '
+      f'position), so method={method!r} has nothing to rank its weights by; calibrate on '
+      f"larger inputs, use method='magnitude', or leave it dense with "
+      f'overrides={{{layer.name!r}: None}}.'
+    )
