@@ -14,6 +14,7 @@ import math
 import warnings
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _blocks as blocks
@@ -57,17 +58,19 @@ def is_short(achieved: float, wanted: float, units: int) -> bool:
 
 
 def _layers(name: str, mask: Any, threshold: Any, dims: tuple[int, int]) -> list[tuple]:
-  """(label, sparsity, prunable units, weights) of each layer of a leaf: one for a plain leaf, one
-  per entry of its threshold for a stacked one (`name[3]`)."""
-  kept = np.asarray(mask)
-  layer_shape = kept.shape[np.ndim(threshold) :]
+  """(label, sparsity, prunable units, weights) of each layer of a leaf: one for a plain
+  leaf, one per entry of its threshold for a stacked one (`name[3]`). The shares are
+  reduced where the mask lives; only one number per layer comes to the host."""
+  layer_axes = np.ndim(threshold)
+  layer_shape = tuple(jnp.shape(mask))[layer_axes:]
   size = max(1, math.prod(layer_shape))
   block = blocks.resolve_block_dims(layer_shape, dims) or (1, 1)
   units = max(1, size // math.prod(block))
-  per_layer = 1.0 - kept.reshape(-1, size).sum(axis=1) / size
-  if np.ndim(threshold) == 0:
+  pruned = jnp.sum(~mask, axis=tuple(range(layer_axes, jnp.ndim(mask))), dtype=jnp.int32)
+  per_layer = np.asarray(pruned).reshape(-1) / size
+  if layer_axes == 0:
     return [(name, float(per_layer[0]), units, size)]
-  indices = np.ndindex(*kept.shape[: np.ndim(threshold)])
+  indices = np.ndindex(*jnp.shape(mask)[:layer_axes])
   return [
     (f'{name}[{", ".join(map(str, index))}]', float(value), units, size)
     for index, value in zip(indices, per_layer, strict=True)
@@ -96,11 +99,14 @@ def warn_short(state: Any, hparams: Any, masks: dict[str, Any], thresholds: dict
   nm_leaves, _ = maps.match_entries('nm_sparsity_map', names, h.nm_entries)
   targets, _ = maps.match_entries('weight_sparsity_map', names, h.sparsity_entries)
   dims, _ = maps.match_entries('block_dims_map', names, h.block_entries)
-  layers = {
-    name: _layers(name, masks[name], thresholds[name], dims.get(name) or h.block_dims)
-    for name in names
-    if name not in nm_leaves
-  }
+  try:
+    layers = {
+      name: _layers(name, masks[name], thresholds[name], dims.get(name) or h.block_dims)
+      for name in names
+      if name not in nm_leaves
+    }
+  except RuntimeError:  # shares not addressable from this process: nothing to say here
+    return
   if h.global_pruning and hparams is not None:
     short = _short_together(layers, float(schedule.sparsity_at(h, last)))
   else:
