@@ -143,7 +143,8 @@ def check_nm_alone(h: HParams) -> None:
   if h.nm is None:
     return
   n, m = h.nm
-  dropped = [f'target_sparsity={h.target_sparsity}'] if h.target_sparsity != 0.5 else []
+  default = type(h).target_sparsity  # the field's default (0.5): no conflict
+  dropped = [f'target_sparsity={h.target_sparsity}'] if h.target_sparsity != default else []
   if h.sparsity_entries:
     dropped.append(f'weight_sparsity_map={list(h.weight_sparsity_map)!r}')
   if dropped:
