@@ -159,8 +159,8 @@ def _shortfalls(make):
 def test_global_pruning_left_at_zero_by_one_outlier_warns():
   """One threshold over both kernels: the outlier's bins leave both at 0% of a 50% target."""
   params = {
-    'Dense_0': {'kernel': _normal((128, 128), outlier=(0, 0))},
-    'Dense_1': {'kernel': _normal((64, 64), seed=1)},
+    'Dense_0': {'kernel': _normal((64, 64), outlier=(0, 0))},
+    'Dense_1': {'kernel': _normal((32, 32), seed=1)},
   }
   state, hparams = _run(params, 'target_sparsity=0.5,global_pruning=true')
   (message,) = _shortfalls(lambda: jaxprune.summaries(state, hparams))
@@ -194,7 +194,7 @@ def test_a_leaf_as_close_to_its_target_as_rounding_allows_is_quiet():
 
 
 def test_without_hparams_a_lower_map_target_is_quiet_and_a_dense_model_is_not():
-  params = {'Dense_0': {'kernel': _normal((64, 64))}, 'Dense_1': {'kernel': _normal((64, 64), 1)}}
+  params = {'Dense_0': {'kernel': _normal((32, 32))}, 'Dense_1': {'kernel': _normal((32, 32), 1)}}
   state, _ = _run(
     params, 'target_sparsity=0.8,weight_sparsity_map=[Dense_1:0.3],threshold_method=exact'
   )
@@ -202,7 +202,7 @@ def test_without_hparams_a_lower_map_target_is_quiet_and_a_dense_model_is_not():
     0.3, abs=1e-3
   )
   assert _shortfalls(lambda: jaxprune.summaries(state)) == []
-  outlier = {'Dense_0': {'kernel': _normal((64, 64), outlier=(0, 0))}}
+  outlier = {'Dense_0': {'kernel': _normal((32, 32), outlier=(0, 0))}}
   state, _ = _run(outlier, 'target_sparsity=0.5')
   (message,) = _shortfalls(lambda: jaxprune.summaries(state))
   assert 'Dense_0/kernel 0.0% (target 50.0%)' in message
