@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
+from jaxprune._attributes import no_attribute
 from jaxprune._export import (
   OutputMismatchError,
   SizeReport,
@@ -93,7 +94,7 @@ def __getattr__(name: str) -> Any:
   """Imports a namespace on first use (PEP 562): `jaxprune.structured.trace(...)`."""
   if name in _NAMESPACES:
     return importlib.import_module(f'{__name__}.{name}')
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  raise no_attribute(__name__, name, [*__all__, *_NAMESPACES])
 
 
 def __dir__() -> list[str]:

@@ -54,3 +54,79 @@ def need_params(params: Any, what: str) -> Any:
   if params is None:
     raise ValueError(f'{what} needs the params: call tx.update(grads, state, params).')
   return params
+
+
+def _is_transform(value: Any) -> bool:
+  """An optax transform, or anything with its callable `init` and `update`."""
+  return callable(getattr(value, 'init', None)) and callable(getattr(value, 'update', None))
+
+
+def _named(value: Any) -> str:
+  """`optax.adam` for optax's functions (defined in optax._src), else module.name."""
+  module = getattr(value, '__module__', '') or ''
+  name = getattr(value, '__qualname__', None) or repr(value)
+  return f'optax.{name}' if module.startswith('optax') else f'{module}.{name}'.lstrip('.')
+
+
+def _check_optimizer(where: str, optimizer: Any) -> None:
+  if _is_transform(optimizer):
+    return
+  if isinstance(optimizer, (str, dict)) or hasattr(optimizer, 'target_sparsity'):
+    raise TypeError(
+      f'{where}: the first argument is the optimizer, and {optimizer!r} looks like hparams; '
+      f'give the optimizer first: {where}(optax.adam(1e-3), hparams).'
+    )
+  if callable(optimizer):
+    raise TypeError(
+      f'{where}: optimizer={_named(optimizer)} is a function that makes an optax transform, '
+      f'not one; call it: {where}({_named(optimizer)}(1e-3), target_sparsity=0.8).'
+    )
+  raise TypeError(
+    f'{where}: optimizer={optimizer!r} must be an optax transform, e.g. '
+    f'{where}(optax.adam(1e-3), target_sparsity=0.8); to prune what another transform '
+    'produced, chain jaxprune.pruning(...) after it.'
+  )
+
+
+def _is_mask_rule(value: Any) -> bool:
+  methods = ('check', 'init', 'new_masks')
+  return not isinstance(value, type) and all(callable(getattr(value, m, None)) for m in methods)
+
+
+def check_arguments(
+  where: str, hparams: Any, sparsity_fn: Any, prune_filter: Any, mask_rule: Any, optimizer=None
+) -> None:
+  """The arguments of `jaxprune.pruning` and `pruned` (`optimizer`, its first) by kind, so
+  that a factory, a transform where hparams go or a number where a function goes is one
+  line naming the argument, the value and the right call; their values are checked later."""
+  if where.endswith('pruned'):
+    _check_optimizer(where, optimizer)
+  if _is_transform(hparams):
+    raise TypeError(
+      f'{where}: hparams is an optax transform ({type(hparams).__name__}), not hparams. '
+      'Give the hparams themselves, e.g. jaxprune.pruned(optax.adam(1e-3), '
+      'target_sparsity=0.8), or chain the transforms: optax.chain(optax.adam(1e-3), '
+      'jaxprune.pruning(target_sparsity=0.8)).'
+    )
+  if sparsity_fn is not None and not callable(sparsity_fn):
+    raise TypeError(
+      f'{where}: sparsity_fn={sparsity_fn!r} must be a function step -> sparsity, e.g. '
+      'optax.linear_schedule(0.0, 0.8, 1000); a fixed target is '
+      f'target_sparsity={sparsity_fn!r}.'
+    )
+  if prune_filter is not None and not callable(prune_filter):
+    raise TypeError(
+      f'{where}: prune_filter={prune_filter!r} must be a function (name, leaf) -> bool, e.g. '
+      "lambda name, leaf: name.endswith('kernel'); a regex of leaf names is "
+      f'weight_name_regex={prune_filter!r}.'
+    )
+  if mask_rule is not None and not _is_mask_rule(mask_rule):
+    fix = (
+      f'make one: mask_rule={mask_rule.__name__}(...)'
+      if isinstance(mask_rule, type)
+      else 'e.g. jaxprune.channels.ChannelRule(...)'
+    )
+    raise TypeError(
+      f'{where}: mask_rule={mask_rule!r} must be a jaxprune.MaskRule (an object with check, '
+      f'init and new_masks), {fix}; leave it out for the per-leaf magnitude rule.'
+    )

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -25,15 +24,10 @@ import numpy as np
 from jaxprune import _hparams_warnings as hparams_warnings
 from jaxprune import _maps as maps
 from jaxprune import _nm as nm
-from jaxprune import _schedule as schedule
-from jaxprune._checks import FRACTION_RULE, is_fraction
+from jaxprune._hparams_rules import RULES, check_nm_alone, check_rule, check_window, typed_value
 from jaxprune._maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
-from jaxprune._numerics import INT32_MAX, MAX_NBINS, SMALLEST_NORMAL
+from jaxprune._numerics import SMALLEST_NORMAL
 
-POOLING = ('AVG', 'MAX')
-THRESHOLD_METHODS = ('histogram', 'exact')
-MASK_SOURCES = ('updated', 'params')
-MASK_SEARCHES = ('auto', 'fixed', 'adaptive')
 # Which leaves are pruned by default: Dense/Conv kernels and embeddings
 # (docs/explanation/semantics.md#names-and-maps).
 DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
@@ -122,7 +116,7 @@ class HParams:
   def __post_init__(self) -> None:
     for field in _DEFAULTS:
       object.__setattr__(self, field, check_value(field, getattr(self, field)))
-    _check_window(self)
+    check_window(self)
     parsed = {
       'sparsity_entries': tuple(sparsity_map(self)),
       'block_entries': tuple(block_dims_map(self)),
@@ -132,6 +126,7 @@ class HParams:
     }
     for field, value in parsed.items():
       object.__setattr__(self, field, value)
+    check_nm_alone(self)
     if self.global_pruning and self.sparsity_entries:
       raise ValueError(
         f'weight_sparsity_map={list(self.weight_sparsity_map)!r}: per-variable '
@@ -203,17 +198,20 @@ def _unknown(name: str) -> ValueError:
 
 
 def parse_hparams(
-  text: str, base: ml_collections.ConfigDict | None = None
+  text: str = '', base: ml_collections.ConfigDict | None = None, **fields: Any
 ) -> ml_collections.ConfigDict:
-  """Parses TF HParams syntax on top of `base` (the defaults when None).
+  """Parses TF HParams syntax, and fields by keyword, on top of `base` (the defaults when None).
 
-  Example: 'target_sparsity=0.9,weight_sparsity_map=[conv1:0.8,dense/kernel:0.95]'.
+  Example: 'target_sparsity=0.9,weight_sparsity_map=[conv1:0.8,dense/kernel:0.95]',
+  or `parse_hparams(target_sparsity=0.9, weight_sparsity_map=['conv1:0.8'])`.
   List values go in brackets and their entries are separated by commas. As in
-  TF's parser, a name given twice is an error.
+  TF's parser, a name given twice (in the text, or in the text and by keyword) is
+  an error.
 
   Args:
     text: comma-separated `name=value` pairs.
     base: the hyperparameters to override; not modified.
+    fields: hparams fields by keyword, as typed values.
 
   Returns:
     A new, validated, locked ConfigDict. It is frozen here, so `pruning(...)`
@@ -225,6 +223,12 @@ def parse_hparams(
     >>> hp.target_sparsity, list(hp.weight_sparsity_map)
     (0.9, ['conv1:0.8'])
   """
+  if not isinstance(text, str):
+    raise TypeError(
+      f'parse_hparams: text={text!r} must be a string such as '
+      "'target_sparsity=0.8,nbins=512'; give fields by keyword as "
+      'parse_hparams(target_sparsity=0.8), and a config to build on as base=.'
+    )
   hparams = get_pruning_hparams()
   if base is not None:
     _check_keys(base)
@@ -243,6 +247,16 @@ def parse_hparams(
       )
     assigned[name] = raw
     hparams[name] = maps.convert(name, raw, hparams[name])
+  for name, value in fields.items():
+    if name not in hparams:
+      raise ValueError(f'parse_hparams: {_unknown(name)}')
+    if name in assigned:
+      raise ValueError(
+        f'parse_hparams: {name} is given twice ({name}={assigned[name]} in the text and '
+        f'{name}={value!r} by keyword); give it once.'
+      )
+    value = check_value(name, value, where='parse_hparams')
+    hparams[name] = list(value) if isinstance(value, tuple) else value
   freeze(hparams)
   return hparams
 
@@ -251,95 +265,6 @@ def _check_keys(hparams: Any) -> None:
   for key in hparams.keys():
     if key not in _DEFAULTS:
       raise _unknown(key)
-
-
-def _typed(field: str, value: Any) -> Any:
-  """The value as the type of the field's default, or a ValueError naming both."""
-  default = _DEFAULTS[field]
-  if isinstance(default, bool):
-    if isinstance(value, (bool, np.bool_)):
-      return bool(value)
-    raise ValueError(f'{field}={value!r}: must be True or False (default {default}).')
-  if isinstance(default, int):
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-      _check(
-        -INT32_MAX - 1 <= value <= INT32_MAX,
-        field,
-        value,
-        'must fit in int32 (steps and sizes are int32 arrays inside jit)',
-      )
-      return int(value)
-    raise ValueError(f'{field}={value!r}: must be an integer (default {default}).')
-  if isinstance(default, float):
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-      value, (bool, np.bool_)
-    ):
-      _check(math.isfinite(value), field, value, 'must be a finite number')
-      return float(value)
-    raise ValueError(f'{field}={value!r}: must be a number (default {default}).')
-  if isinstance(default, str):
-    if isinstance(value, str):
-      return value
-    raise ValueError(f'{field}={value!r}: must be a string (default {default!r}).')
-  if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-    return tuple(value)
-  raise ValueError(
-    f'{field}={value!r}: must be a list of "regex:value" strings (default {list(default)!r}).'
-  )
-
-
-def _check(condition: bool, field: str, value: Any, rule: str) -> None:
-  if not condition:
-    raise ValueError(f'{field}={value!r}: {rule}.')
-
-
-# The rules of single fields (docs/explanation/semantics.md#hyperparameters, and the limits of int32
-# / float32
-# arithmetic); the rules between fields are in `_check_window`.
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-  'name': (
-    (lambda v: v.strip() != ''),
-    "must not be empty: it prefixes every summary ('<name>/sparsity'); the default "
-    "is 'model_pruning'",
-  ),
-  'weight_name_regex': (
-    (lambda v: v != ''),
-    'must not be empty: an empty regex matches every leaf name; give '
-    "the leaves to prune, e.g. '(kernel|embedding)$' (the default), or "
-    "'.' for every leaf with 2 or more axes",
-  ),
-  'begin_pruning_step': ((lambda v: v >= 0), 'must be >= 0'),
-  'sparsity_function_begin_step': ((lambda v: v >= 0), 'must be >= 0'),
-  'sparsity_function_exponent': (
-    (lambda v: v > 0),
-    "must be > 0 (1 is linear, 3 is Zhu & Gupta's; 0 would never leave "
-    'initial_sparsity and a negative exponent diverges)',
-  ),
-  'threshold_decay': (is_fraction, FRACTION_RULE),
-  'initial_sparsity': (is_fraction, FRACTION_RULE),
-  'target_sparsity': (is_fraction, FRACTION_RULE),
-  'nbins': (
-    (lambda v: 2 <= v <= MAX_NBINS),
-    'must be in [2, 2**24] (bin indices stay exact in float32)',
-  ),
-  'pruning_frequency': ((lambda v: v >= 1), 'must be >= 1'),
-  'block_height': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
-  'block_width': ((lambda v: v >= 1 or v == -1), 'must be >= 1 or -1 (whole dim)'),
-  'block_pooling_function': ((lambda v: v.upper() in POOLING), f'must be one of {POOLING}'),
-  'threshold_method': ((lambda v: v in THRESHOLD_METHODS), f'must be one of {THRESHOLD_METHODS}'),
-  'mask_source': (
-    (lambda v: v in MASK_SOURCES),
-    f"must be one of {MASK_SOURCES}: 'updated' thresholds params + updates (TF's "
-    "rule), 'params' the params the step starts from (no cost on other steps)",
-  ),
-  'mask_search': (
-    (lambda v: v in MASK_SEARCHES),
-    f'must be one of {MASK_SEARCHES}: how thresholds are searched, with the same '
-    "result: 'fixed' in a few passes with no per-leaf control flow (GPUs, "
-    "TPUs), 'adaptive' with few candidates per pass (CPUs), 'auto' by "
-    'jax.default_backend()',
-  ),
-}
 
 
 def check_value(field: str, value: Any, where: str = '') -> Any:
@@ -357,14 +282,14 @@ def check_value(field: str, value: Any, where: str = '') -> Any:
     ValueError: '<where>: <field>=<value>: <rule>.', naming the fix.
   """
   try:
-    value = _typed(field, value)
-    if field in _RULES:
-      check, rule = _RULES[field]
-      _check(check(value), field, value, rule)
+    value = typed_value(field, value, _DEFAULTS[field])
+    if field in RULES:
+      check, rule = RULES[field]
+      check_rule(check(value), field, value, rule)
     if field == 'sparsity_function_exponent':
       # The schedule runs in float32, where XLA flushes subnormals to zero: then
       # (1 - p) ** 0 == 1 and the sparsity never leaves initial_sparsity.
-      _check(
+      check_rule(
         value >= SMALLEST_NORMAL,
         field,
         value,
@@ -381,31 +306,6 @@ def check_value(field: str, value: Any, where: str = '') -> Any:
   return value
 
 
-def _check_window(h: HParams) -> None:
-  """The rules between fields: the pruning window and the schedule's steps."""
-  _check(
-    h.end_pruning_step == -1 or h.end_pruning_step > h.begin_pruning_step,
-    'end_pruning_step',
-    h.end_pruning_step,
-    f'must be -1 (never stop) or > begin_pruning_step ({h.begin_pruning_step})',
-  )
-  _check(
-    h.sparsity_function_end_step > h.sparsity_function_begin_step,
-    'sparsity_function_end_step',
-    h.sparsity_function_end_step,
-    f'must be > sparsity_function_begin_step ({h.sparsity_function_begin_step})',
-  )
-  first_update = schedule.first_update_step(h)
-  _check(
-    h.end_pruning_step == -1 or h.end_pruning_step >= first_update,
-    'end_pruning_step',
-    h.end_pruning_step,
-    f'comes before the first mask update, at step max(begin_pruning_step, '
-    f'pruning_frequency) = {first_update}, so masks would never change; raise '
-    'end_pruning_step or lower pruning_frequency',
-  )
-
-
 def _parse_global_nm(text: str) -> tuple[int, int] | None:
   try:
     return nm.parse_nm(text)
@@ -418,7 +318,8 @@ def with_fields(hparams: Any, fields: Mapping[str, Any]) -> Any:
 
   Without fields, `hparams` is returned as it is (frozen later, once); with
   them, a new dict of every field, which `freeze` checks (an unknown name is an
-  error that suggests the right one).
+  error that suggests the right one). A keyword may set what `hparams` leaves at its
+  default; a field that both set to different values is an error naming both.
   """
   if not fields:
     return get_pruning_hparams() if hparams is None else hparams
@@ -432,7 +333,31 @@ def with_fields(hparams: Any, fields: Mapping[str, Any]) -> Any:
   for name in fields:
     if name not in _DEFAULTS:
       raise _unknown(name)
+  given = set() if hparams is None else _given(hparams)
+  for name, value in fields.items():
+    if name in given and not _same(base[name], value):
+      raise ValueError(
+        f'{name} is given twice, {name}={base[name]!r} in hparams and {name}={value!r} by '
+        f'keyword; give it once (a keyword sets only what hparams leaves at its default).'
+      )
   return {**base, **fields}
+
+
+def _given(hparams: Any) -> set[str]:
+  """The fields `hparams` sets: named in the text of a string, present in a dict, and in a
+  ConfigDict or HParams (which hold every field) those that differ from their defaults."""
+  if isinstance(hparams, str):
+    return {item.split('=', 1)[0].strip() for item in maps.split_top_level(hparams)}
+  if isinstance(hparams, Mapping):
+    return set(hparams)
+  frozen = freeze(hparams)
+  return {f for f in _DEFAULTS if not _same(getattr(frozen, f), _DEFAULTS[f])}
+
+
+def _same(a: Any, b: Any) -> bool:
+  """Equal values, a list equal to a tuple of the same entries."""
+  listed = (list, tuple)
+  return list(a) == list(b) if isinstance(a, listed) and isinstance(b, listed) else a == b
 
 
 # Configs already frozen, by identity: (a weak reference, their values, the result).

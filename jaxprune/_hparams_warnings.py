@@ -12,6 +12,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from jaxprune import _schedule as schedule
+from jaxprune._numerics import MAX_NBINS
 
 if TYPE_CHECKING:
   from jaxprune._hparams import HParams
@@ -56,15 +57,36 @@ def _warn_about_bins(h: HParams) -> None:
   unreached = [s for s in targets if s <= high]
   if not unreached:
     return
-  needed = h.nbins
-  while lowest_bin_share(needed, 5.0) >= unreached[0]:
-    needed += 1
+  needed = bins_needed(unreached[0], h.nbins)
+  fix = (
+    f"Use nbins >= {needed} (TF's default is 256) or threshold_method='exact'."
+    if needed is not None
+    else f"No nbins up to {MAX_NBINS} (2**24) reaches it: use threshold_method='exact'."
+  )
   _warn(
     f'nbins={h.nbins}: a histogram threshold is a multiple of max|w|/{h.nbins}, and it '
     f'prunes nothing while the lowest bin [0, max|w|/{h.nbins}) holds the target share of '
     f"a layer's weights. For normally distributed weights (10**4 to 10**6 of them, max 4 "
     f'to 5 standard deviations) that bin holds {low:.1%} to {high:.1%}, so target '
     f'sparsity {", ".join(f"{s:g}" for s in unreached)} can prune nothing, and larger '
-    f"ones fall short by up to a bin's share. Use nbins >= {needed} (TF's default is 256) "
-    "or threshold_method='exact'."
+    f"ones fall short by up to a bin's share. {fix}"
   )
+
+
+def bins_needed(target: float, nbins: int) -> int | None:
+  """The fewest bins, at least `nbins`, whose lowest bin holds less than `target` at 5 stds.
+
+  The share falls as the bins grow, so a bisection over [nbins, MAX_NBINS] finds it in at
+  most 24 steps, whatever the target (a tiny one needs more bins than any valid nbins:
+  None).
+  """
+  if lowest_bin_share(MAX_NBINS, 5.0) >= target:
+    return None
+  low, high = nbins, MAX_NBINS  # share(high) < target; the answer lies in [low, high]
+  while low < high:
+    middle = (low + high) // 2
+    if lowest_bin_share(middle, 5.0) < target:
+      high = middle
+    else:
+      low = middle + 1
+  return low

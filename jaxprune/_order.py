@@ -30,7 +30,7 @@ ORDER_FIX = (
 
 def warn_if_followed_in_a_chain(what: str) -> None:
   """Warns, while the step is traced, when an `optax.chain` or `optax.named_chain` runs
-  another transform after this one: it changes the updates that set pruned weights to
+  another transform after this one that changes the updates that set pruned weights to
   exactly zero (the usual case: the optimizer placed after `pruning`, which then trains
   the pruned weights again). The check reads the chain's loop from the Python stack
   (optax's frames only), so it costs nothing in the compiled step; a step that holds a
@@ -52,16 +52,75 @@ def warn_if_followed_in_a_chain(what: str) -> None:
 
 def _followed_at(frame: Any, level: int) -> int | None:
   """The user's `stacklevel` when a chain among optax's frames from `frame` (at `level`)
-  up runs a transform after the current one, else None."""
+  up runs a transform after the current one that changes the updates of its pruned
+  weights, else None."""
   while frame is not None and frame.f_code.co_filename.startswith(_OPTAX_DIR):
     local = frame.f_locals if frame.f_code.co_name == 'update_fn' else {}
     fns, transforms = local.get('update_fns'), local.get('transforms')  # chain, named_chain
     if (fns and local.get('fn') is not fns[-1]) or (
       transforms and 'name' in local and local['name'] != transforms[-1][0]
     ):
-      return _user_level(frame, level)
+      if _changes_pruned_updates(local):
+        return _user_level(frame, level)
     frame, level = frame.f_back, level + 1
   return None
+
+
+def _changes_pruned_updates(chain: dict[str, Any]) -> bool:
+  """Whether the transforms after the current one in a chain's loop (its frame's locals)
+  change the updates of the weights the current one prunes: they do unless, traced once
+  more on abstract values, each such update comes out as the very value that went in
+  (`optax.identity()`, a `pruning` of other leaves). Anything that cannot be read so
+  counts as a change, as every later transform did before."""
+  try:
+    current, later = _current_and_later(chain)
+    pruned = _pruned_positions(current)
+    if pruned is None:
+      return True
+    extra = chain.get('extra_args', {})
+
+    def run(updates, states, params, extra):
+      for (update, _), state in zip(later, states, strict=True):
+        updates, _ = update(updates, state, params, **extra)
+      return updates
+
+    abstract = [_abstract(chain['updates']), _abstract([s for _, s in later])]
+    closed = jax.make_jaxpr(run)(*abstract, _abstract(chain['params']), _abstract(extra))
+    inputs, outputs = closed.jaxpr.invars, closed.jaxpr.outvars
+    return any(outputs[i] is not inputs[i] for i in pruned)
+  except Exception:  # another optax, a state that is not arrays: say it, as before
+    return True
+
+
+def _current_and_later(chain: dict[str, Any]) -> tuple[Any, list[tuple[Any, Any]]]:
+  """The current transform's state, and (update function, state) of each one after it."""
+  state = chain['state']
+  if 'update_fns' in chain:  # optax.chain: `for s, fn in zip(state, update_fns)`
+    fns = chain['update_fns']
+    (i,) = [k for k, fn in enumerate(fns) if fn is chain['fn'] and state[k] is chain['s']]
+    return state[i], list(zip(fns[i + 1 :], state[i + 1 :], strict=True))
+  names = [name for name, _ in chain['transforms']]  # optax.named_chain
+  i = names.index(chain['name'])
+  later = [(tx.update, state[name]) for name, tx in chain['transforms'][i + 1 :]]
+  return state[chain['name']], later
+
+
+def _is_pruning_state(x: Any) -> bool:
+  return hasattr(x, 'masks') and hasattr(x, 'moved_updates')  # a PruningState
+
+
+def _pruned_positions(state: Any) -> set[int] | None:
+  """Positions, in the params' flattening order, of the leaves the PruningStates in
+  `state` mask (`pruned` holds one beside its optimizer's); None when it holds none."""
+  found = [x for x in jax.tree.leaves(state, is_leaf=_is_pruning_state) if _is_pruning_state(x)]
+  if not found:
+    return None
+  masks = [jax.tree.leaves(s.masks, is_leaf=lambda m: m is None) for s in found]
+  return {i for leaves in masks for i, mask in enumerate(leaves) if mask is not None}
+
+
+def _abstract(tree: Any) -> Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree)
 
 
 _LIBRARIES = tuple(

@@ -89,12 +89,14 @@ def _shape(leaf: Any) -> tuple[int, ...]:
   return tuple(np.shape(leaf) if shape is None else shape)
 
 
-def _check_prunable(name: str, leaf: Any) -> None:
+def check_prunable(name: str, leaf: Any) -> None:
+  """A ValueError naming the leaf unless it is real floating point."""
   dtype = np.dtype(leaf.dtype)
   if not jnp.issubdtype(dtype, jnp.floating):  # jnp's knows bfloat16
     raise ValueError(
-      f'leaf {name!r} has dtype {dtype}: only real floating-point leaves can be pruned by '
-      'magnitude. Leave it out with weight_name_regex or a prune_filter.'
+      f'leaf {name!r} has dtype {dtype}: only real floating-point leaves can be pruned or '
+      'trained sparse (by magnitude or gradient). Leave it out with weight_name_regex or a '
+      'prune_filter, or cast the params to a float dtype.'
     )
 
 
@@ -126,7 +128,7 @@ def leaf_specs(
   pruned = [name for (name, leaf), p in zip(named, picked, strict=True) if p]
   for (name, leaf), p in zip(named, picked, strict=True):
     if p:
-      _check_prunable(name, leaf)
+      check_prunable(name, leaf)
   matched: dict[str, dict[str, Any]] = {}
   unmatched: list[str] = []
   for field, entries in (

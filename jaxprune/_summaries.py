@@ -24,9 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax import Array
 
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _maps as maps
-from jaxprune import _schedule as schedule
+from jaxprune import _shortfall as shortfall
 from jaxprune import _updates as updates_lib
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
@@ -92,34 +90,6 @@ MOVED_ADVICE = (
   f'then trains the pruned weights again. {ORDER_FIX} (Params changed outside the '
   'optimizer step have the same effect.)'
 )
-
-
-# A leaf this far below its target after a mask update is reported: the histogram
-# rule may fall short by one bin's share, never by this much on ordinary weights.
-SHORTFALL = 0.1
-
-
-def shortfall_message(h: hparams_lib.HParams, step: int, short: list[str]) -> str:
-  """The warning for leaves left far below their target by the mask update at `step`,
-  with the likely causes and the remedy for the rule `h` uses."""
-  causes = (
-    'their weights were all zero, or held NaN or Inf, at the update (such a leaf '
-    'keeps its mask; see nonfinite_skips)'
-  )
-  if h.threshold_method == 'histogram':
-    causes = (
-      f'Either a few large weights put nearly all the others in the lowest of the '
-      f"histogram's {h.nbins} bins (threshold_method='exact' keeps exactly the "
-      f"target's share; more bins help too), or {causes}"
-    )
-  else:
-    causes = causes[0].upper() + causes[1:]
-  if h.block_dims != (1, 1) or h.block_entries:
-    causes += ', or a leaf has too few blocks to come closer (it is pruned a block at a time)'
-  return (
-    f'jaxprune: after the mask update at step {step}, these leaves are far below their '
-    f'target sparsity: {", ".join(short)}. {causes}.'
-  )
 
 
 def _checked(state: Any) -> PruningState:
@@ -328,43 +298,5 @@ def summaries(
   # A mask rule's thresholds need not be per leaf (channel groups).
   for name, threshold in thresholds.items():
     out[f'{name}/threshold'] = threshold
-  _warn_short(state, hparams, out)
+  shortfall.warn_short(state, hparams, _named(state.masks), _named(state.thresholds))
   return out
-
-
-def _warn_short(state: PruningState, hparams: Any, out: dict[str, Array]) -> None:
-  """Warns, naming the leaves, when a mask update left a leaf far below its own target.
-
-  The histogram threshold is a multiple of max|w| / nbins: one outlier weight
-  puts nearly every other weight in the lowest bin, and then nothing is pruned
-  (TF's rule does the same). Without `hparams`, each leaf is held to the global
-  target of the last step. Quiet under `jit`, before the first mask update, and
-  for N:M leaves, global pruning and mask rules (no per-leaf target), and with a
-  threshold decay (the masks then lag the schedule by design).
-  """
-  h = hparams_lib.HParams() if hparams is None else hparams_lib.freeze(hparams)
-  if h.global_pruning or h.nm is not None or h.threshold_decay:
-    return
-  try:
-    last = int(state.last_update_step)
-  except (TypeError, RuntimeError):  # a tracer, or not addressable from this process
-    return
-  if last == 0:
-    return
-  short = []
-  names = [name for name in _named(state.thresholds) if f'{name}/sparsity' in out]
-  nm_leaves, _ = maps.match_entries('nm_sparsity_map', names, h.nm_entries)
-  targets, _ = maps.match_entries('weight_sparsity_map', names, h.sparsity_entries)
-  for name in names:
-    achieved = out[f'{name}/sparsity']
-    if name in nm_leaves:
-      continue
-    if hparams is None:  # the schedule is not known: the global target at the last step
-      wanted = float(state.sparsity)
-    else:
-      target = targets.get(name, h.target_sparsity)
-      wanted = float(schedule.sparsity_at(h, last, target=target))
-    if wanted - float(achieved) > SHORTFALL:
-      short.append(f'{name} {float(achieved):.1%} (target {wanted:.1%})')
-  if short:
-    warnings.warn(shortfall_message(h, last, short), UserWarning, stacklevel=3)

@@ -30,7 +30,7 @@ from jaxprune import _order as order
 from jaxprune import _schedule as schedule
 from jaxprune import _specs as specs_lib
 from jaxprune import _updates as updates_lib
-from jaxprune._checks import need_params
+from jaxprune._checks import check_arguments, need_params
 from jaxprune._magnitude import MagnitudeRule
 from jaxprune._meshes import on_any_mesh
 from jaxprune._names import leaf_name
@@ -375,6 +375,7 @@ def pruning(
     Array([[ 0., -4.],
            [ 3.,  0.]], dtype=float32)
   """
+  check_arguments('jaxprune.pruning', hparams, sparsity_fn, prune_filter, mask_rule)
   engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter, mask_rule)
 
   def update_fn(updates, state, params=None):
@@ -432,6 +433,7 @@ def pruned(
     >>> type(state[1]).__name__  # (optimizer state, PruningState), as the chained form
     'PruningState'
   """
+  check_arguments('jaxprune.pruned', hparams, sparsity_fn, prune_filter, mask_rule, optimizer)
   engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter, mask_rule)
 
   def init_fn(params):

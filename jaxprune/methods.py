@@ -1,5 +1,6 @@
 """Pruning criteria for `jaxprune.functional` (torch.nn.utils.prune's methods)."""
 
+from jaxprune._attributes import suggesting_getattr
 from jaxprune._methods import (
   L1Unstructured,
   LnStructured,
@@ -19,3 +20,6 @@ __all__ = [
   'prune_lowest',
   'validate_amount',
 ]
+
+# A misspelt name suggests the nearest public one (`sparse.set` -> `sparse.set_`).
+__getattr__ = suggesting_getattr(__name__, __all__)

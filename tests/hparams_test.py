@@ -1,10 +1,13 @@
 """Hyperparameters: TF names and defaults, string parsing, validation errors and warnings."""
 
+import signal
+
 import docs_blocks
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pruning_helpers as helpers
 import pytest
 
@@ -269,6 +272,48 @@ def test_few_bins_warning_states_the_shares_and_a_fix():
   assert 'Use nbins >= 6' in message
 
 
+def _within_seconds(seconds, make):
+  """`make()`, failed as a hang when it runs longer than `seconds` (the test's own alarm)."""
+
+  def hang(signum, frame):
+    raise TimeoutError(f'still running after {seconds} s')
+
+  previous = signal.signal(signal.SIGALRM, hang)
+  signal.alarm(seconds)
+  try:
+    return make()
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize(
+  'text',
+  [
+    'target_sparsity=1e-7',
+    'target_sparsity=1e-9',
+    'target_sparsity=1e-45',
+    'weight_sparsity_map=[Dense_0:1e-9]',
+  ],
+)
+def test_tiny_targets_return_at_once(text):
+  """No nbins in [2, 2**24] puts less than 1e-7 of the weights in the lowest bin
+  (erf(5 / (2**24 sqrt 2)) = 2.4e-7): the warning says so, and says it at once."""
+  for make in (
+    jaxprune.parse_hparams,
+    jaxprune.pruning,
+    lambda t: jaxprune.pruned(optax.sgd(0.1), t),
+  ):
+    (message,) = _within_seconds(2, lambda m=make: helpers.warnings_of(lambda: m(text)))
+    assert "No nbins up to 16777216 (2**24) reaches it: use threshold_method='exact'." in message
+
+
+def test_a_small_target_names_the_bins_that_reach_it():
+  # erf(5 / (n sqrt 2)) < 1e-3 first at n = 3990 (erf(5 / (3989 sqrt 2)) = 1.00013e-3).
+  (message,) = helpers.warnings_of(lambda: jaxprune.parse_hparams('target_sparsity=0.001'))
+  assert 'Use nbins >= 3990' in message
+
+
 def test_few_bins_prune_nothing_on_normal_weights():
   """The warning's claim, on 10**4 normal weights: nbins=4 at 60% prunes nothing."""
   w = np.random.default_rng(0).standard_normal((100, 100)).astype(np.float32)
@@ -373,3 +418,29 @@ def test_stopping_before_the_schedule_ends_warns():
     match='end_pruning_step=50 stops mask updates before sparsity_function_end_step=100',
   ):
     jaxprune.parse_hparams('end_pruning_step=50')
+
+
+def test_parse_hparams_takes_fields_by_keyword():
+  """The README offers hparams "as a jaxprune.parse_hparams(...) config": keywords too."""
+  hp = jaxprune.parse_hparams(target_sparsity=0.8, weight_sparsity_map=['Dense_0:0.5'])
+  assert (hp.target_sparsity, list(hp.weight_sparsity_map)) == (0.8, ['Dense_0:0.5'])
+  both = jaxprune.parse_hparams('nbins=64', base=hp, pruning_frequency=5)
+  assert (both.target_sparsity, both.nbins, both.pruning_frequency) == (0.8, 64, 5)
+  with pytest.raises(
+    ValueError,
+    match=r'^parse_hparams: target_sparsity is given twice \(target_sparsity=0.9 in the text '
+    r'and target_sparsity=0.8 by keyword\)',
+  ):
+    jaxprune.parse_hparams('target_sparsity=0.9', target_sparsity=0.8)
+  with pytest.raises(
+    ValueError,
+    match=r"^parse_hparams: unknown hyperparameter 'target_sparsty': did you mean "
+    r"'target_sparsity'",
+  ):
+    jaxprune.parse_hparams(target_sparsty=0.8)
+  with pytest.raises(ValueError, match=r'^parse_hparams: target_sparsity=1.2: must be in \[0, 1\)'):
+    jaxprune.parse_hparams(target_sparsity=1.2)
+  with pytest.raises(
+    TypeError, match=r'give fields by keyword as parse_hparams\(target_sparsity=0.8\)'
+  ):
+    jaxprune.parse_hparams({'target_sparsity': 0.8})

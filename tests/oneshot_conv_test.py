@@ -264,3 +264,78 @@ def test_a_resnet_prunes_every_conv_and_the_head(method, nm):
       _at(masks, 'stem/kernel'), _kernel_of(expected, _KERNELS['stem/kernel'])
     )
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), before)
+
+
+def _one_feature_conv(seed=0):
+  """A 3x3 kernel over one input feature, 8 outputs: 9 inputs per output row."""
+  rng = np.random.default_rng(seed)
+  params = {'k': jnp.asarray(rng.normal(size=(3, 3, 1, 8)), jnp.float32)}
+  x = rng.normal(size=(4, 6, 6, 1)) * 2.0
+
+  def fn(p, x):
+    return jax.lax.conv_general_dilated(
+      x, p['k'], (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
+    )
+
+  return fn, params, [jnp.asarray(x, jnp.float32)], x
+
+
+@pytest.mark.parametrize('method', ['magnitude', 'wanda', 'sparsegpt'])
+def test_each_method_reaches_the_layer_target_with_9_inputs_per_row(method):
+  """50% of 8 rows of 9: 36 zeros, each row 4 or 5 for the per-row rules (Wanda pruned 4
+  of 9 in each row: 44.4%)."""
+  fn, params, batches, x = _one_feature_conv()
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    _, masks, report = oneshot.prune_with_report(
+      fn, params, batches, method=method, sparsity=0.5, per_row=method == 'magnitude'
+    )
+  rows = _rows_of(np.asarray(masks['k']), 1)[0]
+  assert int((~rows).sum()) == 36
+  if method != 'sparsegpt':  # its masks are chosen per block of columns, not per row
+    assert set((~rows).sum(axis=1).tolist()) == {4, 5}
+  assert report.layers[0].sparsity == 0.5 and report.short == ()
+  if method == 'wanda':
+    patches = conv_patches(x, (3, 3), 1, ((1, 1), (1, 1)), 1, 1)[0]
+    sqnorm = (patches**2).sum(axis=0)
+    w = _rows_of(np.asarray(params['k']), 1)[0]
+    np.testing.assert_array_equal(rows, row_mask(np.abs(w) * np.sqrt(sqnorm), 0.5, None))
+
+
+def test_a_layer_left_off_its_target_is_named_in_a_warning_and_the_report(monkeypatch, request):
+  """Were a rule to round each row alone (4 of 9), the layer would be named."""
+  from jaxprune.oneshot import _layer_prune, _solvers
+
+  def rounded_per_row(w, sqnorm, *, sparsity, nm):
+    scores = jnp.abs(w) * jnp.sqrt(sqnorm)
+    k = round(sparsity * w.shape[1])
+    return ~_solvers.ranking.lowest_k_stable(scores, k, axis=1)
+
+  monkeypatch.setattr(_solvers, 'wanda', rounded_per_row)
+  # The jitted layer step traces the patched rule afresh, and no later test reuses it.
+  _layer_prune._prune_leaf.clear_cache()
+  request.addfinalizer(_layer_prune._prune_leaf.clear_cache)
+  fn, params, batches, _ = _one_feature_conv()
+  message = r'did not reach their target sparsity: k 44\.4% \(target 50%\)'
+  with pytest.warns(UserWarning, match=message):
+    _, _, report = oneshot.prune_with_report(fn, params, batches, method='wanda', sparsity=0.5)
+  assert report.short == (('k', pytest.approx(4 / 9), '50%'),)
+  assert 'short of target: k 44.4% (target 50%)' in str(report)
+
+
+def test_a_valid_convolution_larger_than_its_input_is_a_clear_error():
+  """A 3x3 VALID convolution of a 2x2 image has no output position: nothing to rank by."""
+
+  def fn(p, x):
+    return jax.lax.conv_general_dilated(
+      x, p['k'], (1, 1), 'VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
+    )
+
+  params = {'k': jnp.asarray(np.random.default_rng(0).normal(size=(3, 3, 3, 4)), jnp.float32)}
+  batches = [jnp.ones((2, 2, 2, 3))]
+  for method in ('wanda', 'sparsegpt'):
+    message = r"^oneshot.prune: layer 'k' multiplied no input .* or leave it dense with overrides"
+    with pytest.raises(ValueError, match=message):
+      oneshot.prune(fn, params, batches, method=method, sparsity=0.5)
+  _, masks = oneshot.prune(fn, params, batches, method='magnitude', sparsity=0.5)
+  assert int((~masks['k']).sum()) == 54  # needs no inputs: half of 108

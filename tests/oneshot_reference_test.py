@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from oneshot_references import sparsegpt_reference, stable_prune
+from oneshot_references import row_mask, sparsegpt_reference, stable_prune
 
 import jaxprune
 from jaxprune import oneshot
@@ -41,11 +41,13 @@ def test_wanda_mask_is_the_numpy_rule():
 def test_magnitude_per_layer_and_per_row():
   params, batches, _, w = _setup()
   per_layer = ~stable_prune(np.abs(w).ravel(), round(0.6 * w.size)).reshape(w.shape)
-  per_row = ~np.stack([stable_prune(np.abs(col), round(0.6 * 16)) for col in w.T]).T
+  # 0.6 of 16 inputs is 9.6 per row: 77 = round(0.6 * 128) in all, rows of 9 and 10.
+  per_row = row_mask(np.abs(w.T), 0.6, None).T
   _, masks = oneshot.prune(_linear, params, batches, method='magnitude', sparsity=0.6)
   np.testing.assert_array_equal(np.asarray(masks['w']), per_layer)
   _, masks = oneshot.prune(_linear, params, batches, method='magnitude', sparsity=0.6, per_row=True)
   np.testing.assert_array_equal(np.asarray(masks['w']), per_row)
+  assert int((~per_row).sum()) == 77
 
 
 @pytest.mark.parametrize('nm', [None, (2, 4)])

@@ -13,13 +13,26 @@ def stable_prune(scores: np.ndarray, pruned: int) -> np.ndarray:
   return out
 
 
+def row_counts(scores: np.ndarray, sparsity: float) -> np.ndarray:
+  """How many entries each row of (outputs, inputs) `scores` prunes: `round(sparsity *
+  size)` in all, `floor` of the share per row, and one more in the rows whose next
+  candidate (the lowest score left) is lowest, the lower row first among equal ones."""
+  rows = len(scores)
+  each, extra = divmod(round(sparsity * scores.size), rows)
+  next_scores = np.array([np.sort(row, kind='stable')[each] if extra else 0.0 for row in scores])
+  counts = np.full(rows, each)
+  counts[np.argsort(next_scores, kind='stable')[:extra]] += 1
+  return counts
+
+
 def row_mask(scores: np.ndarray, sparsity: float | None, nm: tuple[int, int] | None) -> np.ndarray:
-  """Kept (True) entries of (outputs, inputs) `scores`: per row, the `round(sparsity *
-  inputs)` lowest pruned, or the m - n lowest of every m consecutive inputs."""
+  """Kept (True) entries of (outputs, inputs) `scores`: per row, its `row_counts` lowest
+  pruned, or the m - n lowest of every m consecutive inputs."""
   keep = np.ones(scores.shape, bool)
+  counts = row_counts(scores, sparsity) if nm is None else None
   for r, row in enumerate(scores):
     if nm is None:
-      keep[r] = ~stable_prune(row, round(sparsity * len(row)))
+      keep[r] = ~stable_prune(row, counts[r])
     else:
       n, m = nm
       for j in range(0, len(row), m):

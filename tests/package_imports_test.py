@@ -115,6 +115,20 @@ def test_every_subpackage_is_a_namespace_of_jaxprune():
     assert getattr(jaxprune, name) is importlib.import_module(f'jaxprune.{name}')
 
 
+# Each namespace's `__getattr__ = suggesting_getattr(__name__, __all__)` comes from here.
+ATTRIBUTES = 'jaxprune._attributes'
+
+
+def is_docstring_all_or_getattr(node: ast.stmt) -> bool:
+  """A namespace's own statements: its docstring, `__all__` and the suggesting `__getattr__`."""
+  if isinstance(node, ast.Expr):
+    return isinstance(node.value, ast.Constant)
+  return isinstance(node, ast.Assign) and [getattr(t, 'id', None) for t in node.targets] in (
+    ['__all__'],
+    ['__getattr__'],
+  )
+
+
 @pytest.mark.parametrize('package', [module_name(p / '__init__.py') for p in PACKAGES])
 def test_init_exports_exactly_its_all(package):
   """Each `__init__` holds a docstring, imports and `__all__`; the names it imports from
@@ -123,12 +137,12 @@ def test_init_exports_exactly_its_all(package):
   tree = ast.parse(path.read_text())
   imported = set()
   for node in tree.body:
+    if isinstance(node, ast.ImportFrom) and node.module == ATTRIBUTES:
+      continue  # the `__getattr__` that suggests the nearest public name
     if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('jaxprune'):
       imported.update(alias.asname or alias.name for alias in node.names)
     elif package not in LAZY:  # those also hold a lazy `__getattr__`
-      is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-      is_all = isinstance(node, ast.Assign) and [t.id for t in node.targets] == ['__all__']
-      assert is_docstring or is_all, f'{package}/__init__.py line {node.lineno}'
+      assert is_docstring_all_or_getattr(node), f'{package}/__init__.py line {node.lineno}'
   module = importlib.import_module(package)
   assert len(module.__all__) == len(set(module.__all__))
   if package == 'jaxprune.train':
@@ -280,7 +294,5 @@ def test_namespace_modules_only_reexport(name):
   module = importlib.import_module(name)
   tree = ast.parse(pathlib.Path(module.__file__).read_text())
   for node in tree.body:
-    is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-    is_all = isinstance(node, ast.Assign) and [t.id for t in node.targets] == ['__all__']
-    assert is_docstring or is_all or isinstance(node, ast.ImportFrom), node.lineno
+    assert is_docstring_all_or_getattr(node) or isinstance(node, ast.ImportFrom), node.lineno
   assert all(getattr(module, n).__module__.startswith('jaxprune._') for n in module.__all__)

@@ -223,3 +223,32 @@ def test_public_docstrings_point_at_no_private_path(package):
 )
 def test_the_docstring_check_finds_private_paths(text, expected):
   assert [m.group(0) for m in PRIVATE_PATH.finditer(text)] == expected
+
+
+@pytest.mark.parametrize(
+  'module, typed, meant',
+  [
+    ('jaxprune', 'pruneing', 'pruning'),
+    ('jaxprune', 'sparce', 'sparse'),
+    ('jaxprune.sparse', 'set', 'set_'),
+    ('jaxprune.sparse', 'rig', 'rigl'),
+    ('jaxprune.oneshot', 'prune_with_reports', 'prune_with_report'),
+    ('jaxprune.structured', 'prun', 'prune'),
+    ('jaxprune.channels', 'ChanelRule', 'ChannelRule'),
+    ('jaxprune.functional', 'l1_unstructure', 'l1_unstructured'),
+    ('jaxprune.methods', 'validate', 'validate_amount'),
+    ('jaxprune.train', 'trian', 'train'),
+  ],
+)
+def test_a_misspelt_public_name_suggests_the_nearest(module, typed, meant):
+  namespace = importlib.import_module(module)
+  with pytest.raises(
+    AttributeError, match=rf'has no attribute {typed!r}; did you mean {module}\.{meant}\?$'
+  ):
+    getattr(namespace, typed)
+
+
+def test_a_name_near_nothing_public_suggests_nothing():
+  with pytest.raises(AttributeError, match=r"^module 'jaxprune.sparse' has no attribute 'zzzz'$"):
+    jaxprune.sparse.zzzz  # noqa: B018
+  assert not hasattr(jaxprune.sparse, '__wrapped__')  # tools' probes stay AttributeErrors

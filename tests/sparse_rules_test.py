@@ -249,6 +249,23 @@ def test_wrong_optimizer_and_erk_power_are_named():
     sparse.ste(optax.sgd(0.1), 0.7, nm='2:4')
 
 
+@pytest.mark.parametrize(
+  'make',
+  [
+    lambda: sparse.static(optax.sgd(0.1), 0.5),
+    lambda: sparse.set_(optax.sgd(0.1), 0.5, end_step=10),
+    lambda: sparse.rigl(optax.sgd(0.1), 0.5, end_step=10),
+    lambda: sparse.ste(optax.sgd(0.1), 0.5),
+    lambda: sparse.ste(optax.sgd(0.1), nm='2:4'),
+  ],
+  ids=['static', 'set', 'rigl', 'ste', 'ste-nm'],
+)
+def test_integer_params_are_named_at_init(make):
+  params = dict(_params(), b={'kernel': jnp.ones((20, 8), jnp.int32)})
+  with pytest.raises(ValueError, match=r"^leaf 'b/kernel' has dtype int32: only real floating"):
+    make().init(params)
+
+
 def _bfloat16(tree):
   return jax.tree.map(lambda x: x.astype(jnp.bfloat16), tree)
 

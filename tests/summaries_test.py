@@ -128,3 +128,81 @@ def test_find_state_is_the_one_search_of_the_accessors():
   for find, other in ((sparse.find_state, state), (jaxprune.find_pruning_state, sparse_state)):
     with pytest.raises(ValueError, match='found 0: pass the state of'):
       find(other)
+
+
+def _run(params, text):
+  """Three steps of `pruned(sgd(0), hp)`, one mask update reaching the target; (state, hp)."""
+  hparams = jaxprune.parse_hparams(f'pruning_frequency=1,sparsity_function_end_step=1,{text}')
+  tx = jaxprune.pruned(optax.sgd(0.0), hparams)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for _ in range(3):
+    updates, state = update(params, state, params)
+    params = optax.apply_updates(params, updates)
+  return state, hparams
+
+
+def _normal(shape, seed=0, outlier=None):
+  w = (0.02 * np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
+  if outlier is not None:
+    w[outlier] = 50.0  # every other weight falls in the lowest of 256 bins
+  return jnp.asarray(w)
+
+
+def _shortfalls(make):
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    make()
+  return [str(w.message) for w in record if 'far below their target' in str(w.message)]
+
+
+def test_global_pruning_left_at_zero_by_one_outlier_warns():
+  """One threshold over both kernels: the outlier's bins leave both at 0% of a 50% target."""
+  params = {
+    'Dense_0': {'kernel': _normal((64, 64), outlier=(0, 0))},
+    'Dense_1': {'kernel': _normal((32, 32), seed=1)},
+  }
+  state, hparams = _run(params, 'target_sparsity=0.5,global_pruning=true')
+  (message,) = _shortfalls(lambda: jaxprune.summaries(state, hparams))
+  assert (
+    'all pruned leaves together (global_pruning) 0.0% (target 50.0%): '
+    'Dense_0/kernel 0.0%, Dense_1/kernel 0.0%' in message
+  )
+  exact, hparams = _run(params, 'target_sparsity=0.5,global_pruning=true,threshold_method=exact')
+  assert _shortfalls(lambda: jaxprune.summaries(exact, hparams)) == []
+
+
+def test_each_stacked_layer_is_held_to_its_target():
+  """8 stacked 32x32 layers, layer 3 with the outlier: it stays at 0% while the leaf's
+  average is 7/8 of 50% = 43.75%, within 10 points of the target."""
+  params = {'layers': {'kernel': _normal((8, 32, 32), outlier=(3, 0, 0))}}
+  state, hparams = _run(params, 'target_sparsity=0.5,layer_axes_map=[layers/kernel:1]')
+  (message,) = _shortfalls(lambda: jaxprune.summaries(state, hparams))
+  assert (
+    'these leaves are far below their target sparsity: layers/kernel[3] 0.0% (target 50.0%).'
+    in message
+  )
+
+
+def test_a_leaf_as_close_to_its_target_as_rounding_allows_is_quiet():
+  """A 1x3 kernel at 50%: 1 of 3 weights pruned is 33.3%, the closest at or under 50%."""
+  state, hparams = _run(
+    {'Dense_0': {'kernel': _normal((1, 3))}}, 'target_sparsity=0.5,threshold_method=exact'
+  )
+  assert float(jaxprune.get_weight_sparsity(state)['Dense_0/kernel']) == np.float32(1 / 3)
+  assert _shortfalls(lambda: jaxprune.summaries(state, hparams)) == []
+
+
+def test_without_hparams_a_lower_map_target_is_quiet_and_a_dense_model_is_not():
+  params = {'Dense_0': {'kernel': _normal((32, 32))}, 'Dense_1': {'kernel': _normal((32, 32), 1)}}
+  state, _ = _run(
+    params, 'target_sparsity=0.8,weight_sparsity_map=[Dense_1:0.3],threshold_method=exact'
+  )
+  assert float(jaxprune.get_weight_sparsity(state)['Dense_1/kernel']) == pytest.approx(
+    0.3, abs=1e-3
+  )
+  assert _shortfalls(lambda: jaxprune.summaries(state)) == []
+  outlier = {'Dense_0': {'kernel': _normal((32, 32), outlier=(0, 0))}}
+  state, _ = _run(outlier, 'target_sparsity=0.5')
+  (message,) = _shortfalls(lambda: jaxprune.summaries(state))
+  assert 'Dense_0/kernel 0.0% (target 50.0%)' in message

@@ -155,6 +155,14 @@ def _adam():
   return optax.adam(1e-2)
 
 
+def _only(hp, layer):
+  return jaxprune.parse_hparams(base=hp, weight_name_regex=f'{layer}/kernel')
+
+
+def _pruning_of(hp, layer):
+  return jaxprune.pruning(_only(hp, layer))
+
+
 CHAINS = {
   'pruning before adam': (lambda hp: optax.chain(jaxprune.pruning(hp), _adam()), True),
   'named_chain, pruning first': (
@@ -174,6 +182,36 @@ CHAINS = {
     True,
   ),
   'pruning last': (lambda hp: optax.chain(_adam(), jaxprune.pruning(hp)), False),
+  'two prunings of other leaves': (
+    lambda hp: optax.chain(_adam(), _pruning_of(hp, 'Dense_0'), _pruning_of(hp, 'Dense_1')),
+    False,
+  ),
+  'pruning, then identity': (
+    lambda hp: optax.chain(_adam(), jaxprune.pruning(hp), optax.identity()),
+    False,
+  ),
+  'named_chain, pruning, then identity': (
+    lambda hp: optax.named_chain(
+      ('adam', _adam()), ('prune', jaxprune.pruning(hp)), ('same', optax.identity())
+    ),
+    False,
+  ),
+  'pruned, then a pruning of other leaves': (
+    lambda hp: optax.chain(
+      jaxprune.pruned(_adam(), _only(hp, 'Dense_0')), _pruning_of(hp, 'Dense_1')
+    ),
+    False,
+  ),
+  'two prunings of the same leaves': (
+    lambda hp: optax.chain(_adam(), jaxprune.pruning(hp), jaxprune.pruning(hp)),
+    True,
+  ),
+  'pruning, identity, then a scale': (
+    lambda hp: optax.chain(
+      optax.chain(_adam(), jaxprune.pruning(hp), optax.identity()), optax.scale(2.0)
+    ),
+    True,
+  ),
   'named_chain, pruning last': (
     lambda hp: optax.named_chain(('adam', _adam()), ('prune', jaxprune.pruning(hp))),
     False,
@@ -211,3 +249,23 @@ def test_a_transform_after_pruning_in_a_chain_is_told_when_the_step_is_traced(ca
   assert bool(told) == followed, [str(w.message) for w in record]
   for w in told:
     assert re.search(FIX, str(w.message)) and w.filename == __file__
+
+
+@pytest.mark.parametrize(
+  'make',
+  [
+    lambda hp: optax.chain(_adam(), _pruning_of(hp, 'Dense_0'), _pruning_of(hp, 'Dense_1')),
+    lambda hp: optax.chain(_adam(), jaxprune.pruning(hp), optax.identity()),
+  ],
+  ids=['two prunings of other leaves', 'pruning, then identity'],
+)
+def test_a_later_transform_that_leaves_pruned_updates_alone_is_quiet(make):
+  """Both kernels land exactly on 50% (16 of 4x8, 12 of 8x3 zeros), and nothing warns."""
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    params, state = _train(make(_hparams()))
+    for pruning_state in (s for s in state if isinstance(s, jaxprune.PruningState)):
+      jaxprune.summaries(pruning_state)  # moved_updates 0: the accessors are quiet too
+  assert int(jnp.sum(params['Dense_0']['kernel'] == 0)) == 16
+  assert int(jnp.sum(params['Dense_1']['kernel'] == 0)) == 12
+  assert [str(w.message) for w in record if 'jaxprune' in str(w.message)] == []

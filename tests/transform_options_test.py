@@ -15,6 +15,7 @@ import pytest
 import references
 
 import jaxprune
+from jaxprune import _hparams as hparams_lib
 
 F32 = np.float32
 
@@ -279,7 +280,7 @@ def test_params_sparsity_counts_nan_separately():
 
 def test_hparams_by_keyword_equal_the_config():
   """`pruning(target_sparsity=...)` and `pruned(opt, ..., **fields)`: the fields over the
-  defaults, or over a given config, as a ConfigDict with those fields would give."""
+  defaults, or beside a given config, as a ConfigDict with those fields would give."""
   import optax
 
   params = {
@@ -310,7 +311,7 @@ def test_hparams_by_keyword_equal_the_config():
     masks(
       jaxprune.pruned(
         optax.sgd(0.0),
-        'target_sparsity=0.5,threshold_method=exact',
+        'threshold_method=exact',
         target_sparsity=0.75,
         pruning_frequency=1,
         sparsity_function_end_step=1,
@@ -322,3 +323,112 @@ def test_hparams_by_keyword_equal_the_config():
     jaxprune.pruning(target_sparisty=0.8)
   with pytest.raises(ValueError, match=r'target_sparsity=1.2: must be in \[0, 1\)'):
     jaxprune.pruned(optax.sgd(0.1), target_sparsity=1.2)
+
+
+@pytest.mark.parametrize(
+  'hparams',
+  [
+    'target_sparsity=0.9',
+    {'target_sparsity': 0.9},
+    jaxprune.parse_hparams('target_sparsity=0.9'),
+    hparams_lib.freeze('target_sparsity=0.9'),
+  ],
+  ids=['text', 'dict', 'config', 'HParams'],
+)
+def test_a_field_in_hparams_and_by_keyword_is_an_error_naming_both(hparams):
+  import optax
+
+  message = (
+    r'^target_sparsity is given twice, target_sparsity=0.9 in hparams and '
+    r'target_sparsity=0.5 by keyword; give it once'
+  )
+  with pytest.raises(ValueError, match=message):
+    jaxprune.pruned(optax.adam(1e-3), hparams, target_sparsity=0.5)
+  with pytest.raises(ValueError, match=message):
+    jaxprune.pruning(hparams, target_sparsity=0.5)
+  # The same value twice, or a keyword for a field hparams leaves at its default: no conflict.
+  assert (
+    hparams_lib.freeze(hparams_lib.with_fields(hparams, {'target_sparsity': 0.9})).target_sparsity
+    == 0.9
+  )
+  assert hparams_lib.freeze(hparams_lib.with_fields(hparams, {'nbins': 64})).nbins == 64
+
+
+def test_nm_sparsity_with_a_target_is_refused_as_sparse_ste_refuses_it():
+  import optax
+
+  with pytest.raises(
+    ValueError,
+    match=r"^nm_sparsity='2:4' keeps 2 of every 4 .* so target_sparsity=0.8 would be dropped",
+  ):
+    jaxprune.pruned(optax.sgd(0.1), 'target_sparsity=0.8', nm_sparsity='2:4')
+  with pytest.raises(
+    ValueError, match=r"so weight_sparsity_map=\['Dense_0:0.3'\] would be dropped"
+  ):
+    jaxprune.parse_hparams('nm_sparsity=1:4,weight_sparsity_map=[Dense_0:0.3]')
+  with pytest.raises(ValueError, match='give a sparsity or an N:M pattern, not both'):
+    jaxprune.sparse.ste(optax.sgd(0.1), 0.8, nm='2:4')
+  assert hparams_lib.freeze('nm_sparsity=2:4').nm == (2, 4)  # the default target is no conflict
+
+
+def _adam():
+  import optax
+
+  return optax.adam(1e-3)
+
+
+@pytest.mark.parametrize(
+  'make, message',
+  [
+    (
+      lambda: jaxprune.pruned(_adam(), jaxprune.pruning(target_sparsity=0.8)),
+      r'^jaxprune.pruned: hparams is an optax transform \(GradientTransformation\), not hparams\. '
+      r'Give the hparams themselves, e\.g\. jaxprune\.pruned\(optax\.adam\(1e-3\), '
+      r'target_sparsity=0\.8\)',
+    ),
+    (lambda: jaxprune.pruning(_adam()), r'^jaxprune.pruning: hparams is an optax transform'),
+    (
+      lambda: jaxprune.pruned(__import__('optax').adam, target_sparsity=0.8),
+      r'^jaxprune.pruned: optimizer=optax.adam is a function that makes an optax transform, not '
+      r'one; call it: jaxprune.pruned\(optax.adam\(1e-3\)',
+    ),
+    (lambda: jaxprune.pruned(None), r'^jaxprune.pruned: optimizer=None must be an optax transform'),
+    (
+      lambda: jaxprune.pruned('target_sparsity=0.8'),
+      r'looks like hparams; give the optimizer first',
+    ),
+    (
+      lambda: jaxprune.pruning(mask_rule=5),
+      r'^jaxprune.pruning: mask_rule=5 must be a jaxprune.MaskRule',
+    ),
+    (
+      lambda: jaxprune.pruning(mask_rule=jaxprune.channels.ChannelRule),
+      r'make one: mask_rule=ChannelRule\(\.\.\.\)',
+    ),
+    (
+      lambda: jaxprune.pruning(sparsity_fn=0.8),
+      r'^jaxprune.pruning: sparsity_fn=0.8 must be a function step -> sparsity'
+      r'.*a fixed target is target_sparsity=0.8\.$',
+    ),
+    (
+      lambda: jaxprune.pruned(_adam(), prune_filter='kernel'),
+      r"prune_filter='kernel' must be a function \(name, leaf\) -> bool"
+      r".*weight_name_regex='kernel'\.$",
+    ),
+  ],
+  ids=[
+    'pruned-of-pruning',
+    'pruning-of-adam',
+    'factory',
+    'none',
+    'hparams-first',
+    'mask_rule',
+    'mask_rule-class',
+    'sparsity_fn',
+    'prune_filter',
+  ],
+)
+def test_misused_arguments_are_one_line_with_the_fix(make, message):
+  with pytest.raises(TypeError, match=message) as raised:
+    make()
+  assert '\n' not in str(raised.value)

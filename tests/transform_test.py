@@ -17,7 +17,7 @@ import pytest
 import references
 
 import jaxprune
-from jaxprune import _hparams as hparams_lib
+from jaxprune._numerics import INT32_MAX
 
 F32 = np.float32
 
@@ -233,7 +233,7 @@ def test_step_saturates_instead_of_wrapping():
   hparams = helpers.hparams(pruning_frequency=2, target_sparsity=0.5, sparsity_function_end_step=2)
   params = {'d': {'kernel': jnp.asarray(np.arange(1, 17, dtype=F32).reshape(4, 4))}}
   tx = jaxprune.pruning(hparams)
-  top = hparams_lib.INT32_MAX
+  top = INT32_MAX
   state = tx.init(params)._replace(step=jnp.int32(top - 3), last_update_step=jnp.int32(top - 5))
   zeros = jax.tree.map(jnp.zeros_like, params)
   update = jax.jit(tx.update)

@@ -8,6 +8,7 @@ then cut out of the model.
     result = jaxprune.channels.shrink(rule, variables, opt_state, x)
 """
 
+from jaxprune._attributes import suggesting_getattr
 from jaxprune.channels._finish import (
   Shrunk,
   channel_masks,
@@ -28,3 +29,6 @@ __all__ = [
   'plan',
   'shrink',
 ]
+
+# A misspelt name suggests the nearest public one (`sparse.set` -> `sparse.set_`).
+__getattr__ = suggesting_getattr(__name__, __all__)

@@ -3,6 +3,7 @@
 matmul and convolution weights, also those stacked under a `lax.scan`; `prune_with_report`
 also reports each layer's sparsity and reconstruction error."""
 
+from jaxprune._attributes import suggesting_getattr
 from jaxprune.oneshot._api import METHODS, prune, prune_with_report
 from jaxprune.oneshot._layers import Layer, Site, Stack, find_layers
 from jaxprune.oneshot._report import LayerReport, Report
@@ -18,3 +19,6 @@ __all__ = [
   'prune',
   'prune_with_report',
 ]
+
+# A misspelt name suggests the nearest public one (`sparse.set` -> `sparse.set_`).
+__getattr__ = suggesting_getattr(__name__, __all__)

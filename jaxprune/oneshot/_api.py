@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -12,32 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _names as names_lib
-from jaxprune._updates import zeroed
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _inputs as inputs
-from jaxprune.oneshot import _solvers as solvers
+from jaxprune.oneshot import _layer_prune as layer_prune
 from jaxprune.oneshot._layers import Layer, layers_and_reasons
-from jaxprune.oneshot._report import LayerReport, Report
+from jaxprune.oneshot._report import LayerReport, Report, short_message
 
 PyTree = Any
 Target = inputs.Target
 METHODS = ('magnitude', 'wanda', 'sparsegpt')
 _SHARED_STATS_LIMIT = 2**26  # floats (256 MB in float32)
-
-
-def _matrix(leaf: jax.Array, in_axes: tuple[int, ...]) -> jax.Array:
-  """The leaf as float32 (outputs, inputs): other axes first, then `in_axes` in order."""
-  out_axes = tuple(a for a in range(leaf.ndim) if a not in in_axes)
-  moved = jnp.transpose(leaf, out_axes + in_axes).astype(jnp.float32)
-  inputs = int(np.prod([leaf.shape[a] for a in in_axes]))
-  return moved.reshape(-1, inputs)
-
-
-def _unmatrix(matrix: jax.Array, like: jax.Array, in_axes: tuple[int, ...]) -> jax.Array:
-  out_axes = tuple(a for a in range(like.ndim) if a not in in_axes)
-  perm = out_axes + in_axes
-  moved = matrix.reshape([like.shape[a] for a in perm])
-  return jnp.transpose(moved, np.argsort(perm))
 
 
 def prune(
@@ -338,7 +321,7 @@ def _run(
       collectors[key] = capture.collector(closed, chosen if shared else group, kinds)
     return collectors[key](current if sequential else leaves, batches, at)
 
-  records = []
+  records, short = [], []
   waves = sorted({layer.wave for layer in chosen}) if sequential else [None]
   for wave in waves:
     group = [layer for layer in chosen if not sequential or layer.wave == wave]
@@ -346,9 +329,11 @@ def _run(
       stats = measure(group, at) if kinds else {}
       for layer in part:
         target = targets[inputs.layer_key(layer)]
-        new, mask, error = _prune_layer(
+        if method != 'magnitude':
+          _check_inputs_seen(layer, stats.get(layer.leaf), method)
+        new, mask, error = layer_prune.prune_layer(
           layer,
-          _weight(layer, current[layer.leaf]),
+          layer_prune.weight(layer, current[layer.leaf]),
           stats.get(layer.leaf),
           target,
           method,
@@ -357,19 +342,23 @@ def _run(
           percdamp=float(percdamp),
           with_error=report,
         )
-        current[layer.leaf], masks[layer.leaf] = _put(
+        current[layer.leaf], masks[layer.leaf] = layer_prune.put(
           layer, current[layer.leaf], masks[layer.leaf], new, mask
         )
+        if target[1] is None and int(jnp.sum(~mask)) != round(target[0] * mask.size):
+          short.append((layer.name, float(1 - jnp.mean(mask)), f'{100 * target[0]:g}%'))
         records.append(
           LayerReport(
             layer.name,
-            _matrix_shape(layer, leaves[layer.leaf]),
+            layer_prune.matrix_shape(layer, leaves[layer.leaf]),
             f'{target[1][0]}:{target[1][1]}' if target[1] else f'{100 * target[0]:g}%',
             float(1 - jnp.mean(mask)),
             layer.wave,
             error,
           )
         )
+  if short:
+    warnings.warn(short_message(short), UserWarning, stacklevel=3)
   for i, leaf in enumerate(leaves):
     sharding = getattr(leaf, 'sharding', None)
     if masks[i] is not None and sharding is not None:
@@ -377,148 +366,19 @@ def _run(
   return (
     jax.tree.unflatten(treedef, current),
     jax.tree.unflatten(treedef, masks),
-    Report(tuple(records), tuple(skipped)),
+    Report(tuple(records), tuple(skipped), tuple(short)),
   )
 
 
-def _slice_axes(layer: Layer) -> tuple[int, ...]:
-  """The layer's input axes in its weight: the leaf, or a stack's slice of it."""
-  if layer.stack is None:
-    return layer.in_axes
-  return tuple(a - (a > layer.stack.axis) for a in layer.in_axes)
-
-
-def _weight(layer: Layer, leaf: jax.Array) -> jax.Array:
-  """The layer's weight: the leaf, or its slice for a stacked layer."""
-  if layer.stack is None:
-    return leaf
-  return jax.lax.index_in_dim(leaf, layer.stack.index, layer.stack.axis, keepdims=False)
-
-
-def _put(
-  layer: Layer, leaf: jax.Array, mask: Any, new: jax.Array, new_mask: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-  """(leaf, mask) with the layer's weight and mask replaced (a stack's other slices kept,
-  those not pruned with a mask of all True)."""
-  if layer.stack is None:
-    return new, new_mask
-  if mask is None:
-    mask = jnp.ones(leaf.shape, bool)
-  index, axis = layer.stack.index, layer.stack.axis
-  return (
-    jax.lax.dynamic_update_index_in_dim(leaf, new, index, axis),
-    jax.lax.dynamic_update_index_in_dim(mask, new_mask, index, axis),
-  )
-
-
-def _matrix_shape(layer: Layer, leaf: Any) -> tuple[int, int]:
-  """(outputs, inputs) of the layer's weight as a matrix."""
-  inputs = int(np.prod([leaf.shape[a] for a in layer.in_axes]))
-  stacked = leaf.shape[layer.stack.axis] if layer.stack is not None else 1
-  return int(np.prod(leaf.shape)) // inputs // stacked, inputs
-
-
-@functools.partial(
-  jax.jit,
-  static_argnames=(
-    'in_axes',
-    'groups',
-    'target',
-    'method',
-    'per_row',
-    'blocksize',
-    'percdamp',
-    'with_error',
-  ),
-)
-def _prune_leaf(
-  leaf: jax.Array,
-  stat: Any,
-  rows: Any,
-  *,
-  in_axes: tuple[int, ...],
-  groups: int,
-  target: Target,
-  method: str,
-  per_row: bool,
-  blocksize: int,
-  percdamp: float,
-  with_error: bool,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """(new weight, mask, whether SparseGPT's H^-1 was finite, relative reconstruction
-  error (`with_error`, from the Gram matrix in `stat`; NaN otherwise)) of one layer's
-  weight."""
-  sparsity, nm = target
-  w = _matrix(leaf, in_axes)
-  finite = jnp.bool_(True)
-  if method == 'magnitude':
-    mask = solvers.magnitude(w, sparsity=sparsity, nm=nm, per_row=per_row)
-    new = zeroed(mask, w)
-  elif method == 'wanda':
-    mask = solvers.wanda(
-      w, jnp.repeat(stat['sqnorm'], w.shape[0] // groups, axis=0), sparsity=sparsity, nm=nm
-    )
-    new = zeroed(mask, w)
-  else:
-    grouped = w.reshape(groups, -1, w.shape[1])
-    solve = functools.partial(
-      solvers.sparsegpt,
-      sparsity=sparsity,
-      nm=nm,
-      blocksize=min(blocksize, w.shape[1]),
-      percdamp=percdamp,
-    )
-    h = solvers.hessian(stat['gram'], rows)
-    if groups == 1:
-      new, mask, finite = solve(grouped[0], h[0])
-    else:
-      new, mask, finite = jax.vmap(solve)(grouped, h)
-      new, mask, finite = new.reshape(w.shape), mask.reshape(w.shape), jnp.all(finite)
-  error = jnp.float32(jnp.nan)
-  if with_error:
-    error = solvers.relative_error(
-      w.reshape(groups, -1, w.shape[1]), new.reshape(groups, -1, w.shape[1]), stat['gram']
-    )
-  return (
-    _unmatrix(new, leaf, in_axes).astype(leaf.dtype),
-    _unmatrix(mask, leaf, in_axes),
-    finite,
-    error,
-  )
-
-
-def _prune_layer(
-  layer: Layer,
-  weight: jax.Array,
-  stat: Any,
-  target: Target,
-  method: str,
-  *,
-  per_row: bool,
-  blocksize: int,
-  percdamp: float,
-  with_error: bool,
-) -> tuple[jax.Array, jax.Array, float]:
-  """(new weight, mask, relative error or NaN) of one layer; a ValueError for a singular
-  Hessian."""
-  value, rows = stat if stat is not None else (None, 1)
-  new, mask, finite, error = _prune_leaf(
-    weight,
-    value,
-    jnp.float32(rows),
-    in_axes=_slice_axes(layer),
-    groups=layer.groups,
-    target=target,
-    method=method,
-    per_row=per_row,
-    blocksize=blocksize,
-    percdamp=percdamp,
-    with_error=with_error,
-  )
-  if not bool(finite):
+def _check_inputs_seen(layer: Layer, stat: Any, method: str) -> None:
+  """A ValueError when the calibration batches gave the layer no input row (a convolution
+  whose window is larger than its padded input has no output position): the method would
+  rank its weights by nothing."""
+  if stat is not None and int(stat[1]) == 0:
     raise ValueError(
-      f'sparsegpt: the Hessian of the inputs of layer {layer.name!r} is '
-      f'singular (percdamp={percdamp}); set percdamp > 0, e.g. 0.01, or '
-      'calibrate on more tokens.'
+      f'oneshot.prune: layer {layer.name!r} multiplied no input on the calibration batches '
+      '(a convolution whose window is larger than its padded input has no output '
+      f'position), so method={method!r} has nothing to rank its weights by; calibrate on '
+      f"larger inputs, use method='magnitude', or leave it dense with "
+      f'overrides={{{layer.name!r}: None}}.'
     )
-  return new, mask, float(error)

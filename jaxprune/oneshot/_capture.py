@@ -66,7 +66,8 @@ def patch_rows(eqn: Any, x: jax.Array, kernel_shape: Sequence[int]) -> jax.Array
   channels = x.shape[1]
   patches = jnp.moveaxis(patches, 1, -1).reshape(-1, groups, channels // groups, *window)
   patches = jnp.moveaxis(patches, 2, -1)  # (tokens, G, window..., C/G)
-  return jnp.moveaxis(patches, 1, 0).reshape(groups, patches.shape[0], -1)
+  inputs = channels // groups * int(np.prod(window))  # explicit: there may be no tokens
+  return jnp.moveaxis(patches, 1, 0).reshape(groups, patches.shape[0], inputs)
 
 
 def _reduce(rows: jax.Array, kinds: Sequence[str]) -> Stats:

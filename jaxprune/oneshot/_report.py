@@ -38,14 +38,18 @@ class Report:
     layers: a `LayerReport` per pruned layer.
     skipped: `(name, reason)` of each weight the methods cannot prune (a leaf
       with two axes longer than 1 that is not a layer), as `prune` warns.
+    short: `(name, sparsity, target)` of each layer whose zeros are not the
+      `round(target * size)` its target asks, as `prune` warns; empty when every layer
+      reached its target.
   """
 
   layers: tuple[LayerReport, ...]
   skipped: tuple[tuple[str, str], ...]
+  short: tuple[tuple[str, float, str], ...] = ()
 
   def __str__(self) -> str:
     """A table: one line per layer (name, shape, target, sparsity, error), then the
-    weights left dense and why."""
+    weights left dense and why, and the layers short of their target."""
     width = max([len(layer.name) for layer in self.layers] + [5])
     lines = [f'{"layer":<{width}}  {"outputs x inputs":>16}  target  sparsity  rel. error']
     for layer in self.layers:
@@ -55,4 +59,17 @@ class Report:
         f'{layer.sparsity:>8.1%}  {layer.error:>10.4f}'
       )
     lines += [f'left dense: {name} ({reason})' for name, reason in self.skipped]
+    lines += [
+      f'short of target: {name} {sparsity:.1%} (target {target})'
+      for name, sparsity, target in self.short
+    ]
     return '\n'.join(lines)
+
+
+def short_message(short: list[tuple[str, float, str]]) -> str:
+  """The warning for layers a method left off their target sparsity."""
+  each = ', '.join(f'{name} {sparsity:.1%} (target {target})' for name, sparsity, target in short)
+  return (
+    f'oneshot.prune: these layers did not reach their target sparsity: {each}. Their '
+    "weights are as pruned; prune_with_report's report lists them."
+  )

@@ -1,10 +1,10 @@
 """The per-layer rules on a weight matrix `W` of shape (outputs, inputs), jitted per shape.
 
-Masks are bool, True for kept weights. A target sparsity `s` prunes
-`round(s * count)` entries of each compared set; among equal scores the lower
-index is pruned first (`ranking.lowest_k_stable`, the tie order of Wanda's
-reference code, which the tests match). `nm=(n, m)` keeps `n` of every `m`
-consecutive inputs of each output row instead.
+Masks are bool, True for kept weights. A target sparsity `s` prunes `round(s * size)`
+entries of each layer, however they are compared (per row, per block: see `_row_counts`
+and `sparsegpt`); among equal scores the lower index is pruned first
+(`ranking.lowest_k_stable`, the tie order of Wanda's reference code, which the tests
+match). `nm=(n, m)` keeps `n` of every `m` consecutive inputs of each output row instead.
 """
 
 from __future__ import annotations
@@ -27,8 +27,24 @@ def _select(
   if nm is not None:
     return nm_lib.nm_mask_from_scores(scores, nm[0], nm[1], axis=-1)
   if per_row:
-    return ~ranking.lowest_k_stable(scores, round(sparsity * scores.shape[1]), axis=1)
+    return ~ranking.lowest_k_stable(scores, _row_counts(scores, sparsity), axis=1)
   return ~ranking.lowest_k_stable(scores, round(sparsity * scores.size))
+
+
+def _row_counts(scores: jax.Array, sparsity: float) -> jax.Array | int:
+  """How many entries each output row prunes: `round(s * size)` in all, as the layer's
+  target asks, `floor` of it per row and one more in the rows whose next candidate scores
+  lowest (ties: the lower row). Where `s * inputs` is whole every row prunes that many;
+  otherwise rounding each row alone could leave the layer far off its target (a 3x3
+  kernel of one input feature: 4 of 9 per row is 44.4%, not 50%)."""
+  rows, size = scores.shape[0], scores.size
+  total = round(sparsity * size)
+  each, extra = divmod(total, rows)
+  if extra == 0:
+    return each
+  next_candidate = jnp.sort(scores, axis=1)[:, each]
+  one_more = ranking.lowest_k_stable(next_candidate, extra)
+  return (each + one_more.astype(jnp.int32))[:, None]
 
 
 @functools.partial(jax.jit, static_argnames=('sparsity', 'nm', 'per_row'))
@@ -99,7 +115,8 @@ def sparsegpt(
   Args:
     w: float32 (outputs, inputs).
     h: float32 (inputs, inputs), the Hessian 2 X^T X / n of the layer's inputs.
-    sparsity: the share pruned in each block (ignored for N:M).
+    sparsity: the share pruned in each block, rounded so that the layer prunes
+      `round(sparsity * w.size)` (ignored for N:M).
     nm: (n, m) to keep n of every m inputs per row, or None.
     blocksize: columns per block, a multiple of m for N:M.
     percdamp: dampening, as a share of the mean diagonal of H added to it.
@@ -116,7 +133,9 @@ def sparsegpt(
     w1 = w[:, i1:i2]
     if nm is None:
       scores = w1**2 / jnp.diag(u1)[None, :] ** 2
-      prune1 = ranking.lowest_k_stable(scores, round(sparsity * w1.size))
+      # Rounded as the blocks so far together, so the layer prunes round(s * size) in all.
+      count = round(sparsity * w.shape[0] * i2) - round(sparsity * w.shape[0] * i1)
+      prune1 = ranking.lowest_k_stable(scores, count)
     else:
       prune1 = jnp.zeros(w1.shape, bool)
 

@@ -3,6 +3,7 @@
 See docs/guides/sparse.md.
 """
 
+from jaxprune._attributes import suggesting_getattr
 from jaxprune.sparse._distributions import densities, erk_densities, kept_count, sparse_names
 from jaxprune.sparse._rules import rigl, set_, static
 from jaxprune.sparse._select import drop_and_grow, random_mask, top_k_mask
@@ -31,3 +32,6 @@ __all__ = [
   'ste',
   'top_k_mask',
 ]
+
+# A misspelt name suggests the nearest public one (`sparse.set` -> `sparse.set_`).
+__getattr__ = suggesting_getattr(__name__, __all__)

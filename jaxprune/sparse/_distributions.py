@@ -34,10 +34,16 @@ def sparse_names(
 
   By default those whose name matches `weight_name_regex` and that have at
   least 2 dimensions and some elements (jaxprune.pruning's rule, `specs.leaf_filter`);
-  `prune_filter(name, leaf)` replaces the regex and the dimensions rule.
+  `prune_filter(name, leaf)` replaces the regex and the dimensions rule. A chosen leaf
+  that is not real floating point is a ValueError naming it.
   """
   chosen = specs.leaf_filter(weight_name_regex if prune_filter is None else prune_filter)
-  return [name for name, leaf in named_leaves(params) if chosen(name, leaf)]
+  names = []
+  for name, leaf in named_leaves(params):
+    if chosen(name, leaf):
+      specs.check_prunable(name, leaf)  # an int leaf: an error naming it, not numpy's
+      names.append(name)
+  return names
 
 
 def erk_densities(

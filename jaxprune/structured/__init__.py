@@ -1,6 +1,7 @@
 """Structured pruning: find the channels of any JAX model that are removed together,
 choose which go, and cut them out (docs/explanation/structured_design.md)."""
 
+from jaxprune._attributes import suggesting_getattr
 from jaxprune.structured._core.graph import (
   KINDS,
   AxisPart,
@@ -105,3 +106,6 @@ __all__ = [
   'verify',
   'zero_removed',
 ]
+
+# A misspelt name suggests the nearest public one (`sparse.set` -> `sparse.set_`).
+__getattr__ = suggesting_getattr(__name__, __all__)

@@ -9,6 +9,8 @@ flag errors and `--help` need none of Flax, orbax or matplotlib.
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from jaxprune._attributes import no_attribute
+
 if TYPE_CHECKING:
   from jaxprune.train._data import Dataset, get_batch, load_digits, load_npz
   from jaxprune.train._defaults import get_config, pruning_config
@@ -58,7 +60,7 @@ def __getattr__(name: str) -> Any:
   """Imports the module that defines `name` on first use (PEP 562)."""
   if name in _MODULES:
     return getattr(importlib.import_module(f'{__name__}.{_MODULES[name]}'), name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  raise no_attribute(__name__, name, __all__)
 
 
 def __dir__() -> list[str]:
