@@ -69,7 +69,13 @@ def recalibrate(
     )
     # A batch with NaN or Inf (in its inputs, or overflowing) is left out of the average
     # of each statistic it spoils, and named below.
-    finite = jax.device_get(jax.tree.map(lambda b: jnp.isfinite(b).all(), batch_stat))
+    finite = jax.tree.map(
+      lambda z, o, b: (jnp.isfinite(z) & jnp.isfinite(o) & jnp.isfinite(b)).all(),
+      from_zero,
+      from_one,
+      batch_stat,
+    )
+    finite = jax.device_get(finite)
     bad = [
       name
       for (name, _), ok in zip(names.named_leaves(finite), jax.tree.leaves(finite), strict=True)
