@@ -9,6 +9,7 @@ Expectations: the dense model with the removed channels zeroed by hand, or
 positions picked by hand.
 """
 
+import dataclasses
 import warnings
 
 import jax
@@ -131,3 +132,34 @@ def test_hugging_face_rotary_models_pruned_export_with_a_symbolic_batch(name):
   scale = float(np.abs(expected).max())
   for out in (exported.call(result.variables, *args), result.pruned_fn(result.variables, *args)):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_a_group_the_plan_keeps_whole_need_not_be_a_group_of_another_trace():
+  k = jax.random.split(jax.random.key(2), 4)
+  params = {
+    name: jax.random.normal(key, shape)
+    for name, key, shape in zip(
+      ('w1', 'w2', 'w3', 'w4'), k, ((5, 8), (8, 3), (5, 8), (8, 3)), strict=True
+    )
+  }
+  x = jnp.ones((2, 5))
+  plain = lambda p, x: (x @ p['w1']) @ p['w2'] + (x @ p['w3']) @ p['w4']
+  # The same function but for a sort over w3's channels: no group of that trace can lose
+  # them.
+  sorted_ = lambda p, x: (x @ p['w1']) @ p['w2'] + jnp.sort(x @ p['w3'], -1) @ p['w4']
+  graph, other = jps.trace(plain, params, x), jps.trace(sorted_, params, x)
+  first, second = (graph.leaf_axes[name][1][0].group_id for name in ('w1', 'w3'))
+  plan = jps.make_plan(graph, {first: [0], second: [1]})
+  with pytest.raises(ValueError, match=r'group \d+ \(w3:1 \(\+1 members\), 8 channels\) is not'):
+    jps.plan_for(other, plan)
+  keeps_second = dataclasses.replace(plan, removed={first: [0], second: np.zeros(0, int)})
+  translated = jps.plan_for(other, keeps_second)
+  (only,) = translated.removed
+  assert {(m.leaf, m.axis) for m in other.groups[only].members} == {('w1', 1), ('w2', 0)}
+  new, pruned_fn = jps.apply_plan(other, params, keeps_second)
+  assert new['w1'].shape == (5, 7) and new['w3'].shape == (5, 8)
+  w = {n: np.asarray(v) for n, v in params.items()}
+  expected = (np.asarray(x) @ w['w1'][:, 1:]) @ w['w2'][1:] + np.sort(
+    np.asarray(x) @ w['w3'], -1
+  ) @ w['w4']
+  np.testing.assert_allclose(pruned_fn(new, x), expected, rtol=1e-5, atol=1e-5)
