@@ -323,7 +323,13 @@ def prune(
   Raises:
     TypeError: for the keywords that moved into `calibration` and `linen`
       (`loss_fn`, `calibration_batches`, `inputs`, `recalibrate_bn`,
-      `apply_kwargs`, `train_kwargs`, `train_model`), naming the new form.
+      `apply_kwargs`, `train_kwargs`, `train_model`), naming the new form; for
+      keywords it never took (`sparsity=` names `ratio=` and `flops_target=`);
+      for an array where the variables go, and a Linen module's bare params
+      (wrap them: `{'params': params}`).
+    ValueError: for a Linen module whose variables lack a collection it reads
+      (`batch_stats`) or whose example inputs do not fit its params, and for
+      `masks=` without `importance='density'`, each naming the fix.
   """
   _check_group('calibration', calibration, Calibration)
   _check_group('linen', linen, LinenOptions)
