@@ -187,3 +187,19 @@ def test_channel_shrink_and_the_main_jobs_report_state_the_distance(trained):
     'top-1 agreement 100.0%, relative output error '
   )
   assert 'expected' not in line
+
+
+def test_nan_outputs_are_infinitely_far_and_integer_outputs_are_not_compared():
+  from jaxprune.structured._shared import dense_distance
+
+  logits = np.array([[1.0, 2.0], [3.0, 0.0]])
+  broken = dense_distance([logits], [np.full((2, 2), np.nan)], 'the example inputs')
+  assert broken.rel_error == float('inf') and broken.large
+  halved = dense_distance([logits], [logits / 2], 'the example inputs')
+  # By hand: ||l/2 - l|| / ||l|| = 1/2; the largest logit stays where it was.
+  assert halved.rel_error == pytest.approx(0.5) and halved.agreement == 1.0 and halved.large
+  labels = dense_distance([np.arange(3)], [np.arange(3)], 'the example inputs')
+  assert np.isnan(labels.rel_error) and labels.agreement is None and not labels.large
+  assert labels.line().endswith(
+    '(3 examples): no float output of the same shape in both to compare'
+  )

@@ -45,7 +45,8 @@ class DenseDistance:
 
   Attributes:
     rel_error: the largest, over the float outputs of the same shape in both models,
-      of `||pruned - dense|| / ||dense||` (NaN when there is none to compare).
+      of `||pruned - dense|| / ||dense||` (Inf where an output is NaN or Inf; NaN when
+      there is no output to compare, which is not `large`).
     agreement: the fraction of rows (and positions) whose largest logit is the same
       in both models, for a first output shaped like logits (`(batch, classes)` or
       `(batch, positions, vocabulary)`); None otherwise.
@@ -62,12 +63,15 @@ class DenseDistance:
   def large(self) -> bool:
     """The change is one that fine-tuning or re-calibration is expected to repair."""
     low = self.agreement is not None and self.agreement < LOW_AGREEMENT
-    return low or not self.rel_error <= LARGE_REL_ERROR
+    return low or self.rel_error > LARGE_REL_ERROR  # NaN (nothing compared) is not large
 
   def measured(self) -> str:
     """'top-1 agreement 19.3%, relative output error 0.84'."""
     parts = [] if self.agreement is None else [f'top-1 agreement {self.agreement:.1%}']
-    parts.append(f'relative output error {self.rel_error:.2g}')
+    if math.isnan(self.rel_error):
+      parts.append('no float output of the same shape in both to compare')
+    else:
+      parts.append(f'relative output error {self.rel_error:.2g}')
     return ', '.join(parts)
 
   def line(self) -> str:
@@ -115,8 +119,10 @@ def distance(
     if logits and np.shape(first[0]) == np.shape(first[1]):
       agree += int(np.sum(np.argmax(first[0], -1) == np.argmax(first[1], -1)))
       positions += int(np.prod(np.shape(first[0])[:-1]))
-  errors = [
-    math.sqrt(diff / norm) if norm else (0.0 if diff == 0 else math.inf)
+  errors = [  # NaN or Inf outputs: an infinite error
+    math.sqrt(diff / norm)
+    if norm and math.isfinite(diff / norm)
+    else (0.0 if diff == 0 else math.inf)
     for diff, norm in squared.values()
   ]
   return DenseDistance(
