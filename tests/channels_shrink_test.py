@@ -131,7 +131,11 @@ def test_flops_kept_is_after_over_before_and_the_summary_says_how_many_fewer():
   # 4 * (10*8 + 8*4 + 4*4) = 512 shrunk: 40% kept, 2.5x fewer.
   assert (result.flops_before, result.flops_after) == (1280, 512)
   assert result.flops_kept == pytest.approx(0.4)
-  assert result.summary().endswith('FLOPs 1.28e+03 -> 512 (40.0% kept, 2.50x fewer)')
+  # the plan, the FLOPs, then the two checks (exactness, distance from the dense model)
+  lines = result.summary().splitlines()
+  assert lines[3] == 'FLOPs 1.28e+03 -> 512 (40.0% kept, 2.50x fewer)'
+  assert lines[4].startswith('exactness check against the masked model')
+  assert lines[5].startswith('vs the dense model on the example inputs (2 examples)')
 
 
 def test_shrink_refuses_masks_that_are_not_whole_channels():

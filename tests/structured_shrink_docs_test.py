@@ -3,13 +3,16 @@
 import contextlib
 import io
 
+import jax
 import numpy as np
 from docs_blocks import code_cells
 
 
 def test_docs_removing_channels_examples_run():
   blocks = code_cells('guides/structured.md', start='## Select, shrink, verify')
-  assert len(blocks) == 5, 'Linen one-liner and steps, deploy, Linen rebuild, linen_resized, NNX'
+  assert len(blocks) == 6, (
+    'Linen one-liner and steps, deploy, fine-tuning, Linen rebuild, linen_resized, NNX'
+  )
   namespace = {}
   with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     for block in blocks:
@@ -19,6 +22,14 @@ def test_docs_removing_channels_examples_run():
   # unrounded (the default round_to=1): 19 x 30 of 32 x 64 channels keep 0.3 of the FLOPs.
   assert 'group 0: 32 -> 19' in summary and 'group 1: 64 -> 30' in summary
   assert '3.42x fewer' in summary
+  # both checks, named: the exactness check and the distance from the dense model.
+  assert 'exactness check against the masked model' in summary
+  assert 'vs the dense model on the example inputs (8 examples)' in summary
+  # the fine-tuning cell trained the params of the pruned callable, nothing else.
+  tuned, pruned = namespace['tuned'], namespace['result'].variables
+  assert tuned['batch_stats'] is pruned['batch_stats']
+  assert jax.tree.map(np.shape, tuned) == jax.tree.map(np.shape, pruned)
+  assert not np.array_equal(tuned['params']['Dense_0']['bias'], pruned['params']['Dense_0']['bias'])
   assert namespace['sizes'] == {'Conv_0': 16, 'Conv_1': 32, 'Dense_0': 10}
   assert namespace['net'].conv.out_features == 16
   # the deployed model: batch 3, from a serialised export with a symbolic batch.

@@ -23,8 +23,20 @@ from jaxprune._flops import FlopsReport
 from jaxprune._names import leaf_name
 from jaxprune._summaries import get_masks
 from jaxprune.channels._rule import ChannelRule, channel_keeps_from_masks, leaf_masks
-from jaxprune.structured import Plan, VerifyReport, apply_plan, make_plan, plan_flops
-from jaxprune.structured._shared import checked_callable, compare, traced_outputs
+from jaxprune.structured import (
+  DenseDistance,
+  Plan,
+  VerifyReport,
+  apply_plan,
+  make_plan,
+  plan_flops,
+)
+from jaxprune.structured._shared import (
+  checked_callable,
+  compare,
+  dense_distance,
+  traced_outputs,
+)
 
 PyTree = Any
 
@@ -108,8 +120,12 @@ class Shrunk(FlopsReport):
     plan: the channels removed.
     flops_before: dot_general + conv FLOPs per call of the dense model, as traced.
     flops_after: the same for the shrunk model.
-    check: the comparison with the masked model on the example inputs (None
-      when none were given).
+    check: the exactness check on the example inputs against the masked model
+      (the variables with the state's masks applied; None when no inputs were
+      given).
+    dense_distance: how far the shrunk model is from the model on the variables
+      as given, masks not applied (the same when training kept the masked
+      weights at zero; None when no inputs were given).
   """
 
   variables: PyTree
@@ -118,10 +134,21 @@ class Shrunk(FlopsReport):
   flops_before: float
   flops_after: float
   check: VerifyReport | None
+  dense_distance: DenseDistance | None = None
 
   def summary(self) -> str:
-    """The plan's summary, then the FLOPs line (`FlopsReport`)."""
-    return f'{self.plan.summary()}\n{self.flops_line()}'
+    """The plan's summary, the FLOPs line (`FlopsReport`), then both checks: against
+    the masked model (exactness) and against the variables as given."""
+    lines = [self.plan.summary(), self.flops_line()]
+    if self.check is not None:
+      lines.append(
+        'exactness check against the masked model (the variables with the masks '
+        f'applied): passed, largest difference {self.check.max_rel_diff:.2g} of the '
+        'output scale'
+      )
+    if self.dense_distance is not None:
+      lines.append(self.dense_distance.line())
+    return '\n'.join(lines)
 
 
 def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any) -> Shrunk:
@@ -146,9 +173,11 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
   removal = plan(rule, state)
   masked = masked_variables(rule, variables, state)
   new_variables, pruned_fn = apply_plan(rule.graph, masked, removal)
-  report = None
+  report, distance = None, None
   if example_args:
     outputs = checked_callable(rule.graph, removal, pruned_fn)(new_variables, *example_args)
+    dense = traced_outputs(rule.graph, removal, variables, *example_args)
+    distance = dense_distance([dense], [outputs], 'the example inputs')
     report = compare(masked_outputs(rule, masked, removal, *example_args), outputs)
     if not report.ok:
       raise RuntimeError(
@@ -157,4 +186,6 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
         'scale). Please report this model.'
       )
   flops_after = plan_flops(rule.graph, removal)
-  return Shrunk(new_variables, pruned_fn, removal, rule.graph.total_flops, flops_after, report)
+  return Shrunk(
+    new_variables, pruned_fn, removal, rule.graph.total_flops, flops_after, report, distance
+  )

@@ -20,6 +20,7 @@ from jaxprune.structured._primitives.table import (
   register_rule,
   register_shrink_rule,
 )
+from jaxprune.structured._prune.distance import DenseDistance
 from jaxprune.structured._prune.options import Calibration, LinenOptions
 from jaxprune.structured._prune.pipeline import PruneResult, prune
 from jaxprune.structured._select.activations import activation_importance
@@ -60,6 +61,7 @@ __all__ = [
   'Calibration',
   'ChannelGroup',
   'Constraint',
+  'DenseDistance',
   'DependencyGraph',
   'KINDS',
   'LinenOptions',

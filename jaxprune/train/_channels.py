@@ -32,6 +32,7 @@ from jaxprune.train import _files as files
 # other run's start).
 if TYPE_CHECKING:
   from jaxprune.channels import ChannelRule
+  from jaxprune.structured import DenseDistance
 
 MODEL_FILE = 'pruned_model.bin'
 # Images per call when timing the dense and the shrunk model against each other.
@@ -50,6 +51,8 @@ class ChannelResult(FlopsReport):
       model's (exported artifact), timed interleaved.
     test_accuracy: the exported artifact's accuracy on the test split.
     path: where the artifact was written (None without a workdir).
+    vs_trained: how far the artifact's logits on the test split are from the
+      model as trained, at its dense shapes (None when not measured).
   """
 
   groups: list[tuple[str, int, int]]
@@ -58,6 +61,7 @@ class ChannelResult(FlopsReport):
   speedup: float
   test_accuracy: float
   path: str | None
+  vs_trained: DenseDistance | None = None
 
   def scalars(self) -> dict[str, float]:
     """The metrics.jsonl record of the shrunk model."""
@@ -81,6 +85,8 @@ class ChannelResult(FlopsReport):
     )
     where = f' ({MODEL_FILE})' if self.path else ''
     out.append(f'shrunk model{where}: test accuracy {self.test_accuracy:.2%}')
+    if self.vs_trained is not None:
+      out.append(f'shrunk model {self.vs_trained.line()}')
     return out
 
 
@@ -172,6 +178,7 @@ def finish(
     The `ChannelResult`.
   """
   import jaxprune.channels
+  from jaxprune.structured._shared import dense_distance
 
   input_shape = tuple(x_test.shape[1:])
   shrunk = jaxprune.channels.shrink(rule, {'params': params}, opt_state, _example(input_shape))
@@ -190,8 +197,16 @@ def finish(
     ]
   )
   accuracy = float(np.mean(np.argmax(logits, -1) == y_test))
+  dense = jax.jit(model.apply)
+  trained = np.concatenate(
+    [
+      np.asarray(dense({'params': params}, jnp.asarray(x_test[i : i + 1024])))
+      for i in range(0, len(x_test), 1024)
+    ]
+  )
+  vs_trained = dense_distance([trained], [logits], 'the test split')
   batch = jnp.asarray(np.resize(x_test, (TIMING_BATCH, *input_shape)))
-  dense, small = jax.jit(model.apply), jax.jit(exported.call)
+  small = jax.jit(exported.call)
   seconds = _median_seconds(
     {'dense': lambda: dense({'params': params}, batch), 'shrunk': lambda: small(batch)},
     timing_rounds,
@@ -208,4 +223,5 @@ def finish(
     seconds['dense'] / seconds['shrunk'],
     accuracy,
     path,
+    vs_trained,
   )

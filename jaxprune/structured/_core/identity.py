@@ -97,12 +97,17 @@ def translate(
   Returns:
     `{group id in graph: channel indices}`.
 
+  Groups that lose no channels are left out: they need not exist, or be prunable, in
+  `graph`.
+
   Raises:
     ValueError: naming the group when it is not in `graph` or not prunable there.
   """
   table = index(graph)
   out = {}
   for gid, channels in removed.items():
+    if not len(channels):  # a group that keeps every channel needs nothing of this trace
+      continue
     key = keys[gid]
     group = table.get(key.signature)
     if group is None:

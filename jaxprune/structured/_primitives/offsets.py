@@ -3,10 +3,13 @@
 `concatenate`, `split`, `slice`, `pad`, `rev` and `tile` map positions with an
 offset (a reversal, copies); `stack` and `unstack` add and remove an axis;
 `gather`, `dynamic_slice` and
-`dynamic_update_slice` pass whole axes through and block the indexed ones.
+`dynamic_update_slice` pass whole axes through and block the indexed ones,
+except a gather with a constant index, which maps positions like `slice`.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -127,15 +130,79 @@ def static_gather(eqn, indices: np.ndarray | None) -> list[tuple[int, int, bool]
   return slices
 
 
+class Take(NamedTuple):
+  """A gather that picks constant positions along one operand axis, every other axis
+  whole: `jnp.take(x, positions, axis)` with the picked positions at output axis
+  `out_axis`.
+
+  `jnp` indexing writes a strided slice (`x[..., 1::2]` of interleaved rotary
+  embeddings) or an index array so when a shape is symbolic (`jax.export`);
+  at static shapes the same slice is a `slice`.
+  """
+
+  axis: int
+  positions: np.ndarray
+  out_axis: int
+
+
+def constant_take(eqn, indices: np.ndarray | None) -> Take | None:
+  """The `Take` a gather is, or None (not constant, or not of that form)."""
+  if indices is None or np.ndim(indices) != 2 or np.shape(indices)[1] != 1:
+    return None
+  dnums, sizes = eqn.params['dimension_numbers'], eqn.params['slice_sizes']
+  shape, out_rank = _shape(eqn.invars[0]), len(_shape(eqn.outvars[0]))
+  (axis,) = dnums.start_index_map if len(dnums.start_index_map) == 1 else (None,)
+  whole = [a for a in range(len(shape)) if a != axis]
+  batch_out = [a for a in range(out_rank) if a not in dnums.offset_dims]
+  if (
+    axis is None
+    or tuple(dnums.collapsed_slice_dims) != (axis,)
+    or dnums.operand_batching_dims
+    or sizes[axis] != 1
+    or any(sizes[a] != shape[a] for a in whole)
+    or len(batch_out) != 1
+  ):
+    return None
+  positions = np.asarray(indices, np.int64)[:, 0]
+  if str(eqn.params['mode']).endswith('FILL_OR_DROP'):
+    if not ((positions >= 0) & (positions < shape[axis])).all():
+      return None
+  positions = np.clip(positions, 0, shape[axis] - 1)  # CLIP and PROMISE_IN_BOUNDS clamp
+  return Take(axis, positions, batch_out[0])
+
+
+def _take(ctx, eqn, take: Take) -> None:
+  """Output position j is operand position `take.positions[j]` (a position picked
+  twice is one channel, as `tile`'s copies are); unpicked positions are dropped."""
+  operand, out = eqn.invars[0], eqn.outvars[0]
+  ctx.note(take)
+  offset_axes = [a for a in range(len(_shape(operand))) if a != take.axis]
+  for axis, out_axis in zip(offset_axes, eqn.params['dimension_numbers'].offset_dims, strict=True):
+    ctx.join_axes(operand, axis, out, out_axis)
+  ids = ctx.ids(operand, take.axis)
+  if ids is None:
+    return
+  if len(take.positions) == 1:
+    ctx.block_ids(ids[take.positions], "position picked by 'gather'")
+  else:
+    ctx.join(ids[take.positions], ctx.ids(out, take.out_axis))
+
+
 def gather(ctx, eqn) -> None:
   """Table lookups (embeddings): whole-slice axes pass through; indexed ones block.
 
   A gather that is one static slice (a constant index) maps positions like
-  `slice`; `ctx.note` keeps its starts for the pruned callable.
+  `slice`, and one that takes constant positions along one axis (`Take`) like a
+  strided `slice`; `ctx.note` keeps either for the pruned callable.
   """
   operand, indices = eqn.invars[:2]
   out = eqn.outvars[0]
-  slices = static_gather(eqn, ctx.value(indices))
+  index_value = ctx.value(indices)
+  take = constant_take(eqn, index_value)
+  if take is not None:
+    _take(ctx, eqn, take)
+    return
+  slices = static_gather(eqn, index_value)
   if slices is not None:
     ctx.note(slices)
     out_axis = 0

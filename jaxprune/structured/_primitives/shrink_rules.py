@@ -23,6 +23,7 @@ from jax.extend import core as jcore
 
 from jaxprune.structured._core import params as params_lib
 from jaxprune.structured._core.products import conv_axes
+from jaxprune.structured._primitives import offsets
 
 ShrinkRule = Callable[[Any, Any, tuple, int, list], list]
 
@@ -131,10 +132,27 @@ def slice_sizes(operand_index: int) -> ShrinkRule:
   return rule
 
 
+def _take(shrinker, eqn, scope, take: offsets.Take, x: Any) -> list:
+  """A constant take (`offsets.Take`): the kept output positions' sources, found
+  among the operand's kept positions."""
+  wanted = take.positions
+  kept_out = shrinker.kept(scope, eqn.outvars[0], take.out_axis)
+  if kept_out is not None:
+    wanted = wanted[kept_out]
+  kept_in = shrinker.kept(scope, eqn.invars[0], take.axis)
+  if kept_in is not None:
+    wanted = np.searchsorted(kept_in, wanted)
+  picked = jnp.take(x, wanted, axis=take.axis, mode='clip')
+  return [jnp.moveaxis(picked, take.axis, take.out_axis)]
+
+
 def gather(shrinker, eqn, scope, index, invals):
   """A gather that is one static slice (see `offsets.static_gather`) takes kept
-  positions like `slice`; other gathers follow `slice_sizes`."""
+  positions like `slice`, a constant take (`offsets.Take`) the kept positions'
+  sources; other gathers follow `slice_sizes`."""
   slices = shrinker.graph.notes.get((scope, index))
+  if isinstance(slices, offsets.Take):
+    return _take(shrinker, eqn, scope, slices, invals[0])
   if slices is None:
     return slice_sizes(0)(shrinker, eqn, scope, index, invals)
   x, src, out = invals[0], eqn.invars[0], eqn.outvars[0]

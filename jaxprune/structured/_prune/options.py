@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from jaxprune.structured._prune.misuse import unknown_keywords
 
 
 def first_input(batch: Any) -> tuple:
@@ -46,6 +49,14 @@ class Calibration:
   inputs: Callable[[Any], tuple] = first_input
   recalibrate_bn: bool = False
 
+  def __post_init__(self) -> None:
+    shape = getattr(self.batches, 'shape', None)
+    if shape is not None:  # iterating one array would give single examples
+      raise TypeError(
+        f'Calibration: batches is one array of shape {tuple(shape)}, which would be read '
+        'one example at a time; give a list of batches: Calibration([x]) for one batch.'
+      )
+
 
 @dataclasses.dataclass(frozen=True)
 class LinenOptions:
@@ -64,6 +75,23 @@ class LinenOptions:
   apply_kwargs: Mapping[str, Any] | None = None
   train_kwargs: Mapping[str, Any] | None = None
   train_model: Any = None
+
+  def __post_init__(self) -> None:
+    import flax.linen as nn
+
+    if self.train_model is not None and not isinstance(self.train_model, nn.Module):
+      raise TypeError(
+        'LinenOptions.train_model: give the Linen module in train mode, e.g. '
+        f'LinenOptions(train_model=CNN(train=True), train_kwargs={{}}); got '
+        f'{type(self.train_model).__name__} {self.train_model!r}.'
+      )
+    for name in ('apply_kwargs', 'train_kwargs'):
+      value = getattr(self, name)
+      if value is not None and not isinstance(value, Mapping):
+        raise TypeError(
+          f'LinenOptions.{name}: give a dict of keyword arguments, e.g. {{"train": True}}; '
+          f'got {type(value).__name__} {value!r}.'
+        )
 
 
 # prune's keywords that moved into a group: old name -> (new keyword, its type, field).
@@ -99,13 +127,21 @@ def moved_message(names: Iterable[str]) -> str:
 
 def moved_arguments(fn: Callable[..., Any]) -> Callable[..., Any]:
   """`fn` refusing the keywords that moved into `Calibration` and `LinenOptions` with a
-  TypeError naming the new form (its signature, for `help` and the docs, stays `fn`'s)."""
+  TypeError naming the new form, and keywords it never took with one naming the keyword
+  meant (its signature, for `help` and the docs, stays `fn`'s)."""
+
+  accepted = [
+    name for name, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY
+  ]
 
   @functools.wraps(fn)
   def refusing_moved(*args: Any, **kwargs: Any) -> Any:
     moved = [name for name in kwargs if name in MOVED]
     if moved:
       raise TypeError(moved_message(moved))
+    unknown = unknown_keywords(kwargs, accepted)
+    if unknown:
+      raise TypeError(unknown)
     return fn(*args, **kwargs)
 
   return refusing_moved

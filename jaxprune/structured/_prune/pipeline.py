@@ -8,9 +8,10 @@
         calibration=jaxprune.structured.Calibration(batches, loss_fn=loss))
 
 It traces the model, scores channels (optionally with Taylor importance on
-calibration batches), selects, shrinks, checks the result against the dense
-model with the removed channels zeroed, and optionally re-estimates the
-BatchNorm statistics, with a progress bar for the calibration passes. One
+calibration batches), selects, shrinks, checks the result against the masked
+model (the dense model with the removed channels zeroed), optionally
+re-estimates the BatchNorm statistics, with a progress bar for the calibration
+passes, and measures how far the result is from the dense model itself. One
 path for every model; what differs between Linen, NNX and plain functions is
 in the adapters of `models.py`.
 """
@@ -28,7 +29,8 @@ from jaxprune._flops import FlopsReport
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan
 from jaxprune.structured._primitives import cost
-from jaxprune.structured._prune import models, options
+from jaxprune.structured._prune import distance, misuse, models, options
+from jaxprune.structured._prune.distance import DenseDistance
 from jaxprune.structured._prune.options import Calibration, LinenOptions
 from jaxprune.structured._select import importance as importance_lib
 from jaxprune.structured._select import selectors
@@ -64,11 +66,19 @@ class PruneResult(FlopsReport):
       shapes; runs at any input shape and exports with `jax.export`.
     flops_before: dot_general + conv FLOPs per call of the dense model.
     flops_after: the same for the pruned model.
-    check: the `verify` report of `pruned_fn` on the example inputs (None
-      when skipped).
+    check: the exactness check of `pruned_fn` on the example inputs against the
+      masked model, the dense model with the removed channels zeroed (`verify`'s
+      report; None when skipped). It says the channels were cut out correctly,
+      not that the model still computes what the dense one did: see
+      `dense_distance`.
     model_check: the same check of what users run: `result.apply` (Linen,
       under `linen_resized`) or the pruned NNX model itself (for a plain
       function, `check` again: its users run the pruned callable).
+    dense_distance: how far the pruned model (after any BatchNorm
+      re-calibration) is from the dense model: relative output error and, for
+      logits, top-1 agreement, on the calibration batches (the first 8) or else
+      the example inputs (None when `check=False`). When `.large`, fine-tuning
+      or re-calibration is expected.
   """
 
   model: Any
@@ -80,6 +90,7 @@ class PruneResult(FlopsReport):
   flops_after: float
   check: VerifyReport | None
   model_check: VerifyReport | None = None
+  dense_distance: DenseDistance | None = None
 
   def apply(self, variables: PyTree, *args: Any, **kwargs: Any) -> Any:
     """Runs a pruned Linen module (`model.apply` at the sizes of `variables`)."""
@@ -88,13 +99,20 @@ class PruneResult(FlopsReport):
       return model.apply(variables, *args, **kwargs)
 
   def __repr__(self) -> str:
-    """One line: what was pruned, the FLOPs, the check (the fields hold whole models)."""
+    """One line: what was pruned, the FLOPs, both checks (the fields hold whole models)."""
     sizes = [getattr(x, 'size', 0) for x in jax.tree.leaves(self.variables)]
     check = (
-      'not checked'
+      'not checked (check=False)'
       if self.check is None
-      else (f'checked, largest difference {self.check.max_rel_diff:.2g} of the output scale')
+      else (
+        'equals the masked model (dense, removed channels zeroed) to '
+        f'{self.check.max_rel_diff:.2g} of the output scale'
+      )
     )
+    dense = self.dense_distance
+    if dense is not None:
+      check += f', vs the dense model: {dense.measured()}'
+      check += ' (a large change: fine-tune or recalibrate)' if dense.large else ''
     return (
       f'PruneResult(channels removed from {len(self.plan.removed)} of '
       f'{len(self.graph.groups)} channel groups, {sum(sizes):,} values left in '
@@ -103,8 +121,22 @@ class PruneResult(FlopsReport):
     )
 
   def summary(self) -> str:
-    """The plan's summary, then the FLOPs line (`FlopsReport`)."""
-    return f'{self.plan.summary()}\n{self.flops_line()}'
+    """The plan's summary, the FLOPs line (`FlopsReport`), then both checks: against the
+    masked model (exactness) and against the dense model (the change pruning made)."""
+    if self.check is None:
+      exact = 'not run (check=False)'
+    else:
+      verdict = 'passed' if self.check.ok else 'FAILED'
+      exact = f'{verdict}, largest difference {self.check.max_rel_diff:.2g} of the output scale'
+    lines = [
+      self.plan.summary(),
+      self.flops_line(),
+      f'exactness check against the masked model (the dense model with the removed '
+      f'channels zeroed): {exact}',
+    ]
+    if self.dense_distance is not None:
+      lines.append(self.dense_distance.line())
+    return '\n'.join(lines)
 
 
 def _check_group(keyword: str, value: Any, cls: type) -> None:
@@ -125,6 +157,7 @@ def _check_arguments(
   calibration,
   linen,
   norms,
+  masks,
 ) -> None:
   """Every check `prune` can make before it traces or changes anything (the model's own,
   in `models.adapter`, come first). `calibration.batches` is a list (or None) by now."""
@@ -136,6 +169,11 @@ def _check_arguments(
     ratio=ratio, flops_target=flops_target, scope=scope, search=search, constraint=constraint
   )
   importance_lib.check_method(importance, extra=('taylor',))
+  if masks is not None and importance != 'density':
+    raise ValueError(
+      f"prune: masks= is read only by importance='density' (importance={importance!r} here); "
+      "pass importance='density', masks=jaxprune.get_masks(state), or drop masks."
+    )
   loss_fn, batches = calibration.loss_fn, calibration.batches
   if importance == 'taylor' and (loss_fn is None or batches is None):
     raise ValueError(
@@ -211,8 +249,7 @@ def _verified(graph, variables, plan, example_args, runs):
 def _scores(graph, variables, method, fn, calibration, progress, masks, seed):
   if method != 'taylor':
     return importance_lib.score_channels(graph, variables, method, masks=masks, seed=seed)
-  loss_fn, inputs = calibration.loss_fn, calibration.inputs
-  loss = lambda v, batch: loss_fn(fn(v, *inputs(batch)), batch)
+  loss = misuse.checked_loss(fn, calibration.loss_fn, calibration.inputs)
   return importance_lib.taylor_importance(graph, variables, loss, calibration.batches, progress)
 
 
@@ -274,8 +311,10 @@ def prune(
       `trace` and the pruned callable only.)
     seed: seed for `importance='random'`.
     check: verify the pruned callable and the pruned model itself
-      (`result.apply`, or the NNX model) against the zeroed dense model on the
-      example inputs; raises, changing nothing, if they differ.
+      (`result.apply`, or the NNX model) against the masked model (the dense
+      model with the removed channels zeroed) on the example inputs, raising,
+      changing nothing, if they differ; and measure how far the result is from
+      the dense model (`PruneResult.dense_distance`).
     progress: tqdm progress bars for the calibration passes.
 
   Returns:
@@ -284,7 +323,13 @@ def prune(
   Raises:
     TypeError: for the keywords that moved into `calibration` and `linen`
       (`loss_fn`, `calibration_batches`, `inputs`, `recalibrate_bn`,
-      `apply_kwargs`, `train_kwargs`, `train_model`), naming the new form.
+      `apply_kwargs`, `train_kwargs`, `train_model`), naming the new form; for
+      keywords it never took (`sparsity=` names `ratio=` and `flops_target=`);
+      for an array where the variables go, and a Linen module's bare params
+      (wrap them: `{'params': params}`).
+    ValueError: for a Linen module whose variables lack a collection it reads
+      (`batch_stats`) or whose example inputs do not fit its params, and for
+      `masks=` without `importance='density'`, each naming the fix.
   """
   _check_group('calibration', calibration, Calibration)
   _check_group('linen', linen, LinenOptions)
@@ -294,6 +339,8 @@ def prune(
   if variables is None and len(example_args) >= 2 and not isinstance(model, nnx.Module):
     # prune(model, variables, x): the order of oneshot.prune and of model.apply.
     variables, example_args = example_args[0], example_args[1:]
+  misuse.variables_first(model, variables, example_args)
+  misuse.linen_variables(model, variables)
   adapted = models.adapter(model, variables, linen, calibration.recalibrate_bn)
   _check_arguments(
     example_args,
@@ -306,9 +353,11 @@ def prune(
     calibration,
     linen,
     norms,
+    masks,
   )
   fn, variables = adapted.traced()
-  graph = trace(fn, variables, *example_args, norms=norms)
+  with misuse.explained_trace(model, variables, example_args):
+    graph = trace(fn, variables, *example_args, norms=norms)
   scores = _scores(graph, variables, importance, fn, calibration, progress, masks, seed)
   plan = selectors.select(
     graph,
@@ -326,16 +375,25 @@ def prune(
   run_model = adapted.runner(new_variables)
   if run_model is not None:
     runs.append((adapted.name, run_model))
-  check_fn, model_check = None, None
+  check_fn, model_check, dense_outputs = None, None, None
   if check:
     reports = _verified(graph, variables, plan, example_args, runs)
     check_fn, model_check = reports[0], reports[-1]
+    input_sets, described = distance.input_sets(
+      example_args, calibration.batches, calibration.inputs
+    )
+    dense_fn = jax.jit(fn)  # before an NNX model is changed
+    dense_outputs = [dense_fn(variables, *args) for args in input_sets]
   flops = graph.total_flops, cost.plan_flops(graph, plan)
   if calibration.recalibrate_bn:
     new_variables = adapted.recalibrated(
       new_variables, calibration.batches, calibration.inputs, progress
     )
   new_variables = adapted.committed(new_variables)  # only now is an NNX model changed
+  dense_distance = None
+  if dense_outputs is not None:
+    pruned_outputs = [pruned_fn(new_variables, *args) for args in input_sets]
+    dense_distance = distance.distance(dense_outputs, pruned_outputs, described)
   return PruneResult(
     adapted.pruned_model(pruned_fn),
     new_variables,
@@ -345,4 +403,5 @@ def prune(
     *flops,
     check_fn,
     model_check,
+    dense_distance,
   )

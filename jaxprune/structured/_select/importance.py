@@ -135,6 +135,20 @@ def _mask_for(leaf: str, masks: Mapping[str, Any]) -> Any:
   return None
 
 
+def _checked_masks(masks: PyTree | None) -> dict[str, Any]:
+  """`{leaf name: mask}` of a masks pytree; a TypeError for anything but arrays."""
+  if masks is None:
+    return {}
+  leaves = {name: m for name, m in names.named_leaves(masks) if m is not None}
+  wrong = [m for m in leaves.values() if not hasattr(m, 'shape')]
+  if wrong or not leaves:
+    raise TypeError(
+      'masks: give the pytree of boolean masks jaxprune.get_masks(state) returns (arrays '
+      f'shaped like the params), got {type(masks).__name__} {str(masks)[:60]!r}.'
+    )
+  return leaves
+
+
 def density_importance(
   graph: DependencyGraph, variables: PyTree, masks: PyTree | None = None
 ) -> Scores:
@@ -149,18 +163,32 @@ def density_importance(
     variables: the variables; used where no mask is given.
     masks: optional pytree of boolean masks (e.g. `jaxprune.get_masks(state)`),
       matched to members by leaf name or name suffix; `None` leaves are ignored.
+      Anything but arrays, masks none of whose names is a weight of `variables`, or
+      a mask shaped unlike its leaf is an error.
 
   Returns:
     Scores in [0, 1], not mean-normalised (a density is comparable across groups).
   """
   leaves = dict(names.named_leaves(variables))
-  mask_leaves = dict(names.named_leaves(masks)) if masks is not None else {}
-  counted = {}
+  mask_leaves = _checked_masks(masks)
+  counted, matched = {}, 0
   for leaf, value in leaves.items():
     if not is_weight(leaf) or not jnp.issubdtype(jnp.asarray(value).dtype, jnp.floating):
       continue
     mask = _mask_for(leaf, mask_leaves)
+    if mask is not None and np.shape(mask) != np.shape(value):
+      raise ValueError(
+        f'masks: the mask of {leaf!r} has shape {np.shape(mask)}, the leaf {np.shape(value)}; '
+        'give jaxprune.get_masks(state) of the optimizer that trained these variables.'
+      )
+    matched += mask is not None
     counted[leaf] = np.asarray(value if mask is None else mask) != 0
+  if mask_leaves and not matched:
+    raise ValueError(
+      f"masks: none of the masks' names ({', '.join(list(mask_leaves)[:3])}) is a weight of "
+      f'the variables ({", ".join(list(counted)[:3])}); give jaxprune.get_masks(state) of '
+      'the optimizer that trained these variables.'
+    )
   nonzero = group_scores(graph, counted, lambda x: x.sum(1), normalise=False)
   sizes = group_scores(
     graph, counted, lambda x: np.full(x.shape[0], x.shape[1], np.float64), normalise=False

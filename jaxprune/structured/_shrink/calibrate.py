@@ -12,12 +12,14 @@ over the batches (a cumulative average, like PyTorch's `momentum=None`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jaxprune import _names as names
 from jaxprune.structured._core.progress import progress_bar
 
 PyTree = Any
@@ -44,6 +46,10 @@ def recalibrate(
 
   Raises:
     ValueError: when `batches` is empty.
+
+  Warns:
+    UserWarning: naming each batch whose statistics are NaN or Inf; it is left out of
+      the average of each statistic it spoils.
   """
   step = jax.jit(
     lambda batch: (
@@ -53,19 +59,62 @@ def recalibrate(
   )
   if progress:
     batches = progress_bar(batches, 'batchnorm recalibration')
-  total, count = None, 0
-  for batch in batches:
+  total, counts, skipped, seen = None, None, {}, 0
+  for index, batch in enumerate(batches):
     from_zero, from_one = step(batch)
     weight = jax.tree.map(lambda z, o: 1.0 - o + z, from_zero, from_one)  # 1 - momentum
+    updates = jax.tree.map(lambda w: w > 1e-6, weight)  # momentum 1: the layer keeps its own
     batch_stat = jax.tree.map(
-      lambda z, w: jnp.where(w > 1e-6, z / jnp.where(w > 1e-6, w, 1.0), jnp.nan), from_zero, weight
+      lambda z, w, u: jnp.where(u, z / jnp.where(u, w, 1.0), 0.0), from_zero, weight, updates
     )
-    total = batch_stat if total is None else jax.tree.map(jnp.add, total, batch_stat)
-    count += 1
+    # A batch with NaN or Inf (in its inputs, or overflowing) is left out of the average
+    # of each statistic it spoils, and named below.
+    finite = jax.tree.map(
+      lambda z, o, b: (jnp.isfinite(z) & jnp.isfinite(o) & jnp.isfinite(b)).all(),
+      from_zero,
+      from_one,
+      batch_stat,
+    )
+    finite = jax.device_get(finite)
+    bad = [
+      name
+      for (name, _), ok in zip(names.named_leaves(finite), jax.tree.leaves(finite), strict=True)
+      if not ok
+    ]
+    if bad:
+      skipped[index] = bad
+    batch_stat = jax.tree.map(lambda b, ok: jnp.where(ok, b, 0.0), batch_stat, finite)
+    used = jax.tree.map(lambda u, ok: u & ok, updates, finite)
+    if total is None:
+      total, counts = batch_stat, jax.tree.map(lambda u: u.astype(jnp.int32), used)
+    else:
+      total = jax.tree.map(jnp.add, total, batch_stat)
+      counts = jax.tree.map(lambda c, u: c + u, counts, used)
+    seen = index + 1
   if total is None:
     raise ValueError('batches: recalibration needs at least one calibration batch.')
+  if skipped:
+    _warn_skipped(skipped, seen)
   return jax.tree.map(
-    lambda t, old: jnp.where(jnp.isnan(t), old, t / count).astype(old.dtype), total, stats
+    lambda t, c, old: jnp.where(c > 0, t / jnp.maximum(c, 1), old).astype(old.dtype),
+    total,
+    counts,
+    stats,
+  )
+
+
+def _warn_skipped(skipped: dict[int, list[str]], seen: int) -> None:
+  """One warning naming the batches left out of the average and what they spoiled."""
+  parts = []
+  for index, bad in list(skipped.items())[:5]:
+    shown = ', '.join(bad[:3]) + (f' (+{len(bad) - 3} more)' if len(bad) > 3 else '')
+    parts.append(f'batch {index} ({shown})')
+  more = f' and {len(skipped) - 5} more batches' if len(skipped) > 5 else ''
+  warnings.warn(
+    f'recalibrate: {len(skipped)} of {seen} calibration batches give NaN or Inf statistics, '
+    f'left out of their averages: {"; ".join(parts)}{more}. A statistic no batch gave a '
+    'finite value for keeps its old value; check those batches for NaN or Inf inputs.',
+    stacklevel=3,
   )
 
 
