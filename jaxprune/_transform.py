@@ -12,8 +12,6 @@ are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -24,10 +22,10 @@ import optax
 from jax import Array, lax
 
 from jaxprune import _bits as bits
-from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _order as order
 from jaxprune import _schedule as schedule
+from jaxprune import _sources as sources
 from jaxprune import _specs as specs_lib
 from jaxprune import _updates as updates_lib
 from jaxprune._checks import check_arguments, need_params
@@ -167,75 +165,6 @@ def _ordered_after(tree: PyTree, token: Array) -> PyTree:
   return jax.tree.map(lambda x: jnp.where(token < 0, jnp.zeros_like(x), x), tree)
 
 
-def _weights_of(arrays: list[Array]) -> list[Callable[[Any], Array]]:
-  """Each array as the `token -> values` callable the mask rules read."""
-  return [functools.partial(counting.fresh, a) for a in arrays]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Source:
-  """Where one step's mask update reads the pruned leaves, in the params' order.
-
-  Attributes:
-    operands: all that the mask update's conditional reads.
-    weights: `operands -> [token -> array]`, the weights to threshold (read through
-      `counting.fresh`, see `masks.Variable`).
-    params: `operands -> [array]`, the pruned leaves of the params the step starts
-      from (for the moved-weights check).
-  """
-
-  operands: Any
-  weights: Callable[[Any], list[Callable[[Any], Array]]]
-  params: Callable[[Any], list[Array]]
-
-
-def _from_params(params: PyTree, pruned: list[int]) -> _Source:
-  """`mask_source='params'`: the weights the step starts from, already in memory, so
-  steps without an update pay nothing for the update's conditional."""
-  return _Source([jax.tree.leaves(params)[i] for i in pruned], _weights_of, list)
-
-
-def _from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> _Source:
-  """The chained form: the weights as `optax.apply_updates` will store them
-  (docs/explanation/semantics.md#applying-the-masks), recomputed in each pass."""
-
-  def weights(operands):
-    def stored(p, u, token):
-      p, u = counting.fresh((p, u), token)
-      return updates_lib.stored_weight(p, u, inline=False)  # arrays the optimizer stored
-
-    return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
-
-  param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
-  operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
-  return _Source(operands, weights, lambda operands: operands[0])
-
-
-def _from_optimizer(
-  optimizer: optax.GradientTransformation,
-  grads: PyTree,
-  inner: Any,
-  params: PyTree,
-  pruned: list[int],
-  extra_args: dict[str, Any],
-) -> _Source:
-  """`pruned`: the stored weights, recomputed from the gradients, the optimizer state and
-  the params (in memory anyway) only when the update runs, and stored once there, so
-  that every counting pass reads one array per leaf."""
-
-  def weights(operands):
-    grads, inner, params = operands
-    updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
-    leaves = jax.tree.leaves(params)
-    return _weights_of([updates_lib.stored_weight(leaves[i], updates[i]) for i in pruned])
-
-  return _Source(
-    (grads, inner, params),
-    weights,
-    lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned],
-  )
-
-
 class _Engine:
   """What `pruning` and `pruned` share: hparams, the rule, the state, one masking step."""
 
@@ -276,7 +205,7 @@ class _Engine:
     )
 
   def step(
-    self, state: PruningState, params: PyTree, source: _Source
+    self, state: PruningState, params: PyTree, source: sources.Source
   ) -> tuple[PyTree, PruningState]:
     """(masks, new state) of one step: the schedule, the gating
     (docs/explanation/semantics.md#gating), and the rule's mask update under a
@@ -384,9 +313,9 @@ def pruning(
     _check_like_init(state, params, updates)
     pruned = _pruned_indices(state)
     source = (
-      _from_params(params, pruned)
+      sources.from_params(params, pruned)
       if engine.hparams.mask_source == 'params'
-      else _from_updates(params, updates, pruned)
+      else sources.from_updates(params, updates, pruned)
     )
     masks, state = engine.step(state, params, source)
     return _masked(masks, updates, params), state
@@ -446,9 +375,9 @@ def pruned(
     _check_like_init(pruning_state, params, grads)
     pruned = _pruned_indices(pruning_state)
     source = (
-      _from_params(params, pruned)
+      sources.from_params(params, pruned)
       if engine.hparams.mask_source == 'params'
-      else _from_optimizer(optimizer, grads, inner, params, pruned, extra_args)
+      else sources.from_optimizer(optimizer, grads, inner, params, pruned, extra_args)
     )
     masks, pruning_state = engine.step(pruning_state, params, source)
     inner = _ordered_after(inner, pruning_state.nonfinite_skips)

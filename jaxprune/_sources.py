@@ -1,0 +1,92 @@
+"""Where a step's mask update reads the pruned leaves (semantics.md#applying-the-masks).
+
+The mask update runs under the step's conditional, which stores what it reads. Each
+source names what that is: the params alone (`mask_source='params'`), the params and the
+chained form's updates, or, for `pruned`, the gradients, the optimizer state and the
+params, from which the optimizer's updates are recomputed only when the update runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+from jax import Array
+
+from jaxprune import _counting as counting
+from jaxprune import _updates as updates_lib
+
+PyTree = Any
+
+
+def _weights_of(arrays: list[Array]) -> list[Callable[[Any], Array]]:
+  """Each array as the `token -> values` callable the mask rules read."""
+  return [functools.partial(counting.fresh, a) for a in arrays]
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """Where one step's mask update reads the pruned leaves, in the params' order.
+
+  Attributes:
+    operands: all that the mask update's conditional reads.
+    weights: `operands -> [token -> array]`, the weights to threshold (read through
+      `counting.fresh`, see `masks.Variable`).
+    params: `operands -> [array]`, the pruned leaves of the params the step starts
+      from (for the moved-weights check).
+  """
+
+  operands: Any
+  weights: Callable[[Any], list[Callable[[Any], Array]]]
+  params: Callable[[Any], list[Array]]
+
+
+def from_params(params: PyTree, pruned: list[int]) -> Source:
+  """`mask_source='params'`: the weights the step starts from, already in memory, so
+  steps without an update pay nothing for the update's conditional."""
+  return Source([jax.tree.leaves(params)[i] for i in pruned], _weights_of, list)
+
+
+def from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> Source:
+  """The chained form: the weights as `optax.apply_updates` will store them
+  (docs/explanation/semantics.md#applying-the-masks), recomputed in each pass."""
+
+  def weights(operands):
+    def stored(p, u, token):
+      p, u = counting.fresh((p, u), token)
+      return updates_lib.stored_weight(p, u, inline=False)  # arrays the optimizer stored
+
+    return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
+
+  param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
+  operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
+  return Source(operands, weights, lambda operands: operands[0])
+
+
+def from_optimizer(
+  optimizer: optax.GradientTransformation,
+  grads: PyTree,
+  inner: Any,
+  params: PyTree,
+  pruned: list[int],
+  extra_args: dict[str, Any],
+) -> Source:
+  """`pruned`: the stored weights, recomputed from the gradients, the optimizer state and
+  the params (in memory anyway) only when the update runs, and stored once there, so
+  that every counting pass reads one array per leaf."""
+
+  def weights(operands):
+    grads, inner, params = operands
+    updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
+    leaves = jax.tree.leaves(params)
+    return _weights_of([updates_lib.stored_weight(leaves[i], updates[i]) for i in pruned])
+
+  return Source(
+    (grads, inner, params),
+    weights,
+    lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned],
+  )
