@@ -11,6 +11,7 @@ after the process started. Ctrl-C while joining ends it at once (status 130).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import os
 import re
@@ -117,6 +118,33 @@ def seconds_since_start() -> float:
     return max(0.0, uptime - started / os.sysconf('SC_CLK_TCK'))
   except (OSError, ValueError, IndexError):
     return 0.0
+
+
+@contextlib.contextmanager
+def _aborts_as_exit(status: int) -> Iterator[None]:
+  """Within the block, an abort (SIGABRT) ends the process with `status` instead.
+
+  JAX's client aborts the process when the service refuses it (an id out of
+  range for process 0's --num_processes, a duplicate one); the relay has printed
+  the job's line in place of JAX's message by then. The handler is C-level
+  (through ctypes): a Python one would only run after the abort.
+  """
+  try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+  except (OSError, AttributeError):
+    yield  # no C library to ask: JAX's abort stays an abort
+    return
+  handler = _SIGNAL_HANDLER(lambda signum: os._exit(status))
+  previous = libc.signal(signal.SIGABRT, ctypes.cast(handler, ctypes.c_void_p))
+  try:
+    yield
+  finally:
+    libc.signal(signal.SIGABRT, previous)
+
+
+_SIGNAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
 
 
 @contextlib.contextmanager
@@ -236,7 +264,7 @@ def initialize(
     f'--num_processes. {fix}'
   )
   try:
-    with _watchdog(waited, missing):
+    with _watchdog(waited, missing), _aborts_as_exit(1):
       jax.distributed.initialize(
         coordinator_address,
         num_processes,
