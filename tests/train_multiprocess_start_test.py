@@ -1,5 +1,6 @@
-"""Multi-process jobs that cannot start end in one line per process and a non-zero status,
-within seconds: processes given different sizes or the same id, a coordinator port in use."""
+"""Multi-process jobs that cannot start end in one line per process and status 1 (never
+JAX's abort), within 30 s of the start: processes given different sizes or the same id, a
+missing process, a coordinator port in use, and processes given different settings."""
 
 import socket
 import sys
@@ -22,18 +23,19 @@ def get_config():
 """
 
 
-def _command(tmp_path, port, num_processes, process_id):
+def _command(tmp_path, port, num_processes, process_id, *extra, workdir=None):
   return [
     sys.executable,
     '-m',
     'jaxprune.train',
     '--config',
     str(tmp_path / 'tiny.py'),
-    f'--workdir={tmp_path / "run"}',
+    f'--workdir={workdir or tmp_path / "run"}',
     f'--coordinator_address=127.0.0.1:{port}',
     f'--num_processes={num_processes}',
     f'--process_id={process_id}',
     '--initialization_timeout_seconds=10',
+    *extra,
   ]
 
 
@@ -43,8 +45,11 @@ def _launch(tmp_path, name, commands):
   start = time.monotonic()
   with mp.processes(commands, 4, str(tmp_path), name) as started:
     codes = mp.wait_all(started, TIMEOUT)
-  lines = [mp.read(str(tmp_path), name, i).strip().splitlines()[-1] for i in range(len(commands))]
-  return codes, lines, time.monotonic() - start
+  seconds = time.monotonic() - start
+  errs = [mp.read(str(tmp_path), name, i) for i in range(len(commands))]
+  # One line each: no raw runtime text (JAX's log lines, its fatal message, a stack trace).
+  assert [len(err.strip().splitlines()) for err in errs] == [1] * len(commands), errs
+  return codes, [err.strip() for err in errs], seconds
 
 
 def test_processes_given_different_sizes_stop_with_one_line(tmp_path):
@@ -57,6 +62,24 @@ def test_processes_given_different_sizes_stop_with_one_line(tmp_path):
     assert line.startswith(
       'jaxprune-train: the processes were given different --num_processes ([2, 3], by process id'
     ), line
+
+
+def test_a_job_of_one_and_a_process_of_a_job_of_two(tmp_path):
+  """--num_processes=1 in process 0 (a job of its own) and 2 in process 1: JAX's service
+  refuses process 1, and JAX aborted it (SIGABRT)."""
+  port = mp.free_port()
+  codes, lines, seconds = _launch(
+    tmp_path,
+    'one_two',
+    [_command(tmp_path, port, 1, 0), _command(tmp_path, port, 2, 1)],
+  )
+  # Process 0, alone with 4 devices, refuses the config's 2x4 mesh.
+  assert codes == [1, 1], lines
+  assert lines[1].startswith(
+    f'jaxprune-train: process 1 could not join the job at 127.0.0.1:{port}: '
+    "JAX's coordination service stopped it"
+  ), lines
+  assert seconds < 30
   assert not (tmp_path / 'run').exists() or not any((tmp_path / 'run').glob('checkpoints/*'))
 
 
@@ -65,7 +88,7 @@ def test_two_processes_with_one_id_stop_with_one_line_each(tmp_path):
   codes, lines, seconds = _launch(
     tmp_path, 'same', [_command(tmp_path, port, 2, 0), _command(tmp_path, port, 2, 0)]
   )
-  assert all(code != 0 for code in codes), (codes, lines)
+  assert codes == [1, 1], lines
   for line in lines:
     assert line.startswith('jaxprune-train: '), line
   # One finds process 0's port taken (or, when both looked before either listened, is
@@ -96,7 +119,56 @@ def test_a_job_without_process_0_stops_within_its_timeout(tmp_path):
   codes, lines, seconds = _launch(
     tmp_path, 'none', [_command(tmp_path, port, 2, 1), _command(tmp_path, port, 2, 1)]
   )
-  assert all(code != 0 for code in codes), (codes, lines)
+  assert codes == [1, 1], lines
   for line in lines:
-    assert line.startswith('jaxprune-train: process 1 could not join the job at '), line
-  assert seconds < 60
+    assert line.startswith(
+      f'jaxprune-train: process 1 could not join the job at 127.0.0.1:{port} within 10 s of '
+      'its start: a process is missing'
+    ), line
+  assert seconds < 30
+
+
+def test_a_missing_process_is_one_line_within_the_timeout(tmp_path):
+  """Process 1 never starts: process 0 ended after JAX's timeout by SIGABRT (exit -6)."""
+  port = mp.free_port()
+  codes, lines, seconds = _launch(tmp_path, 'missing', [_command(tmp_path, port, 2, 0)])
+  assert codes == [1]
+  assert lines[0].startswith(
+    f'jaxprune-train: process 0 could not join the job at 127.0.0.1:{port} within 10 s of '
+    'its start: a process is missing (not started, or stopped by an error of its own)'
+  ), lines
+  assert seconds < 20
+
+
+def test_processes_given_different_settings_all_stop_naming_them(tmp_path):
+  """Process 1 differs by 4 settings: both exited 0 having trained different programs, or
+  hung, or one said it lost the other."""
+  port = mp.free_port()
+  other = tmp_path / 'other'
+  codes, lines, seconds = _launch(
+    tmp_path,
+    'settings',
+    [
+      _command(tmp_path, port, 2, 0),
+      _command(
+        tmp_path,
+        port,
+        2,
+        1,
+        '--config.num_steps=70',
+        '--heartbeat_timeout_seconds=50',
+        '--config.seed=1',
+        workdir=other,
+      ),
+    ],
+  )
+  assert codes == [1, 1], lines
+  # The job's flags first, then the workdir, then the config's fields by name.
+  expected = (
+    'jaxprune-train: the processes of this job were given different settings: '
+    '--heartbeat_timeout_seconds: 100 in process 0, 50 in process 1 (and 3 more: '
+    '--workdir, --config.num_steps, --config.seed). Give every process the same flags'
+  )
+  assert [line[: len(expected)] for line in lines] == [expected, expected], lines
+  assert seconds < 30
+  assert not (tmp_path / 'run').exists() and not other.exists()  # nothing written
