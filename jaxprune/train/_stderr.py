@@ -64,7 +64,9 @@ class Relay:
       at = data.find(_MARKER)
       end = data.find(b'\n', at) if at >= 0 else -1
       if end < 0:
-        if at >= 0:
+        cut = data.rfind(b'\0')  # a marker read in part: kept for the next read
+        if at >= 0 or (cut >= 0 and _MARKER.startswith(data[cut:])):
+          at = at if at >= 0 else cut
           data, self._partial = data[:at], data[at:]
         self._text(data, now)
         return
