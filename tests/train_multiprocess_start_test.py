@@ -2,6 +2,7 @@
 JAX's abort), within 30 s of the start: processes given different sizes or the same id, a
 missing process, a coordinator port in use, and processes given different settings."""
 
+import signal
 import socket
 import sys
 import time
@@ -172,3 +173,29 @@ def test_processes_given_different_settings_all_stop_naming_them(tmp_path):
   assert [line[: len(expected)] for line in lines] == [expected, expected], lines
   assert seconds < 30
   assert not (tmp_path / 'run').exists() and not other.exists()  # nothing written
+
+
+def test_ctrl_c_while_waiting_for_the_others_is_one_line_at_once(tmp_path):
+  """JAX waits for the others inside C++, where Python's handler cannot run: Ctrl-C waited
+  for the join's timeout, then JAX aborted the process (SIGABRT)."""
+  port = mp.free_port()
+  (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
+  command = _command(tmp_path, port, 2, 0)
+  command[command.index('--initialization_timeout_seconds=10')] = (
+    '--initialization_timeout_seconds=100'
+  )
+  with mp.processes([command], 4, str(tmp_path), 'ctrl_c') as [started]:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and started.poll() is None:
+      with socket.socket() as probe:
+        if probe.connect_ex(('127.0.0.1', port)) == 0:
+          break  # process 0 listens: it is joining
+      time.sleep(0.2)
+    time.sleep(1)
+    started.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    assert mp.wait_all([started], TIMEOUT) == [130]
+    assert time.monotonic() - sent < 10
+  assert mp.read(str(tmp_path), 'ctrl_c', 0).strip() == (
+    'jaxprune-train: interrupted while joining the job; nothing was written.'
+  )
