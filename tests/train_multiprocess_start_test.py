@@ -175,6 +175,26 @@ def test_processes_given_different_settings_all_stop_naming_them(tmp_path):
   assert not (tmp_path / 'run').exists() and not other.exists()  # nothing written
 
 
+def test_a_flag_refused_in_one_process_stops_the_others_naming_it(tmp_path):
+  """Process 1 alone refuses its pruning flag after joining: process 0 went on alone."""
+  port = mp.free_port()
+  codes, lines, seconds = _launch(
+    tmp_path,
+    'refused',
+    [
+      _command(tmp_path, port, 2, 0),
+      _command(tmp_path, port, 2, 1, '--config.pruning.target_sparsity=1.5'),
+    ],
+  )
+  assert codes == [1, 1], lines
+  assert lines == [
+    'jaxprune-train: process 1 of the job stopped (target_sparsity=1.5: must be in [0, 1).); '
+    'fix its flags and start every process again.',
+    'jaxprune-train: target_sparsity=1.5: must be in [0, 1).',
+  ]
+  assert seconds < 30
+
+
 def test_ctrl_c_while_waiting_for_the_others_is_one_line_at_once(tmp_path):
   """JAX waits for the others inside C++, where Python's handler cannot run: Ctrl-C waited
   for the join's timeout, then JAX aborted the process (SIGABRT)."""

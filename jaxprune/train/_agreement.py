@@ -64,32 +64,56 @@ def _first_difference(everyone: list[dict[str, str]]) -> str | None:
   return None
 
 
-def check_same(settings: dict[str, str], timeout_seconds: float) -> None:
+def check_same(settings: dict[str, str], timeout_seconds: float, problem: str | None) -> None:
   """Raises ConfigError, in every process, unless every process has the same `settings`.
 
   A collective: every process of the job calls it, before training. In one
-  process, it does nothing.
+  process, it raises `problem` if there is one, and else does nothing.
 
   Args:
     settings: this process's `run_settings`.
     timeout_seconds: how long to wait for the other processes' settings; a
       process that sends none by then is gone, and this one stops with the
       lost-process line.
+    problem: what is wrong with this process's flags, found after joining
+      (the others are told, and stop naming this process), or None.
 
   Raises:
-    ConfigError: the processes were given different settings.
+    ConfigError: `problem`; another process's problem; or the processes were
+      given different settings.
   """
-  if not distributed.multiprocess():
-    return
+  if distributed.multiprocess():
+    everyone = _exchange({'settings': settings, 'problem': problem}, timeout_seconds)
+  else:
+    everyone = [{'settings': settings, 'problem': problem}]
+  if problem is not None:
+    raise ConfigError(problem)
+  for process, sent in enumerate(everyone):
+    if sent['problem'] is not None:
+      raise ConfigError(
+        f'process {process} of the job stopped ({sent["problem"]}); fix its flags and '
+        'start every process again.'
+      )
+  difference = _first_difference([sent['settings'] for sent in everyone])
+  if difference is not None:
+    raise ConfigError(
+      f'the processes of this job were given different settings: {difference}. Give every '
+      'process the same flags and config; only --process_id and the flags the main-job '
+      "guide lists under 'Flags of each process' may differ."
+    )
+
+
+def _exchange(mine: dict[str, Any], timeout_seconds: float) -> list[dict[str, Any]]:
+  """What every process sent, by process id (through JAX's key-value store)."""
   from jax._src import distributed as jax_distributed
 
   client = jax_distributed.global_state.client
   me = jax.process_index()
-  client.key_value_set(f'{_KEY}/{me}', json.dumps(settings))
+  client.key_value_set(f'{_KEY}/{me}', json.dumps(mine))
   everyone = []
   for process in range(jax.process_count()):
     if process == me:
-      everyone.append(settings)
+      everyone.append(mine)
       continue
     try:
       text = client.blocking_key_value_get(f'{_KEY}/{process}', int(timeout_seconds * 1000))
@@ -98,10 +122,4 @@ def check_same(settings: dict[str, str], timeout_seconds: float) -> None:
         f'process {process} did not send its settings within {timeout_seconds:g} s: {err}'
       )
     everyone.append(json.loads(text))
-  difference = _first_difference(everyone)
-  if difference is not None:
-    raise ConfigError(
-      f'the processes of this job were given different settings: {difference}. Give every '
-      'process the same flags and config; only --process_id and the flags the main-job '
-      "guide lists under 'Flags of each process' may differ."
-    )
+  return everyone

@@ -201,35 +201,19 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   from jaxprune.train import _report as report
   from jaxprune.train._metrics import METRICS_FILE
 
-  config, hparams_text = defined.config.value, defined.pruning_hparams.value
-  ignored = usage.pruning_flags(sys.argv[1:])
-  if config.get('prune') is False and ignored:
-    _fail(
-      f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
-      'drop the pruning flags, or set --config.prune=True.'
-    )
-  # A config without a pruning block is reported by train(), with the other fields.
-  if isinstance(config.get('pruning'), ml_collections.ConfigDict):
-    try:
-      config.pruning = (
-        defaults.parse_pruning_flag(hparams_text, config.pruning)
-        if hparams_text
-        else defaults.pruning_config(config.pruning)
-      )
-    except (ValueError, TypeError) as err:
-      _fail(str(err))
+  config = defined.config.value
+  problem = _resolve_pruning(config, defined.pruning_hparams.value)
   workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
+  job_flags = {
+    'num_processes': defined.num_processes.value,
+    'heartbeat_timeout_seconds': defined.heartbeat_timeout_seconds.value,
+  }
   try:
+    # Also with a problem of this process's own: the others then stop naming it.
     agreement.check_same(
-      agreement.run_settings(
-        config,
-        workdir,
-        {
-          'num_processes': defined.num_processes.value,
-          'heartbeat_timeout_seconds': defined.heartbeat_timeout_seconds.value,
-        },
-      ),
+      agreement.run_settings(config, workdir, job_flags),
       defined.initialization_timeout_seconds.value,
+      problem,
     )
   except errors.RunError as err:
     _fail(str(err))
@@ -262,6 +246,27 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     if result.report.leaves:
       outputs.append(plots.LAYERS_PNG)
   print(f'\nOutputs in {os.path.abspath(workdir)}: {", ".join(outputs)}')
+
+
+def _resolve_pruning(config: ml_collections.ConfigDict, hparams_text: str) -> str | None:
+  """Applies --pruning_hparams to `config.pruning`; what is wrong with them, or None."""
+  ignored = usage.pruning_flags(sys.argv[1:])
+  if config.get('prune') is False and ignored:
+    return (
+      f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
+      'drop the pruning flags, or set --config.prune=True.'
+    )
+  # A config without a pruning block is reported by train(), with the other fields.
+  if isinstance(config.get('pruning'), ml_collections.ConfigDict):
+    try:
+      config.pruning = (
+        defaults.parse_pruning_flag(hparams_text, config.pruning)
+        if hparams_text
+        else defaults.pruning_config(config.pruning)
+      )
+    except (ValueError, TypeError) as err:
+      return str(err)
+  return None
 
 
 def _join_processes(defined: _Flags, join: Any) -> None:
