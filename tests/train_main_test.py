@@ -32,6 +32,11 @@ SHORT = [
 ]
 
 
+def _short(num_steps):
+  """SHORT with another `num_steps` (each flag is given once: twice is an error)."""
+  return [f'--config.num_steps={num_steps}', *SHORT[1:]]
+
+
 def _run(args, cwd=REPO):
   return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300)
 
@@ -300,7 +305,7 @@ def test_config_files_that_do_not_load_and_unusable_workdirs(tmp_path):
 def test_a_finished_run_rerun_shorter_keeps_its_config(tmp_path):
   workdir = str(tmp_path / 'run')
   assert _run([SCRIPT, '--workdir', workdir, *SHORT]).returncode == 0
-  result = _run([SCRIPT, '--workdir', workdir, *SHORT, '--config.num_steps=60'])
+  result = _run([SCRIPT, '--workdir', workdir, *_short(60)])
   assert result.returncode == 0, result.stderr
   assert f'The run in {workdir} is complete (step 120); reporting it.' in result.stdout
   assert _config_json(workdir)['num_steps'] == 120
@@ -315,7 +320,7 @@ def test_a_refused_run_writes_no_config(tmp_path):
   assert 'config.seed: 0 in the saved run, 3 now' in message
   assert not os.path.exists(os.path.join(workdir, 'config.json'))
   # So the original command still resumes the run.
-  result = _run([SCRIPT, '--workdir', workdir, *SHORT, '--config.num_steps=130'])
+  result = _run([SCRIPT, '--workdir', workdir, *_short(130)])
   assert result.returncode == 0, result.stderr
   assert _config_json(workdir)['num_steps'] == 130 and _config_json(workdir)['seed'] == 0
 
@@ -324,7 +329,7 @@ def test_a_refused_run_writes_no_config(tmp_path):
 def test_a_second_run_in_the_same_workdir_is_refused(tmp_path):
   workdir = str(tmp_path / 'run')
   first = subprocess.Popen(
-    [SCRIPT, '--workdir', workdir, *SHORT, '--config.num_steps=1000000'],
+    [SCRIPT, '--workdir', workdir, *_short(1000000)],
     cwd=REPO,
     stdout=subprocess.DEVNULL,
     stderr=subprocess.PIPE,
@@ -399,7 +404,7 @@ def test_a_diverging_run_stops_with_one_line_and_saves_nothing_non_finite(tmp_pa
 
 
 def test_a_short_run_is_warned_about(tmp_path):
-  result = _run([SCRIPT, '--workdir', str(tmp_path / 'run'), *SHORT, '--config.num_steps=60'])
+  result = _run([SCRIPT, '--workdir', str(tmp_path / 'run'), *_short(60)])
   assert result.returncode == 0, result.stderr
   # Updates at 20, 30, 40, 50: s(50) = 0.9 * (1 - (1 - 30 / 80) ** 3) = 0.6803.
   assert result.stderr.splitlines() == [
@@ -521,8 +526,7 @@ def test_each_warning_is_shown_once_in_one_line(tmp_path):
       SCRIPT,
       '--workdir',
       str(tmp_path / 'run'),
-      *SHORT,
-      '--config.num_steps=30',
+      *_short(30),
       '--pruning_hparams=end_pruning_step=60,weight_name_regex=weight$',
     ]
   )
