@@ -24,7 +24,7 @@ def get_config():
 """
 
 
-def _command(tmp_path, port, num_processes, process_id, *extra, workdir=None):
+def _command(tmp_path, port, num_processes, process_id, *extra, workdir=None, timeout=10):
   return [
     sys.executable,
     '-m',
@@ -35,7 +35,7 @@ def _command(tmp_path, port, num_processes, process_id, *extra, workdir=None):
     f'--coordinator_address=127.0.0.1:{port}',
     f'--num_processes={num_processes}',
     f'--process_id={process_id}',
-    '--initialization_timeout_seconds=10',
+    f'--initialization_timeout_seconds={timeout}',
     *extra,
   ]
 
@@ -87,7 +87,9 @@ def test_a_job_of_one_and_a_process_of_a_job_of_two(tmp_path):
 def test_two_processes_with_one_id_stop_with_one_line_each(tmp_path):
   port = mp.free_port()
   codes, lines, seconds = _launch(
-    tmp_path, 'same', [_command(tmp_path, port, 2, 0), _command(tmp_path, port, 2, 0)]
+    tmp_path,
+    'same',
+    [_command(tmp_path, port, 2, 0, timeout=5), _command(tmp_path, port, 2, 0, timeout=5)],
   )
   assert codes == [1, 1], lines
   for line in lines:
@@ -118,12 +120,14 @@ def test_a_job_without_process_0_stops_within_its_timeout(tmp_path):
   """Both given --process_id=1: no process runs the coordination service (this hung)."""
   port = mp.free_port()
   codes, lines, seconds = _launch(
-    tmp_path, 'none', [_command(tmp_path, port, 2, 1), _command(tmp_path, port, 2, 1)]
+    tmp_path,
+    'none',
+    [_command(tmp_path, port, 2, 1, timeout=5), _command(tmp_path, port, 2, 1, timeout=5)],
   )
   assert codes == [1, 1], lines
   for line in lines:
     assert line.startswith(
-      f'jaxprune-train: process 1 could not join the job at 127.0.0.1:{port} within 10 s of '
+      f'jaxprune-train: process 1 could not join the job at 127.0.0.1:{port} within 5 s of '
       'its start: a process is missing'
     ), line
   assert seconds < 30
@@ -132,13 +136,13 @@ def test_a_job_without_process_0_stops_within_its_timeout(tmp_path):
 def test_a_missing_process_is_one_line_within_the_timeout(tmp_path):
   """Process 1 never starts: process 0 ended after JAX's timeout by SIGABRT (exit -6)."""
   port = mp.free_port()
-  codes, lines, seconds = _launch(tmp_path, 'missing', [_command(tmp_path, port, 2, 0)])
+  codes, lines, seconds = _launch(tmp_path, 'missing', [_command(tmp_path, port, 2, 0, timeout=5)])
   assert codes == [1]
   assert lines[0].startswith(
-    f'jaxprune-train: process 0 could not join the job at 127.0.0.1:{port} within 10 s of '
+    f'jaxprune-train: process 0 could not join the job at 127.0.0.1:{port} within 5 s of '
     'its start: a process is missing (not started, or stopped by an error of its own)'
   ), lines
-  assert seconds < 20
+  assert seconds < 15
 
 
 def test_processes_given_different_settings_all_stop_naming_them(tmp_path):
@@ -200,10 +204,7 @@ def test_ctrl_c_while_waiting_for_the_others_is_one_line_at_once(tmp_path):
   for the join's timeout, then JAX aborted the process (SIGABRT)."""
   port = mp.free_port()
   (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
-  command = _command(tmp_path, port, 2, 0)
-  command[command.index('--initialization_timeout_seconds=10')] = (
-    '--initialization_timeout_seconds=100'
-  )
+  command = _command(tmp_path, port, 2, 0, timeout=100)
   with mp.processes([command], 4, str(tmp_path), 'ctrl_c') as [started]:
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline and started.poll() is None:
