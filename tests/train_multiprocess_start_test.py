@@ -180,7 +180,8 @@ def test_processes_given_different_settings_all_stop_naming_them(tmp_path):
 
 
 def test_a_flag_refused_in_one_process_stops_the_others_naming_it(tmp_path):
-  """Process 1 alone refuses its pruning flag after joining: process 0 went on alone."""
+  """Process 1 alone refuses its pruning flag after joining: process 0 said "the job lost
+  another process", and relaunching failed again."""
   port = mp.free_port()
   codes, lines, seconds = _launch(
     tmp_path,
