@@ -22,6 +22,7 @@ import jax
 import ml_collections
 
 from jaxprune.train import _distributed as distributed
+from jaxprune.train import _join as join
 from jaxprune.train._errors import ConfigError
 
 _KEY = 'jaxprune_train/settings'
@@ -111,15 +112,16 @@ def _exchange(mine: dict[str, Any], timeout_seconds: float) -> list[dict[str, An
   me = jax.process_index()
   client.key_value_set(f'{_KEY}/{me}', json.dumps(mine))
   everyone = []
-  for process in range(jax.process_count()):
-    if process == me:
-      everyone.append(mine)
-      continue
-    try:
-      text = client.blocking_key_value_get(f'{_KEY}/{process}', int(timeout_seconds * 1000))
-    except Exception as err:  # noqa: BLE001 -- JAX's runtime error: the process is gone
-      distributed.stop_lost(
-        f'process {process} did not send its settings within {timeout_seconds:g} s: {err}'
-      )
-    everyone.append(json.loads(text))
+  with join.watchdog():  # Ctrl-C while JAX waits for the others: at once
+    for process in range(jax.process_count()):
+      if process == me:
+        everyone.append(mine)
+        continue
+      try:
+        text = client.blocking_key_value_get(f'{_KEY}/{process}', int(timeout_seconds * 1000))
+      except Exception as err:  # noqa: BLE001 -- JAX's runtime error: the process is gone
+        distributed.stop_lost(
+          f'process {process} did not send its settings within {timeout_seconds:g} s: {err}'
+        )
+      everyone.append(json.loads(text))
   return everyone

@@ -148,9 +148,9 @@ _SIGNAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
 
 
 @contextlib.contextmanager
-def _watchdog(seconds: float, line: str) -> Iterator[None]:
-  """Ends the process with `line` (status 1) after `seconds`, or at Ctrl-C (status 130),
-  unless the block is over first.
+def watchdog(seconds: float | None = None, line: str = '') -> Iterator[None]:
+  """Ends the process with `line` (status 1) after `seconds` (None: never), or at Ctrl-C
+  (status 130), unless the block is over first.
 
   A thread: it runs while the main thread waits inside JAX (which holds no
   lock there), where Python's own Ctrl-C handler would wait for JAX to return.
@@ -161,11 +161,11 @@ def _watchdog(seconds: float, line: str) -> Iterator[None]:
   os.set_blocking(wakeup_write, False)
   in_main = threading.current_thread() is threading.main_thread()
   previous = signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False) if in_main else -1
-  deadline = time.monotonic() + seconds
+  deadline = None if seconds is None else time.monotonic() + seconds
 
   def watch() -> None:
     while True:
-      wait = max(0.0, deadline - time.monotonic())
+      wait = None if deadline is None else max(0.0, deadline - time.monotonic())
       ready = select.select([wakeup_read, over_read], [], [], wait)[0]
       if over_read in ready:
         return
@@ -264,7 +264,7 @@ def initialize(
     f'--num_processes. {fix}'
   )
   try:
-    with _watchdog(waited, missing), _aborts_as_exit(1):
+    with watchdog(waited, missing), _aborts_as_exit(1):
       jax.distributed.initialize(
         coordinator_address,
         num_processes,
