@@ -136,3 +136,25 @@ def test_ctrl_c_inside_a_garbage_collection_is_never_lost(tmp_path, target, line
   )
   assert result.returncode == 130, (result.returncode, result.stderr[-2000:])
   assert result.stderr.strip().splitlines() == [f'jaxprune-train: {line.format(workdir=workdir)}']
+
+
+def test_the_line_says_what_a_rerun_does(tmp_path):
+  """By the checkpoints renamed into place; orbax's temporary directory is not one."""
+  from jaxprune.train import _main
+
+  workdir = tmp_path / 'run'
+  assert _main._interrupted(str(workdir), 60) == (
+    f'interrupted before the first checkpoint of {workdir}; run the same command again to '
+    'start the run.'
+  )
+  (workdir / 'checkpoints' / '20').mkdir(parents=True)
+  (workdir / 'checkpoints' / '40.orbax-checkpoint-tmp-3').mkdir()
+  assert _main._interrupted(str(workdir), 60) == (
+    'interrupted; run the same command again to resume from the newest checkpoint '
+    f'(step 20) in {workdir}.'
+  )
+  (workdir / 'checkpoints' / '60').mkdir()
+  assert _main._interrupted(str(workdir), 60) == (
+    f'interrupted after the last checkpoint (step 60): the run in {workdir} is complete; the '
+    'same command again writes its report.'
+  )

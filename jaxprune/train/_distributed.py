@@ -33,7 +33,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import numpy as np
@@ -61,7 +61,7 @@ def lost_line(reason: str) -> str:
   )
 
 
-def stop_lost(reason: str) -> None:
+def stop_lost(reason: str) -> NoReturn:
   """Prints the lost-process line and ends this process at once (no shutdown barrier)."""
   # A normal exit would wait for the dead process at JAX's shutdown barrier.
   stderr.stop(lost_line(reason), 1)

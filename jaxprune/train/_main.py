@@ -307,10 +307,11 @@ def _newest_checkpoint(workdir: str) -> int | None:
   """The step of the newest complete checkpoint in `workdir` (orbax renames each into
   place once written), or None."""
   try:
-    steps = [int(name) for name in os.listdir(os.path.join(workdir, 'checkpoints'))]
-  except (OSError, ValueError):
-    steps = []
-  return max(steps, default=None)
+    names = os.listdir(os.path.join(workdir, 'checkpoints'))
+  except OSError:
+    return None
+  # Orbax writes each into `<step>.orbax-checkpoint-tmp-<n>` first.
+  return max((int(name) for name in names if name.isdigit()), default=None)
 
 
 def _interrupted(workdir: str, num_steps: Any) -> str:
