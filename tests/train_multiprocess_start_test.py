@@ -24,7 +24,9 @@ def get_config():
 """
 
 
-def _command(tmp_path, port, num_processes, process_id, *extra, workdir=None, timeout=10):
+def _command(tmp_path, port, num_processes, process_id, *extra, workdir=None, timeout=30):
+  # --initialization_timeout_seconds counts from each process's start: 30 s leaves a loaded
+  # machine time to import JAX in both processes; the jobs that cannot join are given 5.
   return [
     sys.executable,
     '-m',
