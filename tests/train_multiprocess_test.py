@@ -123,6 +123,8 @@ def _launch_cli(tmp_path, workdir, name, port, extra=()):
         '--num_processes=2',
         f'--process_id={i}',
         f'--heartbeat_timeout_seconds={HEARTBEAT}',
+        # From each process's start: room for a loaded machine to import JAX in both.
+        '--initialization_timeout_seconds=60',
         *extra,
       ]
       for i in range(2)

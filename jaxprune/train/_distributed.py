@@ -23,7 +23,7 @@ line. Those in a collective with it fail at once (its connections close) and
 exit with status 1; JAX's coordination service aborts the rest itself, at once
 when process 0 (the service) died, else once the dead process has missed its
 heartbeats for `--heartbeat_timeout_seconds`, and the job's line replaces
-JAX's message and stack trace (`_guard_stderr`).
+JAX's message and stack trace (`_stderr.py`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import select
-import signal
-import socket
 import sys
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import numpy as np
@@ -47,13 +43,15 @@ from jax.sharding import PartitionSpec as P
 
 from jaxprune.train import _data as data
 from jaxprune.train import _files as files
+from jaxprune.train import _stderr as stderr
 from jaxprune.train._errors import ConfigError, RunError, WorkdirBusyError, one_line
 
 PROGRAM = 'jaxprune-train'
 _MESSAGE_BYTES = 2048  # how much of process 0's lock error the others receive
 
 
-def _lost(reason: str) -> str:
+def lost_line(reason: str) -> str:
+  """The line a process prints when another process of the job is gone."""
   # XLA repeats its prefix once per device: 'Error dispatching computation: ' x 4.
   reason = re.sub(r'(Error dispatching computation: )+', '', one_line(reason))
   return (
@@ -63,217 +61,10 @@ def _lost(reason: str) -> str:
   )
 
 
-def stop_lost(reason: str) -> None:
+def stop_lost(reason: str) -> NoReturn:
   """Prints the lost-process line and ends this process at once (no shutdown barrier)."""
-  sys.stdout.flush()
-  print(_lost(reason), file=sys.stderr, flush=True)
-  os._exit(1)  # a normal exit would wait for the dead process at JAX's shutdown barrier
-
-
-# JAX's coordination client ends a process itself, from C++, when process 0
-# (which runs the coordination service) dies or another process misses its
-# heartbeats: this message, a stack trace, then SIGABRT. Nothing in the
-# process runs after it, so a child forked before JAX starts passes stderr on
-# and puts the job's line in place of the message and everything after it.
-_JAX_FATAL = b'Terminating process because the JAX distributed service detected fatal errors'
-_SET_LINE = b'\0jaxprune-lost-line:'  # how the process tells the child its line
-
-
-# The distributed runtime's own log lines (glog's `E1128 03:03:31.55 5169
-# coordination_service.cc:1549] ...`, several lines each, from the coordination
-# service, its agent and the preemption manager) come just before its fatal message:
-# they are held back for a few seconds, and dropped when that message follows.
-_RUNTIME_LOG = re.compile(
-  rb'^[EWF]\d{4} [\d:.]+ +\d+ (?:coordination_service|'
-  rb'coordination_service_agent|preemption_sync_manager|client)'
-  rb'\.(?:cc|h):',
-  re.M,
-)
-_HOLD_SECONDS = 5.0
-
-
-def _pass_stderr_on(source: int, target: int) -> None:
-  """The child: copies `source` to `target` until every writer is gone, then exits."""
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the job, not for this copy
-  line, lost, held, held_until = b'', False, b'', 0.0
-  while True:
-    wait = held_until - time.monotonic()
-    if held and (wait <= 0 or not select.select([source], [], [], wait)[0]):
-      os.write(target, held)  # no fatal error followed: the lines were news after all
-      held = b''
-      continue
-    chunk = os.read(source, 65536)
-    if not chunk:
-      break
-    if lost:
-      continue
-    start = chunk.find(_SET_LINE)
-    if start >= 0:  # written in one piece, before anything JAX could stop
-      end = chunk.index(b'\n', start)
-      line, chunk = chunk[start + len(_SET_LINE) : end], chunk[:start] + chunk[end + 1 :]
-    chunk, was_held, held = held + chunk, bool(held), b''
-    at = chunk.find(_JAX_FATAL)
-    if at >= 0:
-      lost = True
-      chunk = chunk[: chunk.rfind(b'\n', 0, at) + 1]
-      log = _RUNTIME_LOG.search(chunk)
-      os.write(target, chunk[: log.start() if log else len(chunk)] + line + b'\n')
-      continue
-    log = None if was_held else _RUNTIME_LOG.search(chunk)
-    if was_held:
-      held = chunk  # still within the moment the first held line started
-    elif log:
-      chunk, held, held_until = (
-        chunk[: log.start()],
-        chunk[log.start() :],
-        (time.monotonic() + _HOLD_SECONDS),
-      )
-      os.write(target, chunk)
-    else:
-      os.write(target, chunk)
-  os.write(target, held)
-  os._exit(0)
-
-
-def _guard_stderr() -> None:
-  """Routes this process's stderr through `_pass_stderr_on` in a forked child."""
-  sys.stderr.flush()
-  source, sink = os.pipe()
-  if os.fork() == 0:
-    os.close(sink)
-    _pass_stderr_on(source, os.dup(2))
-  os.close(source)
-  os.dup2(sink, 2)
-  os.close(sink)
-
-
-def _detected_cluster() -> str | None:
-  """The name of the cluster JAX's auto-detection finds (SLURM, Open MPI, a TPU pod), or None."""
-  try:
-    from jax._src import clusters
-
-    for env in clusters.ClusterEnv._cluster_types:  # noqa: SLF001 -- JAX's own detection
-      if not env.opt_in_only_method and env.is_env_present():
-        return env.__name__
-  except Exception:  # noqa: BLE001 -- no detection in this JAX: flags only
-    return None
-  return None
-
-
-def _check_port_free(coordinator_address: str | None, process_id: int | None) -> None:
-  """ConfigError when process 0's coordinator port is already taken on this machine.
-
-  JAX's coordination service would crash the process (after a raw log line)
-  when it cannot listen there.
-  """
-  if process_id != 0 or not coordinator_address or ':' not in coordinator_address:
-    return
-  port = coordinator_address.rsplit(':', 1)[1]
-  if not port.isdigit():
-    raise ConfigError(
-      f'--coordinator_address={coordinator_address}: must be host:port, '
-      'e.g. 10.0.0.1:1234 (the address of process 0).'
-    )
-  with socket.socket() as probe:
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-      probe.bind(('', int(port)))
-    except OSError as err:
-      raise ConfigError(
-        f'--coordinator_address={coordinator_address}: process 0 cannot listen on port '
-        f'{port} ({err.strerror}): another job (or an earlier run still ending) uses it; '
-        'give every process another free port.'
-      ) from None
-
-
-def _check_agreement(num_processes: int | None, coordinator_address: str | None) -> None:
-  """ConfigError in every process when they were given different --num_processes.
-
-  JAX takes the count of process 0 (which runs the coordination service) and
-  would let the others train as part of a job of another size without a word.
-  """
-  given = multihost_utils.process_allgather(
-    np.int32(-1 if num_processes is None else num_processes)
-  )
-  counts = [int(n) for n in np.ravel(given)]
-  if any(n not in (-1, jax.process_count()) for n in counts):
-    raise ConfigError(
-      f'the processes were given different --num_processes ({counts}, by process id; -1: '
-      f'not given), and JAX joined {jax.process_count()} of them (the count of process 0, '
-      f'at {coordinator_address}). Give every process the same --num_processes.'
-    )
-
-
-def initialize(
-  coordinator_address: str | None,
-  num_processes: int | None,
-  process_id: int | None,
-  heartbeat_timeout_seconds: int = 100,
-  initialization_timeout: int = 30,
-) -> None:
-  """Joins the job's processes with `jax.distributed.initialize`, if this is one.
-
-  Must run before anything touches JAX's devices. With none of the three
-  arguments and no cluster detected (or `num_processes=1` without an
-  address), it does nothing: a one-process run. Arguments left None are found
-  by JAX's cluster auto-detection (SLURM, Open MPI, Cloud TPU pod slices).
-  One process with an address is a job of one: its devices then sum across
-  each other with gloo, as a job of several does, and so end bit for bit as it.
-
-  Args:
-    coordinator_address: 'host:port' of process 0, reachable from every process.
-    num_processes: how many processes the job has.
-    process_id: this process's index, 0 to num_processes - 1.
-    heartbeat_timeout_seconds: how long a silent process is given before the
-      job is stopped.
-    initialization_timeout: how long to wait for every process to join, in seconds.
-
-  Raises:
-    ConfigError: the arguments do not describe a job, or the processes cannot join.
-  """
-  given = (coordinator_address, num_processes, process_id)
-  if (num_processes == 1 and coordinator_address is None) or (
-    given == (None, None, None) and _detected_cluster() is None
-  ):
-    return
-  if num_processes == 1 and process_id is None:
-    process_id = 0
-  _check_port_free(coordinator_address, process_id)
-  # CPU devices need a collectives library to reach other processes.
-  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  _guard_stderr()
-  # JAX's service ends a process that cannot join (a duplicate --process_id, a job of
-  # another size) from C++, with a stack trace: this line replaces them.
-  joining = (
-    f'{PROGRAM}: process {process_id} could not join the job at '
-    f"{coordinator_address}: JAX's coordination service stopped it (a process "
-    f'missing after {initialization_timeout} s, a --process_id given twice, or a job '
-    'of another size). Give every process the same --coordinator_address and '
-    '--num_processes, start them together, and give each its own '
-    f'--process_id from 0 to {num_processes - 1 if num_processes else "N - 1"}.'
-  )
-  sys.stderr.flush()
-  os.write(2, _SET_LINE + joining.encode() + b'\n')
-  try:
-    jax.distributed.initialize(
-      coordinator_address,
-      num_processes,
-      process_id,
-      initialization_timeout=initialization_timeout,
-      heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-      shutdown_timeout_seconds=heartbeat_timeout_seconds,
-    )
-  except (ValueError, TypeError, RuntimeError) as err:
-    raise ConfigError(
-      f'--coordinator_address={coordinator_address} --num_processes={num_processes} '
-      f'--process_id={process_id}: the processes could not join within '
-      f'{initialization_timeout} s ({one_line(str(err))[:300]}); give every process the '
-      'same address of process 0 and number of processes, each its own id from 0, and '
-      'start them together (or raise --initialization_timeout_seconds).'
-    ) from err
-  _check_agreement(num_processes, coordinator_address)
-  sys.stderr.flush()
-  os.write(2, _SET_LINE + _lost("JAX's coordination service stopped this process").encode() + b'\n')
+  # A normal exit would wait for the dead process at JAX's shutdown barrier.
+  stderr.stop(lost_line(reason), 1)
 
 
 def is_primary() -> bool:

@@ -8,6 +8,12 @@ propagate, Python prints "Exception ignored in ..." and the run goes on as if
 Ctrl-C had never been pressed. So while the job trains, the first Ctrl-C only
 sets a flag, which the loop checks after each step and its checkpoint; a
 second Ctrl-C raises at once, as usual.
+
+Outside training (starting, joining, restoring, and after the last step), the
+command line's Ctrl-C ends the job at once with one line and status 130
+(`end_at_once`): nothing is being written then that a rerun would not redo
+(every file of the run is replaced atomically), and a handler that never
+raises cannot be lost in a finalizer either.
 """
 
 from __future__ import annotations
@@ -15,29 +21,75 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from jaxprune.train import _stderr as stderr
+
+PROGRAM = 'jaxprune-train'
+
+
+def stop_now(message: str) -> NoReturn:
+  """Ends the job at once: `jaxprune-train: <message>` on stderr, status 130, no shutdown.
+
+  A shutdown while JAX is still starting (its threads compiling, its backends
+  half made) can crash the process, and with several processes it would wait
+  for the others at JAX's barrier.
+  """
+  os.write(2, b'\n')  # off the progress bar's line
+  stderr.stop(f'{PROGRAM}: {message}', 130)
+
+
+class _AtOnce:
+  """A SIGINT handler that ends the job at once, with the line `describe()` gives then."""
+
+  def __init__(self, describe: Callable[[], str]):
+    self.describe = describe
+
+  def __call__(self, signum: int, frame: Any) -> None:
+    del signum, frame
+    stop_now(self.describe())
+
+
+def _ours_to_replace(handler: Any) -> bool:
+  return handler is signal.default_int_handler or isinstance(handler, _AtOnce)
+
+
+def end_at_once(describe: Callable[[], str]) -> None:
+  """From now on (but while training defers it), Ctrl-C ends the job at once with one line.
+
+  Only in the main thread, and where Ctrl-C has Python's default handler or
+  an earlier `end_at_once`'s: a program with its own handler keeps it.
+
+  Args:
+    describe: gives the line's text when Ctrl-C comes (so it can say what was saved).
+  """
+  if threading.current_thread() is threading.main_thread() and _ours_to_replace(
+    signal.getsignal(signal.SIGINT)
+  ):
+    signal.signal(signal.SIGINT, _AtOnce(describe))
 
 
 class Interrupts:
   """Ctrl-C deferred to the `check` calls, from `install` until `restore` or `uninstall`."""
 
-  def __init__(self, installed: bool):
+  def __init__(self, installed: bool, previous: Any = None):
     self.pressed = False
     self._installed = installed
+    self._previous = previous
 
   @classmethod
   def install(cls) -> Interrupts:
-    """Defers Ctrl-C, where it has Python's default handler and this is the main thread.
+    """Defers Ctrl-C, where this is the main thread and Ctrl-C has Python's default
+    handler or `end_at_once`'s.
 
     Elsewhere (a worker thread, a program with its own handler) nothing changes
     and `check` never raises.
     """
-    if (
-      threading.current_thread() is not threading.main_thread()
-      or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not _ours_to_replace(previous):
       return cls(installed=False)
-    interrupts = cls(installed=True)
+    interrupts = cls(installed=True, previous=previous)
     signal.signal(signal.SIGINT, interrupts._handle)
     return interrupts
 
@@ -59,12 +111,12 @@ class Interrupts:
       raise KeyboardInterrupt
 
   def uninstall(self) -> None:
-    """Gives Ctrl-C its default handler back."""
+    """Gives Ctrl-C the handler it had before `install` back."""
     if self._installed:
       self._installed = False
-      signal.signal(signal.SIGINT, signal.default_int_handler)
+      signal.signal(signal.SIGINT, self._previous)
 
   def restore(self) -> None:
-    """Gives Ctrl-C its default handler back, then raises if it was pressed."""
+    """Gives Ctrl-C its handler back, then raises if it was pressed."""
     self.uninstall()
     self.check()

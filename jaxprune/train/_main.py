@@ -19,9 +19,9 @@ logs, evaluates and checkpoints).
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import os
-import signal
 import sys
 import threading
 import warnings
@@ -34,6 +34,7 @@ from ml_collections import config_flags
 
 from jaxprune.train import _defaults as defaults
 from jaxprune.train import _errors as errors
+from jaxprune.train import _interrupts as interrupts
 from jaxprune.train import _usage as usage
 
 PROGRAM = 'jaxprune-train'
@@ -52,8 +53,8 @@ _HELP = {
   'process_id': "Multi-process jobs: this process's index, 0 to num_processes - 1.",
   'heartbeat_timeout_seconds': 'Multi-process jobs: how long a silent (dead) process is '
   'waited for before the others stop (default 100).',
-  'initialization_timeout_seconds': 'Multi-process jobs: how long the processes wait for '
-  'each other to join at the start (default 30).',
+  'initialization_timeout_seconds': 'Multi-process jobs: how long after its start a process '
+  'waits for the others to join; then it stops with one line (default 25).',
 }
 
 
@@ -85,7 +86,7 @@ def _define_flags() -> _Flags:
       'heartbeat_timeout_seconds', 100, _HELP['heartbeat_timeout_seconds'], lower_bound=1
     ),
     flags.DEFINE_integer(
-      'initialization_timeout_seconds', 30, _HELP['initialization_timeout_seconds'], lower_bound=1
+      'initialization_timeout_seconds', 25, _HELP['initialization_timeout_seconds'], lower_bound=1
     ),
   )
 
@@ -101,16 +102,28 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _route_warnings() -> None:
-  """Shows each warning as one line, less the coroutines a failed write leaves behind.
+  """Shows each warning as one line, less the coroutines a failed read or write leaves behind.
 
   The job awaits no coroutine of its own; when a checkpoint write fails (a full disk),
   orbax abandons its other writes, and each is reported as never awaited whenever it is
-  garbage-collected, beside the one line the job prints about the failure.
+  garbage-collected, beside the one line the job prints about the failure. When a
+  checkpoint cannot be read, the reads orbax abandoned fail again as they are collected
+  ('Exception ignored in: <coroutine object _read_array_index_and_device_put>', hundreds
+  of lines); the job's line has said why already.
   """
   warnings.showwarning = _show_warning
   warnings.filterwarnings(
     'ignore', message="coroutine '.*' was never awaited", category=RuntimeWarning
   )
+  sys.unraisablehook = _without_abandoned_coroutines(sys.unraisablehook)
+
+
+def _without_abandoned_coroutines(hook: Any) -> Any:
+  def unraisable(info: Any) -> None:
+    if not inspect.iscoroutine(info.object):
+      hook(info)
+
+  return unraisable
 
 
 class _WithoutClosedLoopTracebacks(io.TextIOBase):
@@ -160,8 +173,27 @@ def _parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
 
 def main(argv: Sequence[str], defined: _Flags) -> None:
   """Runs the job described by the flags."""
+  from jaxprune.train import _join as join
+
+  if len(argv) > 1:
+    _fail(
+      f'unexpected arguments {argv[1:]}; flags take the form --name=value '
+      f'({PROGRAM} --help lists them).'
+    )
+  if defined.workdir.value == '':
+    _fail(
+      '--workdir is empty; give the directory of the run (e.g. --workdir=runs/mine), or '
+      'leave the flag out for runs/<config.name>.'
+    )
+  if not flags.FLAGS['verbosity'].present:
+    # Orbax logs every checkpoint step, and its failures at length; the job
+    # reports them itself, in one line. --verbosity=0 shows the logs.
+    logging.set_verbosity(logging.FATAL)
+  _route_warnings()
+  _join_processes(defined, join)  # first thing that touches JAX's devices
   # The job's modules (Flax, orbax, matplotlib, the structured pass) load once the flags
   # have parsed: a mistyped flag, a bad config file or --help is answered in a second.
+  from jaxprune.train import _agreement as agreement
   from jaxprune.train import _channels as channels
   from jaxprune.train import _distributed as distributed
   from jaxprune.train import _loop as loop
@@ -169,47 +201,33 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   from jaxprune.train import _report as report
   from jaxprune.train._metrics import METRICS_FILE
 
-  if len(argv) > 1:
-    _fail(
-      f'unexpected arguments {argv[1:]}; flags take the form --name=value '
-      f'({PROGRAM} --help lists them).'
-    )
-  if not flags.FLAGS['verbosity'].present:
-    # Orbax logs every checkpoint step, and its failures at length; the job
-    # reports them itself, in one line. --verbosity=0 shows the logs.
-    logging.set_verbosity(logging.FATAL)
-  _route_warnings()
-  _join_processes(defined, distributed)  # first thing that touches JAX
-  config, hparams_text = defined.config.value, defined.pruning_hparams.value
-  ignored = usage.pruning_flags(sys.argv[1:])
-  if config.get('prune') is False and ignored:
-    _fail(
-      f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
-      'drop the pruning flags, or set --config.prune=True.'
-    )
-  # A config without a pruning block is reported by train(), with the other fields.
-  if isinstance(config.get('pruning'), ml_collections.ConfigDict):
-    try:
-      config.pruning = (
-        defaults.parse_pruning_flag(hparams_text, config.pruning)
-        if hparams_text
-        else defaults.pruning_config(config.pruning)
-      )
-    except (ValueError, TypeError) as err:
-      _fail(str(err))
+  config = defined.config.value
+  problem = _resolve_pruning(config, defined.pruning_hparams.value)
   workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
-  _defer_interrupts_to_training()  # before the line: from it on, Ctrl-C is training's
+  job_flags = {
+    'num_processes': defined.num_processes.value,
+    'heartbeat_timeout_seconds': defined.heartbeat_timeout_seconds.value,
+  }
+  try:
+    # Also with a problem of this process's own: the others then stop naming it.
+    agreement.check_same(
+      agreement.run_settings(config, workdir, job_flags),
+      defined.initialization_timeout_seconds.value,
+      problem,
+    )
+  except errors.RunError as err:
+    _fail(str(err))
+  num_steps = config.get('num_steps')
+  interrupts.end_at_once(lambda: _interrupted(workdir, num_steps))
   try:
     print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
     result = distributed.guarded(loop.train, config, workdir)
   except errors.RunError as err:
     _fail(str(err))
   except KeyboardInterrupt:
-    if not _has_checkpoint(workdir):
-      _stop_interrupted(
-        f'interrupted before the first checkpoint of {workdir}; run the same '
-        'command again to start the run.'
-      )
+    newest = _newest_checkpoint(workdir)
+    if newest is None or newest >= num_steps:
+      interrupts.stop_now(_interrupted(workdir, num_steps))
     print(
       f'\nInterrupted; run the same command again to resume from the newest checkpoint '
       f'in {workdir} (training writes one when interrupted).',
@@ -230,14 +248,35 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   print(f'\nOutputs in {os.path.abspath(workdir)}: {", ".join(outputs)}')
 
 
-def _join_processes(defined: _Flags, distributed: Any) -> None:
+def _resolve_pruning(config: ml_collections.ConfigDict, hparams_text: str) -> str | None:
+  """Applies --pruning_hparams to `config.pruning`; what is wrong with them, or None."""
+  ignored = usage.pruning_flags(sys.argv[1:])
+  if config.get('prune') is False and ignored:
+    return (
+      f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
+      'drop the pruning flags, or set --config.prune=True.'
+    )
+  # A config without a pruning block is reported by train(), with the other fields.
+  if isinstance(config.get('pruning'), ml_collections.ConfigDict):
+    try:
+      config.pruning = (
+        defaults.parse_pruning_flag(hparams_text, config.pruning)
+        if hparams_text
+        else defaults.pruning_config(config.pruning)
+      )
+    except (ValueError, TypeError) as err:
+      return str(err)
+  return None
+
+
+def _join_processes(defined: _Flags, join: Any) -> None:
   """Joins the other processes of a multi-process job (before JAX starts its devices).
 
   Process 0 prints as one process does; the others print one line, then only
   their errors.
   """
   try:
-    distributed.initialize(
+    join.initialize(
       defined.coordinator_address.value,
       defined.num_processes.value,
       defined.process_id.value,
@@ -246,6 +285,8 @@ def _join_processes(defined: _Flags, distributed: Any) -> None:
     )
   except errors.RunError as err:
     _fail(str(err))
+  from jaxprune.train import _distributed as distributed
+
   if not distributed.multiprocess():
     return
   print(
@@ -262,53 +303,48 @@ def _join_processes(defined: _Flags, distributed: Any) -> None:
     warnings.simplefilter('ignore')  # process 0 shows the same warnings
 
 
-def _has_checkpoint(workdir: str) -> bool:
-  checkpoints = os.path.join(workdir, 'checkpoints')
-  return os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
+def _newest_checkpoint(workdir: str) -> int | None:
+  """The step of the newest complete checkpoint in `workdir` (orbax renames each into
+  place once written), or None."""
+  try:
+    names = os.listdir(os.path.join(workdir, 'checkpoints'))
+  except OSError:
+    return None
+  # Orbax writes each into `<step>.orbax-checkpoint-tmp-<n>` first.
+  return max((int(name) for name in names if name.isdigit()), default=None)
 
 
-def _stop_interrupted(message: str) -> NoReturn:
-  """Ctrl-C before anything was saved: one line, status 130, and no interpreter shutdown.
-
-  A shutdown while JAX is still starting (its threads compiling, its backends
-  half made) can crash the process; nothing is pending that it would save.
-  """
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os.write(2, f'\n{PROGRAM}: {message}\n'.encode())
-  os._exit(130)
-
-
-def _on_interrupt_at_start(signum: int, frame: Any) -> None:
-  del signum, frame
-  _stop_interrupted('interrupted while starting; nothing was written.')
-
-
-def _catch_interrupts_at_start() -> None:
-  """Until training starts, Ctrl-C ends the job at once with one line (no traceback of
-  whatever import or flag parsing it hit)."""
-  if (
-    threading.current_thread() is threading.main_thread()
-    and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-  ):
-    signal.signal(signal.SIGINT, _on_interrupt_at_start)
-
-
-def _defer_interrupts_to_training() -> None:
-  """Gives Ctrl-C back to Python's handler, which the training loop defers to its steps."""
-  if signal.getsignal(signal.SIGINT) is _on_interrupt_at_start:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def _interrupted(workdir: str, num_steps: Any) -> str:
+  """The line for a Ctrl-C that ends the job at once, by what the workdir holds."""
+  newest = _newest_checkpoint(workdir)
+  if newest is None:
+    return (
+      f'interrupted before the first checkpoint of {workdir}; run the same command again '
+      'to start the run.'
+    )
+  if isinstance(num_steps, int) and newest >= num_steps:
+    return (
+      f'interrupted after the last checkpoint (step {newest}): the run in {workdir} is '
+      'complete; the same command again writes its report.'
+    )
+  return (
+    f'interrupted; run the same command again to resume from the newest checkpoint '
+    f'(step {newest}) in {workdir}.'
+  )
 
 
 def run() -> None:
   """Console-script entry point (`jaxprune-train`)."""
-  _catch_interrupts_at_start()
+  interrupts.end_at_once(lambda: 'interrupted while starting; nothing was written.')
   argv = sys.argv
   if any(arg in usage.HELP_FLAGS for arg in argv[1:]) or '--helpfull' in argv[1:]:
     print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()], argv))
     if '--helpfull' in argv[1:]:
       print('\nAll flags (absl, JAX and the libraries):\n' + flags.FLAGS.get_help())
     sys.exit(0)
+  repeated = usage.repeated_flag(argv)
+  if repeated is not None:
+    _fail(repeated)
   try:
     defined = _define_flags()
   except Exception as err:  # noqa: BLE001 -- every parse failure is described in one line

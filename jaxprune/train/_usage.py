@@ -215,3 +215,34 @@ def describe_flag_error(err: BaseException, argv: Sequence[str]) -> str:
     kind = _KINDS.get(type(default), type(default).__name__)
     return f'--config.{name}={value}: {reason}; the field takes {kind}, e.g. {default!r}'
   return text if text else type(err).__name__
+
+
+def repeated_flag(argv: Sequence[str]) -> str | None:
+  """Says which flag of `argv` is given twice, with both values, or None.
+
+  absl takes the last value of a flag given twice, except that ml_collections
+  appends a tuple field's values (`--config.model.features="(32,16)"` then
+  `"(8,)"` gave (32, 16, 8)): either way one of the two is dropped or changed
+  without a word, so a repeated flag is an error.
+  """
+  seen: dict[str, tuple[str, str]] = {}  # name (and its --no form) -> (flag, value)
+  args = list(argv[1:])
+  for i, arg in enumerate(args):
+    if arg == '--':
+      break
+    match = re.fullmatch(r'--?([A-Za-z_][\w.]*)(?:=(.*))?', arg, re.S)
+    if not match or match.group(1) in ('flagfile', 'undefok'):
+      continue
+    name, value = match.groups()
+    if value is None:  # `--name value`, or a boolean `--name` / `--noname`
+      following = args[i + 1] if i + 1 < len(args) else None
+      value = following if following is not None and not following.startswith('-') else arg
+    if name in seen:
+      first, before = seen[name]
+      also = '' if first == name else f' (as --{first})'
+      return (
+        f'--{name} is given twice{also}: {before!r}, then {value!r}; give each flag once '
+        '(of two values, one would be dropped or both mixed without a word).'
+      )
+    seen[name] = seen[name[2:] if name.startswith('no') else f'no{name}'] = (name, value)
+  return None
