@@ -166,7 +166,15 @@ def test_code_blocks_fit_or_wrap_at_1280_px(page):
 
 
 @needs_site
-def test_search_puts_the_guide_whose_title_matches_first():
+@pytest.mark.parametrize(
+  'query, guide',
+  [
+    ('wanda', 'guides/oneshot.html'),  # One-shot pruning: magnitude, Wanda, SparseGPT
+    ('structured', 'guides/structured.html'),  # Structured pruning
+    ('channels', 'guides/channels.html'),  # Gradual channel pruning
+  ],
+)
+def test_search_puts_the_guide_whose_title_matches_first(query, guide):
   dom = subprocess.run(
     [
       _chromium(),
@@ -175,7 +183,7 @@ def test_search_puts_the_guide_whose_title_matches_first():
       '--disable-gpu',
       '--virtual-time-budget=10000',
       '--dump-dom',
-      'file://' + os.path.join(SITE, 'search.html') + '?q=wanda',
+      'file://' + os.path.join(SITE, 'search.html') + f'?q={query}',
     ],
     capture_output=True,
     text=True,
@@ -185,4 +193,4 @@ def test_search_puts_the_guide_whose_title_matches_first():
   results = dom.split('class="search"', 1)[1]
   links = re.findall(r'<li[^>]*>\s*<a href="([^"#?]+)', results)
   assert len(links) >= 3, links
-  assert links[0].endswith('guides/oneshot.html'), links
+  assert links[0] == guide, links[:5]

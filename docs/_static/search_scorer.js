@@ -5,7 +5,9 @@ var Scorer = {
   score: (result) => {
     const [docname, title, anchor, descr, score, filename, kind] = result;
     const query = new URLSearchParams(window.location.search).get('q') || '';
-    const words = query.toLowerCase().split(/\s+/).filter((w) => w && !w.startsWith('-'));
+    // Stemmed as Sphinx stems the index: "channels" matches a title's "channel".
+    const stem = typeof Stemmer === 'undefined' ? (w) => w : (w) => new Stemmer().stemWord(w);
+    const words = query.toLowerCase().split(/\s+/).filter((w) => w && !w.startsWith('-')).map(stem);
     const pageTitle = (title || '').toLowerCase();
     const titleMatch = words.length > 0 && words.every((w) => pageTitle.includes(w));
     if (!titleMatch) return score;
