@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What a cell output must not show: progress bars, library banners, the build machine.
 NOISE = {
-  'a progress bar': re.compile(r'[█▏▎▍▌▋▊▉]|\d+%\|[^|\n]*\||\d+(?:\.\d+)?(?:it|s/it|step)/s\]'),
+  'a progress bar': re.compile(r'[█▏▎▍▌▋▊▉]|\d+%\|[^|\n]*\||\d+(?:\.\d+)?(?:it/s|s/it|step/s)\]'),
   'a tqdm warning': re.compile(r'TqdmWarning|IProgress not found'),
   "transformers' deprecation banner": re.compile(r'classes are deprecated and will be removed'),
   'a site-packages path': re.compile(r'site-packages'),
