@@ -47,6 +47,11 @@ nb_merge_streams = True
 # link to the build is unencrypted) stays out of the build log: their IPython
 # profile, docs/_ipython, sets the kernel's log level to errors.
 os.environ['IPYTHONDIR'] = os.path.join(os.path.dirname(__file__), '_ipython')
+# What a reader should not see in an executed page (tests/docs_html_test.py checks the
+# built HTML): progress bars (tqdm's, whose `disable` defaults to this variable) and
+# transformers' banner that its Flax classes are deprecated.
+os.environ['TQDM_DISABLE'] = '1'
+os.environ['TRANSFORMERS_VERBOSITY'] = 'error'
 
 # API reference.
 autosummary_generate = True
@@ -77,6 +82,8 @@ html_theme_options = {
 html_sidebars = {'**': ['navbar-logo.html', 'icon-links.html', 'sbt-sidebar-nav.html']}
 html_static_path = ['_static']
 html_css_files = ['custom.css']
+# Search: pages whose title matches the query first, guides first among them.
+html_search_scorer = os.path.join(os.path.dirname(__file__), '_static', 'search_scorer.js')
 
 # The API pages: one per public package, listing every name in its `__all__`.
 PACKAGES = {
