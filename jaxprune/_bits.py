@@ -30,11 +30,14 @@ def packed(mask: Array) -> Array:
 
 
 def unpacked(packed_mask: Array, shape: tuple[int, ...]) -> Array:
-  """The bool mask of `shape` that `packed` turned into `packed_mask`."""
+  """The bool mask of `shape` that `packed` turned into `packed_mask`.
+
+  Bits are spread along a new last axis and merged into the one before it, a reshape that
+  keeps an array sharded along that axis where it lies.
+  """
   size = shape[-1] if shape else 1
-  spread = jnp.repeat(packed_mask, 8, axis=-1, total_repeat_length=packed_mask.shape[-1] * 8)
-  shifts = (jnp.arange(spread.shape[-1]) % 8).astype(jnp.uint8)
-  mask = ((spread >> shifts) & 1).astype(bool)
-  if spread.shape[-1] != size:
+  spread = (packed_mask[..., None] >> jnp.arange(8, dtype=jnp.uint8)) & 1
+  mask = spread.reshape(*packed_mask.shape[:-1], -1).astype(bool)
+  if mask.shape[-1] != size:
     mask = mask[..., :size]
   return mask.reshape(shape)
