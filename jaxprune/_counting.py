@@ -225,7 +225,7 @@ def part_maxima(layout: Layout) -> list[Array]:
   maxima = []
   for part in layout.parts:
     axes = tuple(range(part.unit_axes, len(part.shape)))
-    signed = (part.signed or part.values)(None)
+    signed = (part.signed or part.values)(jnp.zeros((), jnp.int32))  # a read of its own
     signed = signed.astype(jnp.float32)
     finite = jnp.isfinite(jnp.sum(signed - signed, axis=axes))
     maxima.append(jnp.where(finite, jnp.max(part.values(None), axis=axes), jnp.inf).reshape(-1))
