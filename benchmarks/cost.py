@@ -549,7 +549,7 @@ def report(sizes: Sizes, results: dict, parts: tuple[str, ...]) -> str:
       f'Non-update rows: masks never updated (`{NEVER}`), {sizes.steps_per_call} consecutive '
       f'steps per timed call; update rows: a mask update at every step (`{EVERY}`), one '
       f'step per call; interleaved, median of {sizes.rounds}. Default search plan '
-      f"('{jaxprune.parse_hparams(BASE).mask_search}': adaptive on the CPU). HLO counts of "
+      f"('{jaxprune.get_pruning_hparams().mask_search}': adaptive on the CPU). HLO counts of "
       'the compiled non-update step.\n\n' + table(header, rows) + '\n'
     )
   full = results.get('full')
