@@ -10,8 +10,8 @@ engine and marks each `met` or `not met (by how much)`:
               12 layers) built from `jax.ShapeDtypeStruct`s, so nothing is allocated.
               Headline rows: both forms (`jaxprune.pruned(adam, hp)` and
               `optax.chain(adam, jaxprune.pruning(hp))`) x both search plans, the
-              histogram rule, at 12 and 48 layers. The full matrix (forms x plans x
-              the histogram, exact, blocked, global and N:M rules) at a reduced size
+              histogram rule, at 12 and 48 layers. The rest of the matrix (forms x
+              plans x the exact, blocked, global and N:M rules) at a reduced size
               (`--matrix-layers`, `--matrix-vocab`), since every row is a compile.
               Also the masks' and thresholds' state bytes per pruned weight.
   2. per step The loop users write (one jitted donated call per step: grad, update,
