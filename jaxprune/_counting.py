@@ -150,13 +150,8 @@ def _part_counts(
   if sample:
     rows = rows[..., ::SAMPLE_STRIDE, :]
   probes = unit_shaped(part, thresholds, rows.ndim)[..., None]  # (..., J, 1)
-  # Each factor passes a barrier on its own: XLA:CPU then reads it in the counting
-  # reduction, where a factor computed in the same fusion is first broadcast to the
-  # weights' size and stored.
-  first, second = lax.optimization_barrier(
-    (unit_shaped(part, scale[:, 0], rows.ndim), unit_shaped(part, scale[:, 1], rows.ndim))
-  )
-  scaled = rows * first * second
+  scale = unit_shaped(part, scale, rows.ndim)
+  scaled = rows * scale[..., :1] * scale[..., 1:]
   if below_tiny:
     lift = jnp.float32(2.0**100)
     scaled = jnp.minimum(scaled, numerics.step_ulps(jnp.float32(numerics.TINY), -1)) * lift
