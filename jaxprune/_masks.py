@@ -268,7 +268,7 @@ def update_mask(
 ) -> tuple[Array, Array]:
   """Computes one variable's new threshold and mask (Zhu & Gupta 2017; TF model_pruning).
 
-  Pure and jittable. All-zero or non-finite weights keep `threshold` and
+  Pure and jittable. Empty, all-zero or non-finite weights keep `threshold` and
   `previous_mask` (all True when not given).
 
   Args:
@@ -305,9 +305,11 @@ def update_mask(
     mask_search,
   )
   weights = jnp.asarray(weights)
-  dims = blocks.resolve_block_dims(weights.shape, block_dims) or (1, 1)
   if previous_mask is None:
     previous_mask = jnp.ones(weights.shape, bool)
+  if weights.size == 0:  # nothing to threshold: kept as it is, as in training
+    return jnp.asarray(threshold, jnp.float32).reshape(()), previous_mask
+  dims = blocks.resolve_block_dims(weights.shape, block_dims) or (1, 1)
   variable = Variable(lambda token: counting.fresh(weights, token), weights.shape, dims)
   (new_threshold,), (mask,), _ = update_masks(
     [variable],

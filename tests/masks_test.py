@@ -65,3 +65,11 @@ def test_update_mask_checks_its_arguments(kwargs, message):
 def test_update_mask_checks_a_concrete_sparsity(sparsity):
   with pytest.raises(ValueError, match='sparsity'):
     jaxprune.update_mask(jnp.ones((4, 4)), 0.0, sparsity)
+
+
+@pytest.mark.parametrize('block_dims', [(1, 1), (2, 2)])
+def test_update_mask_of_an_empty_leaf_keeps_threshold_and_mask(block_dims):
+  threshold, mask = jaxprune.update_mask(
+    jnp.zeros((0, 4)), 0.25, 0.5, block_dims=block_dims, previous_mask=jnp.ones((0, 4), bool)
+  )
+  assert float(threshold) == 0.25 and mask.shape == (0, 4) and mask.dtype == bool
