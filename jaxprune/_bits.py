@@ -8,9 +8,12 @@ params instead of a quarter (docs/explanation/semantics.md#applying-the-masks).
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
-_WEIGHTS = 2 ** jnp.arange(8, dtype=jnp.uint8)
+# numpy, not jnp: a jax array made at import would start JAX's backend (before
+# jax.distributed.initialize can run, in the main job).
+_WEIGHTS = 2 ** np.arange(8, dtype=np.uint8)
 
 
 def packed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -36,7 +39,7 @@ def unpacked(packed_mask: Array, shape: tuple[int, ...]) -> Array:
   keeps an array sharded along that axis where it lies.
   """
   size = shape[-1] if shape else 1
-  spread = (packed_mask[..., None] >> jnp.arange(8, dtype=jnp.uint8)) & 1
+  spread = (packed_mask[..., None] >> np.arange(8, dtype=np.uint8)) & 1
   mask = spread.reshape(*packed_mask.shape[:-1], -1).astype(bool)
   if mask.shape[-1] != size:
     mask = mask[..., :size]

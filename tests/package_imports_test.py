@@ -296,3 +296,19 @@ def test_namespace_modules_only_reexport(name):
   for node in tree.body:
     assert is_docstring_all_or_getattr(node) or isinstance(node, ast.ImportFrom), node.lineno
   assert all(getattr(module, n).__module__.startswith('jaxprune._') for n in module.__all__)
+
+
+def test_importing_jaxprune_and_its_namespaces_starts_no_backend():
+  # The main job calls jax.distributed.initialize after its imports, which must come
+  # before JAX's backend starts: no module may make a jax array at import.
+  script = (
+    'import jaxprune, jaxprune.train, jaxprune.sparse, jaxprune.oneshot, jaxprune.structured\n'
+    'import jaxprune.channels, jaxprune.functional, jaxprune.methods\n'
+    'from jax._src import xla_bridge\n'
+    'print(xla_bridge.backends_are_initialized())\n'
+  )
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+  result = subprocess.run(
+    [sys.executable, '-c', script], capture_output=True, text=True, env=env, cwd=ROOT, check=True
+  )
+  assert result.stdout.split() == ['False']

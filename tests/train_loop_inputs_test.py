@@ -30,7 +30,7 @@ def free_compiled_steps():
   'hparams, message',
   [
     (
-      {'nm_sparsity': '3:7'},
+      {'nm_sparsity': '3:7', 'target_sparsity': 0.5},  # the default: N:M takes no target
       "N:M 3:7: leaf 'Dense_0/kernel' with shape (64, 32): axis 0 has 64 entries, which is not "
       'divisible by M=7',
     ),

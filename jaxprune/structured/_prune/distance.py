@@ -33,9 +33,9 @@ LOW_AGREEMENT = 0.95
 MAX_BATCHES = 8
 WHAT_TO_DO = (
   'fine-tuning or recalibration is expected: train the pruned model a few hundred steps '
-  '(result.pruned_fn is differentiable; docs/guides/structured.md#after-pruning-fine-tune-'
-  'or-recalibrate), and re-estimate BatchNorm statistics with '
-  'Calibration(batches, recalibrate_bn=True)'
+  '(result.pruned_fn is differentiable; '
+  'docs/guides/structured.md#after-pruning-fine-tune-or-recalibrate), '
+  'and re-estimate BatchNorm statistics with Calibration(batches, recalibrate_bn=True)'
 )
 
 
