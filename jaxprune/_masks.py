@@ -180,15 +180,13 @@ def update_masks(
       piece = jnp.where(piece >= 0, piece, jnp.float32(0.0))
       piece = piece * jnp.float32(1.0 - threshold_decay) + previous * jnp.float32(threshold_decay)
     pieces.append(piece)
-  # One token for the comparisons: values computed together are read together.
-  token = tuple(pieces)
   masks, new_thresholds = [], []
   for i, (part, variable, old_mask, piece) in enumerate(
     zip(layout.parts, variables, old_masks, pieces, strict=True)
   ):
     g = 0 if global_threshold else i
     score_mask = compare(
-      part.values(token), _layer_shaped(variable, piece, len(part.shape)), threshold_method
+      part.values(piece), _layer_shaped(variable, piece, len(part.shape)), threshold_method
     )
     mask = expand_mask(score_mask, variable.shape, variable.block_dims, variable.layer_axes)
     masks.append(jnp.where(_layer_shaped(variable, ok[g], len(variable.shape)), mask, old_mask))

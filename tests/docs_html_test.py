@@ -14,7 +14,7 @@ import subprocess
 import uuid
 
 import pytest
-from docs_site_test import BUILD, SITE, _chromium
+from docs_site_test import BUILD, SITE, _chromium, search_page_dom
 
 needs_site = pytest.mark.skipif(
   not os.path.exists(os.path.join(SITE, 'index.html')),
@@ -175,21 +175,7 @@ def test_code_blocks_fit_or_wrap_at_1280_px(page):
   ],
 )
 def test_search_puts_the_guide_whose_title_matches_first(query, guide):
-  dom = subprocess.run(
-    [
-      _chromium(),
-      '--headless',
-      '--no-sandbox',
-      '--disable-gpu',
-      '--virtual-time-budget=10000',
-      '--dump-dom',
-      'file://' + os.path.join(SITE, 'search.html') + f'?q={query}',
-    ],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    check=True,
-  ).stdout
+  dom = search_page_dom(query)
   results = dom.split('class="search"', 1)[1]
   links = re.findall(r'<li[^>]*>\s*<a href="([^"#?]+)', results)
   assert len(links) >= 3, links

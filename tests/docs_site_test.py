@@ -179,10 +179,10 @@ def test_docs_references_in_the_code_point_at_anchors_that_exist():
   assert missing == []
 
 
-@needs_site
-def test_search_finds_the_semantics_page():
-  """The search page, run by the browser's JavaScript over the built search index."""
-  result = subprocess.run(
+def search_page_dom(query: str) -> str:
+  """The built search page's DOM for `query`, after the browser ran its JavaScript over the
+  search index."""
+  return subprocess.run(
     [
       _chromium(),
       '--headless',
@@ -190,11 +190,16 @@ def test_search_finds_the_semantics_page():
       '--disable-gpu',
       '--virtual-time-budget=10000',
       '--dump-dom',
-      'file://' + os.path.join(SITE, 'search.html') + '?q=histogram+threshold',
+      'file://' + os.path.join(SITE, 'search.html') + f'?q={query}',
     ],
     capture_output=True,
     text=True,
     timeout=120,
     check=True,
-  )
-  assert 'explanation/semantics.html#histogram-thresholds' in result.stdout
+  ).stdout
+
+
+@needs_site
+def test_search_finds_the_semantics_page():
+  """The search page, run by the browser's JavaScript over the built search index."""
+  assert 'explanation/semantics.html#histogram-thresholds' in search_page_dom('histogram+threshold')
