@@ -11,6 +11,18 @@ The public API (docs/api/index.md lists every name):
     pruning) and jaxprune.train (the main job; needs the `examples` extra).
 """
 
+import sys
+
+if sys.argv[:1] == ['-m']:  # `python -m` importing the packages of the module it runs
+  # `python -m jaxprune.train`, the main job: Ctrl-C ends it with its own line from here
+  # on, rather than with a traceback from the imports below (JAX's take a second or more).
+  try:
+    import _jaxprune_train  # beside this package, the standard library only
+  except ImportError:  # a copy of the package without it
+    pass
+  else:
+    _jaxprune_train.guard_module_run()
+
 import importlib
 import importlib.metadata
 from typing import TYPE_CHECKING, Any

@@ -7,7 +7,15 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATHS = ['jaxprune', 'tests', 'benchmarks', 'configs', 'conftest.py', 'docs/conf.py']
+PATHS = [
+  'jaxprune',
+  '_jaxprune_train.py',
+  'tests',
+  'benchmarks',
+  'configs',
+  'conftest.py',
+  'docs/conf.py',
+]
 
 
 def _ruff(*args):

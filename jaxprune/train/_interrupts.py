@@ -13,7 +13,9 @@ Outside training (starting, joining, restoring, and after the last step), the
 command line's Ctrl-C ends the job at once with one line and status 130
 (`end_at_once`): nothing is being written then that a rerun would not redo
 (every file of the run is replaced atomically), and a handler that never
-raises cannot be lost in a finalizer either.
+raises cannot be lost in a finalizer either. Before the job's imports, the
+entry (`_jaxprune_train`, outside the package) answers with the same line as
+`STARTING`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from typing import Any, NoReturn
 from jaxprune.train import _stderr as stderr
 
 PROGRAM = 'jaxprune-train'
+# The line of a Ctrl-C before the job has a workdir; `_jaxprune_train.STARTING` says the same.
+STARTING = 'interrupted while starting; nothing was written.'
+_ENTRY = '_jaxprune_train'  # the console script's module, whose handler the job replaces
 
 
 def stop_now(message: str) -> NoReturn:
@@ -52,14 +57,18 @@ class _AtOnce:
 
 
 def _ours_to_replace(handler: Any) -> bool:
-  return handler is signal.default_int_handler or isinstance(handler, _AtOnce)
+  return (
+    handler is signal.default_int_handler
+    or isinstance(handler, _AtOnce)
+    or getattr(handler, '__module__', None) == _ENTRY  # its start-up line, before the imports
+  )
 
 
 def end_at_once(describe: Callable[[], str]) -> None:
   """From now on (but while training defers it), Ctrl-C ends the job at once with one line.
 
-  Only in the main thread, and where Ctrl-C has Python's default handler or
-  an earlier `end_at_once`'s: a program with its own handler keeps it.
+  Only in the main thread, and where Ctrl-C has Python's default handler, an
+  earlier `end_at_once`'s or the entry's: a program with its own handler keeps it.
 
   Args:
     describe: gives the line's text when Ctrl-C comes (so it can say what was saved).
@@ -81,7 +90,7 @@ class Interrupts:
   @classmethod
   def install(cls) -> Interrupts:
     """Defers Ctrl-C, where this is the main thread and Ctrl-C has Python's default
-    handler or `end_at_once`'s.
+    handler, `end_at_once`'s or the entry's.
 
     Elsewhere (a worker thread, a program with its own handler) nothing changes
     and `check` never raises.

@@ -335,7 +335,7 @@ def _interrupted(workdir: str, num_steps: Any) -> str:
 
 def run() -> None:
   """Console-script entry point (`jaxprune-train`)."""
-  interrupts.end_at_once(lambda: 'interrupted while starting; nothing was written.')
+  interrupts.end_at_once(lambda: interrupts.STARTING)
   argv = sys.argv
   if any(arg in usage.HELP_FLAGS for arg in argv[1:]) or '--helpfull' in argv[1:]:
     print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()], argv))
