@@ -24,6 +24,7 @@ from jaxprune import _masks as masks_lib
 from jaxprune import _nm as nm_lib
 from jaxprune import _schedule as schedule
 from jaxprune import _specs as specs_lib
+from jaxprune import _subnormal as subnormal
 
 PyTree = Any
 
@@ -66,6 +67,20 @@ class MagnitudeRule:
       masks.append(jnp.ones(leaf.shape, bool))
       thresholds.append(jnp.zeros(leaf.shape[: spec.layer_axes], jnp.float32))
     return jax.tree.unflatten(treedef, masks), jax.tree.unflatten(treedef, thresholds)
+
+  def warn_subnormal(self, params: PyTree, where: str, stacklevel: int) -> None:
+    """Warns about pruned layers whose weights the backend reads as all zero (subnormal)."""
+    leaves = jax.tree.leaves(params)
+    subnormal.warn_subnormal(
+      [
+        (spec.name, leaf, 0 if self.hparams.global_pruning else spec.layer_axes)
+        for leaf, spec in zip(leaves, self._all_specs, strict=True)
+        if spec is not None
+      ],
+      where,
+      stacklevel + 1,
+      together=self.hparams.global_pruning,
+    )
 
   def sparsity(self, step: Array, global_sparsity: Array) -> list[Array]:
     """Each pruned leaf's sparsity at `step`: its `weight_sparsity_map` target's schedule."""

@@ -21,6 +21,7 @@ from jax import Array
 from jaxprune import _blocks as blocks
 from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
+from jaxprune import _subnormal as subnormal
 from jaxprune import _thresholds as thresholds
 from jaxprune._checks import check_fraction
 
@@ -302,6 +303,7 @@ def update_mask(
     threshold_method,
     mask_search,
   )
+  subnormal.warn_subnormal([('weights', weights, 0)], 'update_mask', stacklevel=2)
   weights = jnp.asarray(weights)
   if previous_mask is None:
     previous_mask = jnp.ones(weights.shape, bool)

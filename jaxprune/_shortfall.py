@@ -31,7 +31,8 @@ def shortfall_message(h: hparams_lib.HParams, step: int, short: list[str]) -> st
   """The warning for leaves left far below their target by the mask update at `step`,
   with the likely causes and the remedy for the rule `h` uses."""
   causes = (
-    'their weights were all zero, or held NaN or Inf, at the update (such a leaf '
+    'their weights were all zero (or subnormal, below 1.2e-38, which XLA on CPU reads '
+    'as zero; init warns about those), or held NaN or Inf, at the update (such a leaf '
     'keeps its mask; see nonfinite_skips)'
   )
   if h.threshold_method == 'histogram':

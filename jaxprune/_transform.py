@@ -192,8 +192,12 @@ class _Engine:
     specs = specs_lib.leaf_specs(params, self.hparams, self.prune_filter, warn=warn)
     return MagnitudeRule(self.hparams, specs, self.sparsity_fn)
 
-  def init(self, params: PyTree) -> PruningState:
-    masks, thresholds = self.rule(params, warn=True).init(params)
+  def init(self, params: PyTree, stacklevel: int = 2) -> PruningState:
+    """The pruning state of `params`; `stacklevel` points its warnings at the user's call."""
+    rule = self.rule(params, warn=True)
+    masks, thresholds = rule.init(params)
+    if isinstance(rule, MagnitudeRule):
+      rule.warn_subnormal(params, 'init', stacklevel=stacklevel)
     return PruningState(
       step=jnp.zeros((), jnp.int32),
       last_update_step=jnp.zeros((), jnp.int32),
@@ -366,7 +370,7 @@ def pruned(
   engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter, mask_rule)
 
   def init_fn(params):
-    return optimizer.init(params), engine.init(params)
+    return optimizer.init(params), engine.init(params, stacklevel=3)
 
   def update_fn(grads, state, params=None, **extra_args):
     params = need_params(params, 'jaxprune.pruned')

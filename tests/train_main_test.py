@@ -111,6 +111,23 @@ def test_tf_hparams_string_goes_on_top_of_the_config(tmp_path):
   }
 
 
+def test_nm_on_the_command_line_takes_the_place_of_the_configs_target(tmp_path):
+  # The default config's target_sparsity (0.9) is not the user's: N:M alone is accepted.
+  workdir = str(tmp_path / 'nm')
+  result = _run([SCRIPT, '--workdir', workdir, *SHORT, '--config.pruning.nm_sparsity=2:4'])
+  assert result.returncode == 0, result.stderr
+  assert _config_json(workdir)['pruning']['nm_sparsity'] == '2:4'
+  # 2 of every 4 weights of each kernel: 64x300, 300x100 and 100x10.
+  assert _report_rows(workdir) == {
+    'Dense_0/kernel': 9600,
+    'Dense_1/kernel': 15000,
+    'Dense_2/kernel': 500,
+  }
+  with open(os.path.join(workdir, 'report.txt')) as f:
+    rows = [line.split() for line in f if line.startswith('Dense_')]
+  assert [(row[4], row[-1]) for row in rows] == [('0.500', '2:4')] * 3
+
+
 def test_help_lists_every_config_field_and_exits_0():
   result = _run([SCRIPT, '--help'])
   assert result.returncode == 0, result.stderr
@@ -255,6 +272,20 @@ def test_bad_values_are_clear_errors(tmp_path):
       ['--coordinator_address=127.0.0.1:99999', '--num_processes=2', '--process_id=1'],
       "--coordinator_address='127.0.0.1:99999': the port '99999' must be a number from 1 to "
       '65535: the address of process 0 and a free port, e.g. 10.0.0.1:1234 or [::1]:1234.',
+    ),
+    (
+      ['--config.pruning.target_sparsity=0.8', '--config.pruning.nm_sparsity=2:4'],
+      "nm_sparsity='2:4' keeps 2 of every 4 weights of each pruned leaf (50% sparse), so "
+      'target_sparsity=0.8 would be dropped: give a target or nm_sparsity, not both '
+      '(nm_sparsity_map=[regex:2:4] puts N:M on some leaves and leaves the target to the '
+      'others).',
+    ),
+    (
+      ['--config.pruning.nm_sparsity=1:4', '--pruning_hparams=target_sparsity=0.9'],
+      "nm_sparsity='1:4' keeps 1 of every 4 weights of each pruned leaf (75% sparse), so "
+      'target_sparsity=0.9 would be dropped: give a target or nm_sparsity, not both '
+      '(nm_sparsity_map=[regex:1:4] puts N:M on some leaves and leaves the target to the '
+      'others).',
     ),
     (
       ['--config.data.name=npz', '--config.data.path=absent.npz'],

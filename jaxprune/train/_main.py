@@ -259,14 +259,38 @@ def _resolve_pruning(config: ml_collections.ConfigDict, hparams_text: str) -> st
   # A config without a pruning block is reported by train(), with the other fields.
   if isinstance(config.get('pruning'), ml_collections.ConfigDict):
     try:
+      pruning = _nm_in_place_of_target(config.pruning, hparams_text)
       config.pruning = (
-        defaults.parse_pruning_flag(hparams_text, config.pruning)
+        defaults.parse_pruning_flag(hparams_text, pruning)
         if hparams_text
-        else defaults.pruning_config(config.pruning)
+        else defaults.pruning_config(pruning)
       )
     except (ValueError, TypeError) as err:
       return str(err)
   return None
+
+
+def _nm_in_place_of_target(
+  pruning: ml_collections.ConfigDict, hparams_text: str
+) -> ml_collections.ConfigDict:
+  """`pruning`, with its target_sparsity back at the field's default (which N:M takes
+  without a word) when the command line sets an N:M pattern and no target.
+
+  N:M beside a target is refused (the target would be dropped), but the config's
+  target (the default's 0.9) is not one the user gave: `--config.pruning.nm_sparsity=2:4`
+  asks for 2:4 in its place. A target on the command line as well is still refused.
+  """
+  given = usage.pruning_fields_given(sys.argv[1:], hparams_text)
+  if 'nm_sparsity' not in given or 'target_sparsity' in given:
+    return pruning
+  nm = given['nm_sparsity']
+  if not (pruning.get('nm_sparsity') if nm is None else nm):
+    return pruning  # N:M set to '' (none): the target stays
+  from jaxprune import _hparams as hparams_lib
+
+  return ml_collections.ConfigDict(
+    {**pruning.to_dict(), 'target_sparsity': hparams_lib.HParams.target_sparsity}
+  )
 
 
 def _join_processes(defined: _Flags, join: Any) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import ml_collections
 
 from jaxprune._hparams import FIELD_DOCS
+from jaxprune._maps import split_top_level
 from jaxprune.train import _defaults as defaults
 
 HELP_FLAGS = frozenset({'--help', '-help', '-h', '-?', '--helpshort', '-helpshort'})
@@ -169,6 +170,25 @@ def pruning_flags(argv: Sequence[str]) -> list[str]:
   return [
     arg for arg in argv if re.match(r'--?(?:no)?(?:config\.pruning\.|pruning_hparams(?:=|$))', arg)
   ]
+
+
+def pruning_fields_given(argv: Sequence[str], hparams_text: str) -> dict[str, str | None]:
+  """The pruning fields that the command line sets: each `--config.pruning.<field>` (None:
+  ml_collections has put its value in the config) and each field of `--pruning_hparams`
+  (its text, which is applied last).
+
+  Raises:
+    ValueError: `hparams_text` has unbalanced brackets (parse_hparams' own message).
+  """
+  given: dict[str, str | None] = {}
+  for arg in argv:
+    match = re.match(r'--?(?:no)?config\.pruning\.(\w+)', arg)
+    if match:
+      given[match.group(1)] = None
+  for item in split_top_level(hparams_text):
+    name, _, value = item.partition('=')
+    given[name.strip()] = value.strip()
+  return given
 
 
 def _missing_field(config: Any, dotted: str) -> str | None:
