@@ -11,7 +11,6 @@ import os
 import shutil
 import tempfile
 
-import pytest
 from hypothesis import settings
 
 # Property tests draw the same examples on every run and machine, and have no
@@ -41,13 +40,3 @@ def pytest_unconfigure(config):
   del config
   if 'PYTEST_XDIST_WORKER' not in os.environ and _RUN_CACHE in os.environ:
     shutil.rmtree(os.environ.pop(_RUN_CACHE), ignore_errors=True)
-
-
-@pytest.fixture(scope='module')
-def subprocess_compilation_cache(tmp_path_factory):
-  """One persistent compilation cache for the subprocesses a module starts (they inherit
-  os.environ): every run after the first finds the steps an earlier one compiled."""
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path_factory.mktemp('jax_cache')))
-    patch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
-    yield

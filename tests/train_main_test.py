@@ -14,7 +14,6 @@ import pytest
 import jaxprune
 
 # The runs compile the same steps: one persistent cache for all of them (tests/conftest.py).
-pytestmark = pytest.mark.usefixtures('subprocess_compilation_cache')
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), 'jaxprune-train')

@@ -20,7 +20,7 @@ import train_multiprocess as mp
 
 from jaxprune.train import _files as files
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('subprocess_compilation_cache')]
+pytestmark = pytest.mark.slow
 
 SCRIPT = os.path.join(mp.HERE, 'train_multiprocess.py')
 TIMEOUT = 600  # seconds for any launch; the shared CI machine is slow, a hang is far slower
