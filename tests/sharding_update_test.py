@@ -16,7 +16,7 @@ import sys
 import cpu_devices
 import pytest
 
-from jaxprune import _thresholds as thresholds
+from jaxprune import _brackets as brackets
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'sharding_multidevice.py')
 LAYOUTS = ('data_parallel', 'model_parallel', 'fsdp')
@@ -30,7 +30,7 @@ METHOD_LAYOUTS = [
 # The largest all-reduce allowed: one partial sum per row of the largest leaf
 # (the conv kernel's 3*3*16 rows) for each of the search's candidate thresholds;
 # a whole weight is 2,048 to 8,192 values.
-MAX_ALL_REDUCE = 144 * thresholds.PROBES
+MAX_ALL_REDUCE = 144 * brackets.PROBES
 
 
 def run_script(*args: str) -> dict:
