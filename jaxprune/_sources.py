@@ -18,6 +18,7 @@ import optax
 from jax import Array
 
 from jaxprune import _counting as counting
+from jaxprune import _leafwise as leafwise
 from jaxprune import _updates as updates_lib
 
 PyTree = Any
@@ -76,17 +77,19 @@ def from_optimizer(
   extra_args: dict[str, Any],
 ) -> Source:
   """`pruned`: the stored weights, recomputed from the gradients, the optimizer state and
-  the params (in memory anyway) only when the update runs, and stored once there, so
-  that every counting pass reads one array per leaf."""
+  the params (in memory anyway) only when the update runs, and there in every pass that
+  reads them (`leafwise.recomputed`): no copy of them is stored."""
 
-  def weights(operands):
-    grads, inner, params = operands
+  def searched(grads, inner, params, extra_args):
     updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
     leaves = jax.tree.leaves(params)
-    return _weights_of([updates_lib.stored_weight(leaves[i], updates[i]) for i in pruned])
+    return [updates_lib.searched_weight(leaves[i], updates[i]) for i in pruned]
+
+  def weights(operands):
+    return leafwise.recomputed(searched, operands, range(len(pruned)))
 
   return Source(
-    (grads, inner, params),
+    (grads, inner, params, extra_args),
     weights,
     lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned],
   )
