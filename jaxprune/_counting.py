@@ -138,7 +138,7 @@ def unit_shaped(part: Part, per_unit: Array, ndim: int) -> Array:
 
 
 def _part_counts(
-  part: Part, scale: Array, thresholds: Array, sample: bool, below_tiny: bool = False
+  part: Part, scale: Array, thresholds: Array, sample: bool, below_tiny: bool = False, index: int = 0
 ) -> Array:
   """(units of the part, J) int32 counts of `values * scale >= threshold`, minus the size.
 
@@ -146,6 +146,11 @@ def _part_counts(
   float differences may flush to zero on CPU: values are capped just below TINY
   and both sides lifted by 2**100 (exact), so differences stay normal.
   """
+  # The thresholds and the scale through a barrier of this pass and part: their broadcasts
+  # to the weights' shape would otherwise be instructions shared by every pass (and, under
+  # one global threshold, every part of a shape), and XLA:CPU stores a broadcast that its
+  # library reductions share (a weights-sized buffer) rather than compute it in each.
+  thresholds, scale = fresh((thresholds, scale), jnp.int32(index))
   rows = part.values(thresholds).reshape(rows_shape(part.shape, part.unit_axes))
   if sample:
     rows = rows[..., ::SAMPLE_STRIDE, :]
@@ -153,8 +158,11 @@ def _part_counts(
   scale = unit_shaped(part, scale, rows.ndim)
   scaled = rows * scale[..., :1] * scale[..., 1:]
   if below_tiny:
-    lift = jnp.float32(2.0**100)
-    scaled = jnp.minimum(scaled, numerics.step_ulps(jnp.float32(numerics.TINY), -1)) * lift
+    # The constants through the barrier as well, for the same reason.
+    cap, lift = fresh(
+      (numerics.step_ulps(jnp.float32(numerics.TINY), -1), jnp.float32(2.0**100)), thresholds
+    )
+    scaled = jnp.minimum(scaled, cap) * lift
     probes = probes * lift
   # floor(v - t) is -1 below t and 0 above, for v and t in [0, 1): see numerics.
   flags = jnp.floor(scaled[..., None, :] - probes)
@@ -195,8 +203,8 @@ def counts(
   pieces = layout.pieces(thresholds)
   flags = [None] * len(layout.parts) if active is None else layout.pieces(active[:, None])
 
-  def part_counts(part, scale, probes, flag):
-    count = functools.partial(_part_counts, part, scale, probes, sample, below_tiny)
+  def part_counts(index, part, scale, probes, flag):
+    count = functools.partial(_part_counts, part, scale, probes, sample, below_tiny, index)
     if flag is None:
       return count()
     return lax.cond(
@@ -204,7 +212,10 @@ def counts(
     )
 
   below = layout.join(
-    [part_counts(*args) for args in zip(layout.parts, scales, pieces, flags, strict=True)]
+    [
+      part_counts(i, *args)
+      for i, args in enumerate(zip(layout.parts, scales, pieces, flags, strict=True))
+    ]
   )
   return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
 

@@ -115,10 +115,13 @@ class MagnitudeRule:
       if spec.nm is None:
         magnitude.append(j)
         continue
-      w = weights[j](None)
-      finite = jnp.all(jnp.isfinite(w))
+      # Two reads of the weights, each computed where it is read: the sum of w - w is
+      # NaN exactly when a weight is NaN or infinite (arithmetic, which XLA:CPU fuses
+      # into the reduction; a compare there would store a bool per weight).
+      w = weights[j](jnp.int32(0)).astype(jnp.float32)
+      finite = jnp.isfinite(jnp.sum(w - w))
       skips += (~finite).astype(jnp.int32)
-      mask = nm_lib.nm_mask(w, *spec.nm, axis=-2, name=spec.name)  # the input axis of kernels
+      mask = nm_lib.nm_mask(weights[j](None), *spec.nm, axis=-2, name=spec.name)  # kernels' input axis
       new_masks[j] = jnp.where(finite, mask, old_masks[j])
     if not magnitude:
       return new_masks, jax.tree.unflatten(treedef, new_thresholds), skips

@@ -141,9 +141,6 @@ def update_masks(
   layout = counting.Layout(
     tuple(_own_part(v, pooling, global_threshold) for v in variables), shared=global_threshold
   )
-  search_layout = layout
-  if global_threshold and search == 'fixed':
-    search_layout = _stacked_by_shape(layout, variables)
   # Each variable's maxima per layer, in the variables' order (Inf where a NaN is).
   part_max = counting.part_maxima(
     dataclasses.replace(
@@ -167,9 +164,9 @@ def update_masks(
   else:
     sparsity = jnp.concatenate([jnp.reshape(s, (-1,)) for s in sparsity])
   if threshold_method == 'histogram':
-    current = thresholds.histogram_thresholds(search_layout, safe_max, sparsity, nbins, search)
+    current = thresholds.histogram_thresholds(layout, safe_max, sparsity, nbins, search)
   else:
-    current = thresholds.exact_thresholds(search_layout, safe_max, sparsity, search)
+    current = thresholds.exact_thresholds(layout, safe_max, sparsity, search)
   if global_threshold:  # one threshold, the same (1,) array for every variable
     current = [current[0]] * len(variables)
   pieces = []
@@ -213,35 +210,6 @@ def _own_part(variable: Variable, pooling: str, global_threshold: bool) -> count
     0 if global_threshold else variable.layer_axes,
     signed=variable.values,
   )
-
-
-def _stacked_by_shape(layout: counting.Layout, variables: Sequence[Variable]) -> counting.Layout:
-  """The global layout with the leaves of one shape stacked into one part.
-
-  Under one global threshold every part is counted against the same candidates, and
-  XLA:CPU stores their broadcast (candidates x weights) once for all the parts of a
-  shape rather than read it in each part's reduction; a stack of those parts has one
-  reduction. The stack is a copy of the weights, made once per mask update.
-  """
-  groups: dict[tuple[Any, ...], list[int]] = {}
-  for i, (part, v) in enumerate(zip(layout.parts, variables, strict=True)):
-    groups.setdefault((part.shape, v.is_blocked()), []).append(i)
-  parts = []
-  for members in groups.values():
-    if len(members) == 1:
-      parts.append(layout.parts[members[0]])
-    elif variables[members[0]].is_blocked():  # pooled scores: float32 already
-      stack = jnp.stack([layout.parts[i].values(None) for i in members])
-      parts.append(counting.Part(lambda token, s=stack: counting.fresh(s, token), stack.shape))
-    else:
-      stack = jnp.stack([variables[i].values(None) for i in members])
-      parts.append(
-        counting.Part(
-          lambda token, s=stack: jnp.abs(counting.fresh(s, token).astype(jnp.float32)),
-          stack.shape,
-        )
-      )
-  return counting.Layout(tuple(parts), shared=True)
 
 
 def _layer_shaped(variable: Variable, per_layer: Array, ndim: int) -> Array:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxprune import _ranking as ranking
 
@@ -113,7 +114,36 @@ def nm_mask(
   magnitudes = jnp.abs(weights)
   if jnp.issubdtype(magnitudes.dtype, jnp.inexact):
     magnitudes = jnp.where(jnp.isnan(magnitudes), jnp.inf, magnitudes)
-  return nm_mask_from_scores(magnitudes, n, m, axis, name=name)
+  if m > _COMPARED_M:
+    return nm_mask_from_scores(magnitudes, n, m, axis, name=name)
+  axis = _check(tuple(magnitudes.shape), n, m, axis, name)
+  return _highest_by_comparison(magnitudes, n, m, axis)
+
+
+# Up to this group size, `nm_mask` ranks each group by comparing its members pairwise.
+_COMPARED_M = 32
+
+
+def _highest_by_comparison(magnitudes: jax.Array, n: int, m: int, axis: int) -> jax.Array:
+  """`nm_mask_from_scores` for scores without NaN or -0.0 (magnitudes), in place.
+
+  An entry's rank is the number of members of its group above it, or equal to it at
+  a lower index, and it is kept when that is below `n`: the sort's order, with no
+  transpose, no sort and no index arrays (two int32 arrays the size of the weights).
+  """
+  shape = magnitudes.shape
+  groups = magnitudes.reshape(shape[:axis] + (shape[axis] // m, m) + shape[axis + 1 :])
+  members = [lax.index_in_dim(groups, j, axis + 1) for j in range(m)]
+  kept = []
+  for i, member in enumerate(members):
+    above = [
+      (other >= member) if j < i else (other > member)
+      for j, other in enumerate(members)
+      if j != i
+    ]
+    rank = sum(a.astype(jnp.int32) for a in above)
+    kept.append(rank < n)
+  return jnp.stack(kept, axis=axis + 1).reshape(shape)
 
 
 def nm_mask_from_scores(

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 import optax
-from jax import Array
+from jax import Array, lax
 
 from jaxprune import _counting as counting
 from jaxprune import _leafwise as leafwise
@@ -39,11 +39,14 @@ class Source:
       `counting.fresh`, see `masks.Variable`).
     params: `operands -> [array]`, the pruned leaves of the params the step starts
       from (for the moved-weights check).
+    carried: `operands -> [array]`, what the conditional hands back unchanged, for the
+      step to read after it (see `from_updates`).
   """
 
   operands: Any
   weights: Callable[[Any], list[Callable[[Any], Array]]]
   params: Callable[[Any], list[Array]]
+  carried: Callable[[Any], list[Array]] = lambda operands: []
 
 
 def from_params(params: PyTree, pruned: list[int]) -> Source:
@@ -54,7 +57,9 @@ def from_params(params: PyTree, pruned: list[int]) -> Source:
 
 def from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> Source:
   """The chained form: the weights as `optax.apply_updates` will store them
-  (docs/explanation/semantics.md#applying-the-masks), recomputed in each pass."""
+  (docs/explanation/semantics.md#applying-the-masks), recomputed in each pass from the
+  params and the updates, which the conditional reads and so stores (once: it carries
+  them out for the masking)."""
 
   def weights(operands):
     def stored(p, u, token):
@@ -65,7 +70,12 @@ def from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> Source:
 
   param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
   operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])
-  return Source(operands, weights, lambda operands: operands[0])
+  # The masking after the conditional reads the updates it carries out: XLA:CPU would
+  # otherwise recompute the optimizer's last stage there (Adam's product with the
+  # learning rate) and store its input too, besides the updates the conditional reads.
+  return Source(
+    operands, weights, lambda operands: operands[0], lambda o: lax.optimization_barrier(o[1])
+  )
 
 
 def from_optimizer(

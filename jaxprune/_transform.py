@@ -210,10 +210,10 @@ class _Engine:
 
   def step(
     self, state: PruningState, params: PyTree, source: sources.Source
-  ) -> tuple[PyTree, PruningState]:
-    """(masks, new state) of one step: the schedule, the gating
-    (docs/explanation/semantics.md#gating), and the rule's mask update under a
-    conditional that reads only `source.operands`.
+  ) -> tuple[PyTree, list[Array], PruningState]:
+    """(masks, `source.carried` out of the conditional, new state) of one step: the
+    schedule, the gating (docs/explanation/semantics.md#gating), and the rule's mask
+    update under a conditional that reads only `source.operands`.
     """
     hparams, rule = self.hparams, self.rule(params)
     step = state.step
@@ -236,21 +236,24 @@ class _Engine:
     def recompute(operands):
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
       moved = (step > 0) & order.any_moved(old_masks, source.params(operands))
-      return [bits.packed(m) for m in masks], thresholds, skips, moved.astype(jnp.int32)
+      packed = [bits.packed(m) for m in masks]
+      return packed, thresholds, skips, moved.astype(jnp.int32), source.carried(operands)
 
-    def keep(_):
+    def keep(operands):
       packed = [jnp.zeros(bits.packed_shape(m.shape), jnp.uint8) for m in old_masks]
-      return packed, old_thresholds, jnp.int32(0), jnp.int32(0)
+      return packed, old_thresholds, jnp.int32(0), jnp.int32(0), source.carried(operands)
 
     # The new masks leave the conditional as bits (1/8 byte a weight) and are unpacked
     # where the updates are masked: no mask-sized buffer is copied out of it.
-    packed, new_thresholds, skips, moved = lax.cond(do_update, recompute, keep, source.operands)
+    packed, new_thresholds, skips, moved, carried = lax.cond(
+      do_update, recompute, keep, source.operands
+    )
     new_masks = [
       jnp.where(do_update, bits.unpacked(p, m.shape), m)
       for p, m in zip(packed, old_masks, strict=True)
     ]
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
-    return masks, PruningState(
+    return masks, carried, PruningState(
       step=optax.safe_increment(step),
       last_update_step=jnp.where(do_update, step, state.last_update_step),
       masks=masks,
@@ -321,7 +324,12 @@ def pruning(
       if engine.hparams.mask_source == 'params'
       else sources.from_updates(params, updates, pruned)
     )
-    masks, state = engine.step(state, params, source)
+    masks, carried, state = engine.step(state, params, source)
+    if carried:  # the pruned leaves' updates, read out of the conditional
+      leaves, treedef = jax.tree.flatten(updates)
+      for i, leaf in zip(pruned, carried, strict=True):
+        leaves[i] = leaf
+      updates = jax.tree.unflatten(treedef, leaves)
     return _masked(masks, updates, params), state
 
   return optax.GradientTransformation(engine.init, update_fn)
@@ -383,7 +391,7 @@ def pruned(
       if engine.hparams.mask_source == 'params'
       else sources.from_optimizer(optimizer, grads, inner, params, pruned, extra_args)
     )
-    masks, pruning_state = engine.step(pruning_state, params, source)
+    masks, _, pruning_state = engine.step(pruning_state, params, source)
     inner = _ordered_after(inner, pruning_state.nonfinite_skips)
     updates, inner = optimizer.update(grads, inner, params, **extra_args)
     return _masked(masks, updates, params), (inner, pruning_state)

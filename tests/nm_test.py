@@ -66,6 +66,19 @@ def test_matches_reference(shape, n, m, axis):
   assert bool(nm.is_nm_sparse(jnp.where(got, w, 0.0), n, m, axis))
 
 
+@pytest.mark.parametrize('n, m', [(2, 4), (1, 8), (5, 16), (31, 32), (3, 64)])
+def test_comparison_ranks_as_the_sort(n, m):
+  # nm_mask ranks groups of up to 32 by pairwise comparison, larger ones by sorting
+  # the scores: the same masks, with ties, zeros, infinities and NaN (ranked as inf).
+  rng = np.random.default_rng(m)
+  w = np.round(rng.normal(size=(2 * m, 3)), 1).astype(np.float32)
+  w[::5, 0], w[1::7, 1], w[2::9, 2] = 0.0, np.inf, np.nan
+  magnitudes = np.where(np.isnan(w), np.inf, np.abs(w))
+  expected = nm.nm_mask_from_scores(jnp.asarray(magnitudes), n, m)
+  np.testing.assert_array_equal(nm.nm_mask(jnp.asarray(w), n, m), expected)
+  np.testing.assert_array_equal(nm.nm_mask(jnp.asarray(w), n, m), reference_nm(magnitudes, n, m, 0))
+
+
 def test_jit_and_bfloat16():
   rng = np.random.default_rng(0)
   w = rng.normal(size=(16, 8)).astype(np.float32)

@@ -31,11 +31,12 @@ METHOD_LAYOUTS = [
 # (the conv kernel's 3*3*16 rows) for each of the search's candidate thresholds;
 # a whole weight is 2,048 to 8,192 values.
 MAX_ALL_REDUCE = 144 * brackets.PROBES
+DEVICES = 8
 
 
 def run_script(*args: str) -> dict:
   """Runs tests/sharding_multidevice.py with 8 simulated CPU devices; its JSON output."""
-  env = cpu_devices.env(8)
+  env = cpu_devices.env(DEVICES)
   result = subprocess.run(
     [sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=600
   )
@@ -80,7 +81,11 @@ def test_masks_sharded_like_params_and_thresholds_replicated(request, method, la
 def test_compiled_hlo_has_only_small_reductions(request, method, layout):
   result = request.getfixturevalue(method)[layout]
   kinds = set(result['collective_counts'])
-  assert not kinds & {'all-gather', 'all-to-all', 'reduce-scatter'}, result['collectives']
+  assert not kinds & {'all-to-all', 'reduce-scatter'}, result['collectives']
+  # The moved-weights check is a reduce of two operands (it stores nothing on XLA:CPU),
+  # which the partitioner finishes by gathering one partial result per device.
+  gathers = [c for c in result['collectives'] if c.startswith('all-gather')]
+  assert all(_elements(c) <= DEVICES for c in gathers), result['collectives']
   reductions = [c for c in result['collectives'] if c.startswith('all-reduce')]
   if layout == 'data_parallel':
     assert result['collectives'] == []  # replicated params: nothing crosses devices
