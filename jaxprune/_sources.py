@@ -18,7 +18,6 @@ import optax
 from jax import Array, lax
 
 from jaxprune import _counting as counting
-from jaxprune import _leafwise as leafwise
 from jaxprune import _updates as updates_lib
 
 PyTree = Any
@@ -87,19 +86,17 @@ def from_optimizer(
   extra_args: dict[str, Any],
 ) -> Source:
   """`pruned`: the stored weights, recomputed from the gradients, the optimizer state and
-  the params (in memory anyway) only when the update runs, and there in every pass that
-  reads them (`leafwise.recomputed`): no copy of them is stored."""
-
-  def searched(grads, inner, params, extra_args):
-    updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
-    leaves = jax.tree.leaves(params)
-    return [updates_lib.searched_weight(leaves[i], updates[i]) for i in pruned]
+  the params (in memory anyway) only when the update runs, and stored once there, so
+  that every counting pass reads one array per leaf."""
 
   def weights(operands):
-    return leafwise.recomputed(searched, operands, range(len(pruned)))
+    grads, inner, params = operands
+    updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
+    leaves = jax.tree.leaves(params)
+    return _weights_of([updates_lib.stored_weight(leaves[i], updates[i]) for i in pruned])
 
   return Source(
-    (grads, inner, params, extra_args),
+    (grads, inner, params),
     weights,
     lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned],
   )

@@ -52,20 +52,6 @@ def stored_weight(params: Array, updates: Array, *, inline: bool = True) -> Arra
   return as_stored(params + jnp.where(keep, rounded(updates), -params), params.dtype)
 
 
-def searched_weight(params: Array, updates: Array) -> Array:
-  """`stored_weight(params, updates)` (inline) where it is finite, NaN where not: what the
-  threshold searches read, in arithmetic that XLA:CPU fuses into their reductions.
-
-  XLA:CPU fuses no select into a reduction's input; `stored_weight`'s would make every
-  counting pass read a stored copy of the weights. Here `0 * p` is added to the rounded
-  update in its place: that sum is the rounded update exactly (its sign of zero
-  included, even where the add is fused into a multiply-add) for a finite `p`, and NaN
-  for a non-finite one, so `p + it` is not fused into a multiply-add either. Non-finite
-  weights (Inf here, where the step stores Inf) only tell the searches to skip a unit.
-  """
-  return as_stored(params + (rounded(updates) + params * 0), params.dtype)
-
-
 def masked_update(mask: Array, updates: Array, params: Array) -> Array:
   """The update after which the weights outside `mask` are exactly zero and the others
   exactly `stored_weight(params, updates)`: `where(mask, updates, -params)`."""
