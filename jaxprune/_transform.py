@@ -275,8 +275,8 @@ def pruning(
   """Gradual magnitude pruning with TF `model_pruning` semantics, as an optax transform.
 
   Chain it after the optimizer: `optax.chain(optax.adam(1e-3), pruning(hparams))`.
-  `pruned(optax.adam(1e-3), hparams)` gives the same masks and params and is
-  cheaper on steps without a mask update (see its docstring).
+  `pruned(optax.adam(1e-3), hparams)` gives the same masks and params and cannot
+  be put before the optimizer by mistake (see its docstring).
 
   Args:
     hparams: from `get_pruning_hparams()` / `parse_hparams(...)`, a dict of
@@ -349,12 +349,13 @@ def pruned(
   The same masks, thresholds and params, bit for bit, as
   `optax.chain(optimizer, pruning(hparams, ...))`, and the same state (a tuple
   `(optimizer state, PruningState)`, so checkpoints of either form restore into
-  the other). It is cheaper: the chained form must keep the optimizer's
-  updates in a buffer of their own for the mask update's conditional to read,
-  every step; here the conditional reads the gradients, the optimizer state and
-  the params, which are in memory anyway, and recomputes the updates only when
-  it runs. Steps without a mask update then cost what the optimizer alone costs
-  plus one read of the masks.
+  the other). The chained form keeps the optimizer's updates in a buffer of their
+  own, every step, for the mask update's conditional to read; here the conditional
+  reads the gradients, the optimizer state and the params, which are in memory
+  anyway, and recomputes the updates only when it runs. Either way the update step
+  stores the weights it thresholds once. Which form is faster depends on the model
+  (docs/benchmarks.md: on the CPU `pruned` waits for the whole backward pass before
+  the optimizer runs; the chained form writes and reads the updates once more).
 
   Args:
     optimizer: any optax transform, e.g. `optax.adam(1e-3)`.
