@@ -12,13 +12,20 @@ import jax
 def interleaved(
   candidates: dict[str, Callable[[], object]], rounds: int, rounds_for: dict[str, int] | None = None
 ) -> dict[str, float]:
-  """Median seconds per call of each candidate, timed in turns after a warm-up call."""
+  """Median seconds per call of each candidate, timed in turns after a warm-up call.
+
+  Each round starts one candidate further on, so that every candidate is timed after
+  each of the others (a call runs slower after some neighbours: two identical compiled
+  steps differed by 25% in a fixed order).
+  """
   rounds_for = rounds_for or {}
   for fn in candidates.values():
     jax.block_until_ready(fn())
   times: dict[str, list[float]] = {name: [] for name in candidates}
+  names = list(candidates)
   for r in range(rounds):
-    for name, fn in candidates.items():
+    for name in names[r % len(names) :] + names[: r % len(names)]:
+      fn = candidates[name]
       if r >= rounds_for.get(name, rounds):
         continue
       start = time.perf_counter()

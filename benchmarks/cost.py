@@ -99,7 +99,7 @@ class Sizes:
   lm_batch: int = 16
   lm_vocab: int = 256
   steps_per_call: int = 10
-  rounds: int = 5
+  rounds: int = 6  # a full turn of the six step candidates
   full_layers: int = 12
   full_width: int = 768
   full_vocab: int = 50257

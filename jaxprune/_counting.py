@@ -138,7 +138,12 @@ def unit_shaped(part: Part, per_unit: Array, ndim: int) -> Array:
 
 
 def _part_counts(
-  part: Part, scale: Array, thresholds: Array, sample: bool, below_tiny: bool = False, index: int = 0
+  part: Part,
+  scale: Array,
+  thresholds: Array,
+  sample: bool,
+  below_tiny: bool = False,
+  index: int = 0,
 ) -> Array:
   """(units of the part, J) int32 counts of `values * scale >= threshold`, minus the size.
 

@@ -121,7 +121,8 @@ class MagnitudeRule:
       w = weights[j](jnp.int32(0)).astype(jnp.float32)
       finite = jnp.isfinite(jnp.sum(w - w))
       skips += (~finite).astype(jnp.int32)
-      mask = nm_lib.nm_mask(weights[j](None), *spec.nm, axis=-2, name=spec.name)  # kernels' input axis
+      # Along the kernels' input axis.
+      mask = nm_lib.nm_mask(weights[j](None), *spec.nm, axis=-2, name=spec.name)
       new_masks[j] = jnp.where(finite, mask, old_masks[j])
     if not magnitude:
       return new_masks, jax.tree.unflatten(treedef, new_thresholds), skips

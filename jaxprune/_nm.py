@@ -137,9 +137,7 @@ def _highest_by_comparison(magnitudes: jax.Array, n: int, m: int, axis: int) -> 
   kept = []
   for i, member in enumerate(members):
     above = [
-      (other >= member) if j < i else (other > member)
-      for j, other in enumerate(members)
-      if j != i
+      (other >= member) if j < i else (other > member) for j, other in enumerate(members) if j != i
     ]
     rank = sum(a.astype(jnp.int32) for a in above)
     kept.append(rank < n)

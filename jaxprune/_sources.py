@@ -1,9 +1,8 @@
 """Where a step's mask update reads the pruned leaves (semantics.md#applying-the-masks).
 
 The mask update runs under the step's conditional, which stores what it reads. Each
-source names what that is: the params alone (`mask_source='params'`), the params and the
-chained form's updates, or, for `pruned`, the gradients, the optimizer state and the
-params, from which the optimizer's updates are recomputed only when the update runs.
+source names what that is: the params alone (`mask_source='params'`), or the params and
+the optimizer's updates (both forms: `pruned` runs its optimizer first).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import optax
 from jax import Array, lax
 
 from jaxprune import _counting as counting
@@ -74,29 +72,4 @@ def from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> Source:
   # learning rate) and store its input too, besides the updates the conditional reads.
   return Source(
     operands, weights, lambda operands: operands[0], lambda o: lax.optimization_barrier(o[1])
-  )
-
-
-def from_optimizer(
-  optimizer: optax.GradientTransformation,
-  grads: PyTree,
-  inner: Any,
-  params: PyTree,
-  pruned: list[int],
-  extra_args: dict[str, Any],
-) -> Source:
-  """`pruned`: the stored weights, recomputed from the gradients, the optimizer state and
-  the params (in memory anyway) only when the update runs, and stored once there, so
-  that every counting pass reads one array per leaf."""
-
-  def weights(operands):
-    grads, inner, params = operands
-    updates = jax.tree.leaves(optimizer.update(grads, inner, params, **extra_args)[0])
-    leaves = jax.tree.leaves(params)
-    return _weights_of([updates_lib.stored_weight(leaves[i], updates[i]) for i in pruned])
-
-  return Source(
-    (grads, inner, params),
-    weights,
-    lambda operands: [jax.tree.leaves(operands[2])[i] for i in pruned],
   )

@@ -154,17 +154,6 @@ def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
   )
 
 
-def _ordered_after(tree: PyTree, token: Array) -> PyTree:
-  """`tree` unchanged, but computed from `token` (a count >= 0) as far as XLA can tell.
-
-  The mask update reads the optimizer state; the optimizer then overwrites that
-  state in place (donated buffers). Without a data dependency XLA may run the
-  optimizer first and must copy the whole state for the conditional to read.
-  A select on `token < 0` (never true) orders it for the cost of a fused compare.
-  """
-  return jax.tree.map(lambda x: jnp.where(token < 0, jnp.zeros_like(x), x), tree)
-
-
 class _Engine:
   """What `pruning` and `pruned` share: hparams, the rule, the state, one masking step."""
 
@@ -253,15 +242,37 @@ class _Engine:
       for p, m in zip(packed, old_masks, strict=True)
     ]
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
-    return masks, carried, PruningState(
-      step=optax.safe_increment(step),
-      last_update_step=jnp.where(do_update, step, state.last_update_step),
-      masks=masks,
-      thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
-      nonfinite_skips=state.nonfinite_skips + skips,
-      sparsity=global_sparsity,
-      moved_updates=state.moved_updates + moved,
+    return (
+      masks,
+      carried,
+      PruningState(
+        step=optax.safe_increment(step),
+        last_update_step=jnp.where(do_update, step, state.last_update_step),
+        masks=masks,
+        thresholds=jax.tree.unflatten(jax.tree.structure(state.thresholds), new_thresholds),
+        nonfinite_skips=state.nonfinite_skips + skips,
+        sparsity=global_sparsity,
+        moved_updates=state.moved_updates + moved,
+      ),
     )
+
+  def masked(
+    self, state: PruningState, params: PyTree, updates: PyTree
+  ) -> tuple[PyTree, PruningState]:
+    """(updates after which pruned weights are zero, new state): one step's schedule,
+    mask update (`step`) and masking of the optimizer's `updates`."""
+    pruned = _pruned_indices(state)
+    if self.hparams.mask_source == 'params':
+      source = sources.from_params(params, pruned)
+    else:
+      source = sources.from_updates(params, updates, pruned)
+    masks, carried, state = self.step(state, params, source)
+    if carried:  # the pruned leaves' updates, read out of the conditional
+      leaves, treedef = jax.tree.flatten(updates)
+      for i, leaf in zip(pruned, carried, strict=True):
+        leaves[i] = leaf
+      updates = jax.tree.unflatten(treedef, leaves)
+    return _masked(masks, updates, params), state
 
 
 def pruning(
@@ -318,19 +329,7 @@ def pruning(
     params = need_params(params, 'jaxprune.pruning')
     order.warn_if_followed_in_a_chain('jaxprune.pruning')
     _check_like_init(state, params, updates)
-    pruned = _pruned_indices(state)
-    source = (
-      sources.from_params(params, pruned)
-      if engine.hparams.mask_source == 'params'
-      else sources.from_updates(params, updates, pruned)
-    )
-    masks, carried, state = engine.step(state, params, source)
-    if carried:  # the pruned leaves' updates, read out of the conditional
-      leaves, treedef = jax.tree.flatten(updates)
-      for i, leaf in zip(pruned, carried, strict=True):
-        leaves[i] = leaf
-      updates = jax.tree.unflatten(treedef, leaves)
-    return _masked(masks, updates, params), state
+    return engine.masked(state, params, updates)
 
   return optax.GradientTransformation(engine.init, update_fn)
 
@@ -349,13 +348,9 @@ def pruned(
   The same masks, thresholds and params, bit for bit, as
   `optax.chain(optimizer, pruning(hparams, ...))`, and the same state (a tuple
   `(optimizer state, PruningState)`, so checkpoints of either form restore into
-  the other). The chained form keeps the optimizer's updates in a buffer of their
-  own, every step, for the mask update's conditional to read; here the conditional
-  reads the gradients, the optimizer state and the params, which are in memory
-  anyway, and recomputes the updates only when it runs. Either way the update step
-  stores the weights it thresholds once. Which form is faster depends on the model
-  (docs/benchmarks.md: on the CPU `pruned` waits for the whole backward pass before
-  the optimizer runs; the chained form writes and reads the updates once more).
+  the other), at the same cost: it runs `optimizer`, then the chained form's
+  pruning step on its updates. What it adds is that pruning cannot be placed before
+  the optimizer by mistake, and that extra keyword arguments reach the optimizer.
 
   Args:
     optimizer: any optax transform, e.g. `optax.adam(1e-3)`.
@@ -386,15 +381,8 @@ def pruned(
     order.warn_if_followed_in_a_chain('jaxprune.pruned')
     inner, pruning_state = state
     _check_like_init(pruning_state, params, grads)
-    pruned = _pruned_indices(pruning_state)
-    source = (
-      sources.from_params(params, pruned)
-      if engine.hparams.mask_source == 'params'
-      else sources.from_optimizer(optimizer, grads, inner, params, pruned, extra_args)
-    )
-    masks, _, pruning_state = engine.step(pruning_state, params, source)
-    inner = _ordered_after(inner, pruning_state.nonfinite_skips)
     updates, inner = optimizer.update(grads, inner, params, **extra_args)
-    return _masked(masks, updates, params), (inner, pruning_state)
+    updates, pruning_state = engine.masked(pruning_state, params, updates)
+    return updates, (inner, pruning_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

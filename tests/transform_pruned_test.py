@@ -1,10 +1,9 @@
 """`jaxprune.pruned(optimizer, hparams)` equals `optax.chain(optimizer, pruning(hparams))`.
 
-The wrapping form recomputes the optimizer's updates inside the mask update's
-conditional instead of reading a stored copy of them; these tests hold it to
-the chained form bit for bit (masks, thresholds, params, optimizer state) over
-runs with several mask updates, for every rule and map, and check that the
-compiled step reads the optimizer state in place.
+The wrapping form runs the optimizer, then the chained form's pruning step on its
+updates; these tests hold it to the chained form bit for bit (masks, thresholds,
+params, optimizer state) over runs with several mask updates, for every rule and
+map, and check that the compiled step reads the optimizer state in place.
 """
 
 from __future__ import annotations
@@ -98,7 +97,7 @@ def test_pruned_in_bfloat16_thresholds_the_stored_weights():
 
 
 def test_pruned_works_with_an_optimizer_that_mixes_leaves():
-  """clip_by_global_norm reads every gradient: the recomputed updates must too.
+  """clip_by_global_norm reads every gradient, and pruned hands them all to it.
 
   The masks and thresholds are the chained form's; the params agree to an ulp
   (XLA:CPU may fuse momentum's multiply-add differently in the two programs,
