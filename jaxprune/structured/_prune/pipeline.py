@@ -33,7 +33,7 @@ from jaxprune.structured._prune import distance, misuse, models, options
 from jaxprune.structured._prune.distance import DenseDistance
 from jaxprune.structured._prune.options import Calibration, LinenOptions
 from jaxprune.structured._select import importance as importance_lib
-from jaxprune.structured._select import selectors
+from jaxprune.structured._select import selectors, targets
 from jaxprune.structured._shrink import flax_rebuild
 from jaxprune.structured._shrink.apply import apply_plan
 from jaxprune.structured._shrink.verify import (
@@ -165,7 +165,7 @@ def _check_arguments(
     raise ValueError(
       'prune: give example inputs, prune(model, x, ...): the model is traced at them.'
     )
-  selectors.check_target(
+  targets.check_target(
     ratio=ratio, flops_target=flops_target, scope=scope, search=search, constraint=constraint
   )
   importance_lib.check_method(importance, extra=('taylor',))

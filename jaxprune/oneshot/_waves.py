@@ -1,0 +1,90 @@
+"""The order one-shot pruning visits layers in: wave k reads only outputs of waves below k.
+
+`_layers.layers_and_reasons` finds the layers and what each reads (its uses' taint);
+a layer's wave is its longest path in that graph, which stays linear in the number
+of steps for a stack of scanned layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+
+def waves(found: dict[int, list[Any]], scans: dict[Any, Any]) -> dict[Hashable, int]:
+  """The wave of each layer: `(leaf, None)`, or `(leaf, i)` for slice i of a stack.
+
+  A layer's wave is one more than the largest wave of the layers it reads, slice i
+  of a stack reads its own step's slices (`('cur', leaf)`) and, through the
+  carry, every slice of the steps before it (`('prev', leaf)`): a helper node
+  `('before', leaf, i)` stands for those, the largest wave among them, so that
+  the graph stays linear in the number of steps.
+  """
+  stacks = {leaf: uses[0].stack for leaf, uses in found.items()}
+
+  def before(leaf: int, i: int) -> int | None:
+    """The slice of `leaf` run just before slice `i`, or None for the first one run."""
+    layout = scans[stacks[leaf][0]]
+    j = i + 1 if layout.reverse else i - 1
+    return j if 0 <= j < layout.length else None
+
+  def reads(node: Hashable) -> Iterable[Hashable]:
+    if node[0] == 'before':
+      _, leaf, i = node
+      j = before(leaf, i)
+      return [] if j is None else [(leaf, j), ('before', leaf, j)]
+    leaf, i = node
+    out = []
+    for use in found[leaf]:
+      for t in use.taint:
+        if t[0] == 'cur':
+          out.append((t[1], i))
+        elif t[0] == 'prev':
+          out.append(('before', t[1], i))
+        else:
+          out.append(t)
+    return [r for r in out if r != node and (r[0] == 'before' or r[0] in found)]
+
+  nodes = [(leaf, None) for leaf, uses in found.items() if uses[0].stack is None]
+  nodes += [
+    (leaf, i)
+    for leaf, uses in found.items()
+    if uses[0].stack is not None
+    for i in range(scans[uses[0].stack[0]].length)
+  ]
+  return longest_paths(nodes, reads, lambda node: 0 if node[0] == 'before' else 1)
+
+
+def longest_paths(
+  nodes: Iterable[Hashable],
+  reads: Callable[[Hashable], Iterable[Hashable]],
+  step: Callable[[Hashable], int],
+) -> dict[Hashable, int]:
+  """`value(n) = step(n) + max(value(r) for r in reads(n))` (-1 for no reads), by an
+  explicit depth-first search (a stack of hundreds of layers is deeper than Python's
+  recursion); a read that closes a cycle (a weight used twice along a path) is left out."""
+  value: dict[Hashable, int] = {}
+  for start in nodes:
+    if start in value:
+      continue
+    stack = [(start, iter(reads(start)))]
+    on_path = {start}
+    best = {start: -1}
+    while stack:
+      node, pending = stack[-1]
+      for r in pending:
+        if r in value:
+          best[node] = max(best[node], value[r])
+        elif r not in on_path:
+          stack.append((r, iter(reads(r))))
+          on_path.add(r)
+          best[r] = -1
+          break
+      else:
+        stack.pop()
+        on_path.discard(node)
+        value[node] = best[node] + step(node)
+        if stack:
+          parent = stack[-1][0]
+          best[parent] = max(best[parent], value[node])
+  return {node: v for node, v in value.items() if node[0] != 'before'}
