@@ -111,37 +111,45 @@ def nm_mask(
     >>> jaxprune.nm_mask(kernel, 2, 4).ravel()
     Array([False,  True,  True, False], dtype=bool)
   """
+  if m > _COMPARED_M:
+    return nm_mask_from_scores(_magnitudes(weights), n, m, axis, name=name)
+  axis = _check(tuple(weights.shape), n, m, axis, name)
+  return _highest_by_comparison(weights, n, m, axis)
+
+
+def _magnitudes(weights: jax.Array) -> jax.Array:
+  """|w|, with NaN as the largest magnitude (+inf)."""
   magnitudes = jnp.abs(weights)
   if jnp.issubdtype(magnitudes.dtype, jnp.inexact):
     magnitudes = jnp.where(jnp.isnan(magnitudes), jnp.inf, magnitudes)
-  if m > _COMPARED_M:
-    return nm_mask_from_scores(magnitudes, n, m, axis, name=name)
-  axis = _check(tuple(magnitudes.shape), n, m, axis, name)
-  return _highest_by_comparison(magnitudes, n, m, axis)
+  return magnitudes
 
 
 # Up to this group size, `nm_mask` ranks each group by comparing its members pairwise.
 _COMPARED_M = 32
 
 
-def _highest_by_comparison(magnitudes: jax.Array, n: int, m: int, axis: int) -> jax.Array:
-  """`nm_mask_from_scores` for scores without NaN or -0.0 (magnitudes), in place.
+def _highest_by_comparison(weights: jax.Array, n: int, m: int, axis: int) -> jax.Array:
+  """`nm_mask_from_scores` of the weights' `_magnitudes`, in place.
 
   An entry's rank is the number of members of its group above it, or equal to it at
   a lower index, and it is kept when that is below `n`: the sort's order, with no
   transpose, no sort and no index arrays (two int32 arrays the size of the weights).
+  Member `i` meets member `(i + d) % m` in the group rolled by `d`; that member has the
+  lower index when the roll wrapped (`i >= m - d`). Every entry reads its group through
+  `m - 1` rolls, so XLA computes the magnitudes where they are compared (ranked member
+  by member, the weights were read too often in one kernel and stored).
   """
-  shape = magnitudes.shape
-  groups = magnitudes.reshape(shape[:axis] + (shape[axis] // m, m) + shape[axis + 1 :])
-  members = [lax.index_in_dim(groups, j, axis + 1) for j in range(m)]
-  kept = []
-  for i, member in enumerate(members):
-    above = [
-      (other >= member) if j < i else (other > member) for j, other in enumerate(members) if j != i
-    ]
-    rank = sum(a.astype(jnp.int32) for a in above)
-    kept.append(rank < n)
-  return jnp.stack(kept, axis=axis + 1).reshape(shape)
+  shape = weights.shape
+  groups = weights.reshape(shape[:axis] + (shape[axis] // m, m) + shape[axis + 1 :])
+  me = _magnitudes(groups)
+  index = lax.broadcasted_iota(jnp.int32, groups.shape, axis + 1)
+  rank = jnp.zeros(groups.shape, jnp.int32)
+  for d in range(1, m):
+    other = _magnitudes(jnp.roll(groups, -d, axis=axis + 1))
+    above = jnp.where(index >= m - d, other >= me, other > me)
+    rank = rank + above.astype(jnp.int32)
+  return (rank < n).reshape(shape)
 
 
 def nm_mask_from_scores(

@@ -97,8 +97,9 @@ def test_blocked_stores_the_blocked_leaves_magnitudes_once(temps, form, plan):
 @pytest.mark.slow
 @pytest.mark.parametrize('form', ['pruned', 'chained'])
 @pytest.mark.parametrize('plan', ['fixed', 'adaptive'])
-def test_nm_masks_rank_without_sorting(temps, form, plan):
-  # The ranking stores the N:M leaves' magnitudes (the two kernels, two thirds of the
-  # params) once. Before, a double argsort stored two int32 arrays of their size as well
-  # (GPT-2 shapes: 2.3x the params with pruned, 4.3x chained).
-  assert temps[f'nm_sparsity_map=[kernel:2:4] {plan} {form}'] <= 1 + 1 / 32 + 2 / 3 + 0.02
+def test_nm_masks_rank_without_sorting_or_storing_magnitudes(temps, form, plan):
+  # Each entry meets its group through m - 1 rolls, so the magnitudes are computed where
+  # they are compared. Ranked member by member, the kernels' magnitudes (two thirds of
+  # the params) were stored (1.67x); a double argsort stored two int32 arrays of their
+  # size as well (GPT-2 shapes: 2.3x the params with pruned, 4.3x chained).
+  assert temps[f'nm_sparsity_map=[kernel:2:4] {plan} {form}'] <= 1 + 1 / 32 + 0.02
