@@ -39,6 +39,12 @@ def _halving_sum(values: Array, axis: int) -> Array:
   order, whatever the shape of each device's shard. XLA's reduce picks its
   order per shape, so sharded and single-device block averages could differ in
   the last bit. Zero padding to a power of two adds exact zeros.
+
+  Each halving is a window of two (`x[i] + x[i + width]`, one order: 0 + x0 is x0 for
+  magnitudes, >= +0), which XLA computes in a loop over the window: a kernel computes
+  the magnitudes it reads once in its code, however large the block. As sums of slices,
+  a 4x4 block's kernel computed them 16 times, past XLA's limit of about 15, and XLA
+  stored the magnitudes instead.
   """
   size = values.shape[axis]
   width = 1 << (size - 1).bit_length()
@@ -48,9 +54,11 @@ def _halving_sum(values: Array, axis: int) -> Array:
     values = jnp.pad(values, padding)
   while width > 1:
     width //= 2
-    values = lax.slice_in_dim(values, 0, width, axis=axis) + lax.slice_in_dim(
-      values, width, 2 * width, axis=axis
-    )
+    halves = values.reshape(values.shape[:axis] + (2, width) + values.shape[axis + 1 :])
+    window = [1] * halves.ndim
+    window[axis] = 2
+    values = lax.reduce_window(halves, np.float32(0), lax.add, window, window, 'VALID')
+    values = lax.squeeze(values, (axis,))
   return lax.squeeze(values, (axis,))
 
 

@@ -89,9 +89,11 @@ def test_chained_stores_the_updates_once_and_the_masks_bits(temps, rule, plan):
 @pytest.mark.slow
 @pytest.mark.parametrize('form', ['pruned', 'chained'])
 @pytest.mark.parametrize('plan', ['fixed', 'adaptive'])
-def test_blocked_stores_the_blocked_leaves_magnitudes_once(temps, form, plan):
-  # Block pooling also stores the blocked leaf's magnitudes ('a', a third of the params).
-  assert temps[f'block_dims_map=[a:4x4] {plan} {form}'] <= 1 + 1 / 32 + 1 / 3 + 0.02
+def test_blocked_stores_the_pooled_magnitudes_not_the_weights(temps, form, plan):
+  # A 4x4 block's average read its 16 weights in one kernel, so XLA stored the blocked
+  # leaf's magnitudes ('a', a third of the params: 1.36x); its last halving is now a
+  # reduce, which stores the block averages (a 16th of 'a') and reads the weights 8 times.
+  assert temps[f'block_dims_map=[a:4x4] {plan} {form}'] <= 1 + 1 / 32 + 2 / 3 / 16 + 0.02
 
 
 @pytest.mark.slow
