@@ -6,9 +6,10 @@ conditional reads the optimizer's updates, stored once (1x; recomputing the opti
 every counting pass stores nothing, but XLA:CPU compiles a division by a scalar there as
 a multiplication by its reciprocal, so those weights would differ from the stored ones
 in the last bit), and the new masks leave it packed eight to a byte (1/32 of float32
-params). Nothing else the size of the weights, on every plan and rule. Measured in a
-subprocess with XLA's default optimizations (the suite turns most of them off to compile
-faster, and the buffers depend on them).
+params). Nothing else the size of the weights, on every plan and rule (block pooling
+stores the block averages, a 16th of its leaf). Measured in a subprocess with XLA's
+default optimizations (the suite turns most of them off to compile faster, and the
+buffers depend on them).
 """
 
 import json
