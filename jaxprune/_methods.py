@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _ranking as ranking
-from jaxprune._nm import nm_mask_from_scores, parse_nm
+from jaxprune._nm import nan_largest_magnitudes, nm_mask_from_scores, parse_nm
 
 
 @runtime_checkable
@@ -232,8 +232,5 @@ class NMStructured:
     parse_nm((self.n, self.m))
 
   def compute_mask(self, weights: jax.Array, previous_mask: jax.Array) -> jax.Array:
-    magnitudes = jnp.abs(weights)
-    if jnp.issubdtype(magnitudes.dtype, jnp.inexact):
-      magnitudes = jnp.where(jnp.isnan(magnitudes), jnp.inf, magnitudes)
-    scores = jnp.where(previous_mask, magnitudes, -1)
+    scores = jnp.where(previous_mask, nan_largest_magnitudes(weights), -1)
     return previous_mask & nm_mask_from_scores(scores, self.n, self.m, self.axis)

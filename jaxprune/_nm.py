@@ -112,13 +112,13 @@ def nm_mask(
     Array([False,  True,  True, False], dtype=bool)
   """
   if m > _COMPARED_M:
-    return nm_mask_from_scores(_magnitudes(weights), n, m, axis, name=name)
+    return nm_mask_from_scores(nan_largest_magnitudes(weights), n, m, axis, name=name)
   axis = _check(tuple(weights.shape), n, m, axis, name)
   return _highest_by_comparison(weights, n, m, axis)
 
 
-def _magnitudes(weights: jax.Array) -> jax.Array:
-  """|w|, with NaN as the largest magnitude (+inf)."""
+def nan_largest_magnitudes(weights: jax.Array) -> jax.Array:
+  """|w|, with NaN as the largest magnitude (+inf): the scores N:M masks rank."""
   magnitudes = jnp.abs(weights)
   if jnp.issubdtype(magnitudes.dtype, jnp.inexact):
     magnitudes = jnp.where(jnp.isnan(magnitudes), jnp.inf, magnitudes)
@@ -130,7 +130,7 @@ _COMPARED_M = 32
 
 
 def _highest_by_comparison(weights: jax.Array, n: int, m: int, axis: int) -> jax.Array:
-  """`nm_mask_from_scores` of the weights' `_magnitudes`, in place.
+  """`nm_mask_from_scores` of the weights' `nan_largest_magnitudes`, in place.
 
   An entry's rank is the number of members of its group above it, or equal to it at
   a lower index, and it is kept when that is below `n`: the sort's order, with no
@@ -142,11 +142,11 @@ def _highest_by_comparison(weights: jax.Array, n: int, m: int, axis: int) -> jax
   """
   shape = weights.shape
   groups = weights.reshape(shape[:axis] + (shape[axis] // m, m) + shape[axis + 1 :])
-  me = _magnitudes(groups)
+  me = nan_largest_magnitudes(groups)
   index = lax.broadcasted_iota(jnp.int32, groups.shape, axis + 1)
   rank = jnp.zeros(groups.shape, jnp.int32)
   for d in range(1, m):
-    other = _magnitudes(jnp.roll(groups, -d, axis=axis + 1))
+    other = nan_largest_magnitudes(jnp.roll(groups, -d, axis=axis + 1))
     above = jnp.where(index >= m - d, other >= me, other > me)
     rank = rank + above.astype(jnp.int32)
   return (rank < n).reshape(shape)
