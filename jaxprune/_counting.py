@@ -87,8 +87,16 @@ class Layout:
     """Each part's rows of a (units, ...) array."""
     if self.shared:
       return [per_unit] * len(self.parts)
-    bounds = np.cumsum([p.num_units for p in self.parts])[:-1]
-    return jnp.split(per_unit, bounds)
+    units = per_unit.shape[0]
+    rows = []
+    starts = np.cumsum([0] + [p.num_units for p in self.parts])[:-1]
+    for start, part in zip(starts, self.parts, strict=True):
+      # The window of _WINDOW units around the part (all units, when there are few).
+      lo = start // _WINDOW * _WINDOW
+      hi = min(units, -(-(start + part.num_units) // _WINDOW) * _WINDOW)
+      window = per_unit if (lo, hi) == (0, units) else per_unit[lo:hi]
+      rows.append(_rows(window, int(start - lo), part.num_units))
+    return rows
 
   def join(self, per_part: Sequence[Array]) -> Array:
     """The inverse of `pieces` for per-part (units of the part, ...) arrays;
@@ -111,6 +119,39 @@ class Layout:
         'variable, layer or global set may hold at most 2**31 - 1 weights.'
       )
     return sizes
+
+
+_SELECT_WIDTH = 32  # XLA:CPU splits a reduction over a longer axis into windows
+# Units a part's rows are selected from: a selection reads all of them, so many units
+# are first sliced into windows of this many (one slice per window, shared by its parts).
+_WINDOW = 256
+
+
+def _rows(per_unit: Array, start: int, count: int) -> Array:
+  """per_unit[start : start + count], exactly, selected by a constant mask and a max.
+
+  A slice's bounds are part of the code XLA compiles for it (as is a gather's at
+  constant indices, which XLA turns into a slice), so the slices of parts at different
+  offsets are different kernels, each compiled on its own; a mask is an operand, so
+  the selections of all parts of one size are one kernel, compiled once. The units
+  axis is read as (groups, 32), so that XLA keeps the reduction in one kernel.
+  """
+  units = per_unit.shape[0]
+  groups = -(-units // _SELECT_WIDTH)
+  tail = per_unit.shape[1:]
+  select = np.zeros((count, groups * _SELECT_WIDTH) + (1,) * len(tail), bool)
+  select[np.arange(count), start + np.arange(count)] = True
+  select = select.reshape((count, groups, _SELECT_WIDTH) + (1,) * len(tail))
+  if per_unit.dtype == jnp.bool_:
+    bits = per_unit
+  else:
+    # As unsigned bit patterns: the largest of one entry and zeros is that entry,
+    # whatever it holds.
+    bits = lax.bitcast_convert_type(per_unit, jnp.uint32)
+  bits = jnp.pad(bits, [(0, groups * _SELECT_WIDTH - units)] + [(0, 0)] * len(tail))
+  bits = bits.reshape((1, groups, _SELECT_WIDTH) + tail)
+  picked = jnp.max(jnp.where(select, bits, jnp.zeros((), bits.dtype)), axis=(1, 2))
+  return picked if per_unit.dtype == jnp.bool_ else lax.bitcast_convert_type(picked, per_unit.dtype)
 
 
 def rows_shape(shape: Sequence[int], unit_axes: int) -> tuple[int, ...]:
@@ -139,7 +180,7 @@ def unit_shaped(part: Part, per_unit: Array, ndim: int) -> Array:
 
 def _part_counts(
   part: Part,
-  scale: Array,
+  scale: tuple[Array, Array],
   thresholds: Array,
   sample: bool,
   below_tiny: bool = False,
@@ -160,8 +201,8 @@ def _part_counts(
   if sample:
     rows = rows[..., ::SAMPLE_STRIDE, :]
   probes = unit_shaped(part, thresholds, rows.ndim)[..., None]  # (..., J, 1)
-  scale = unit_shaped(part, scale, rows.ndim)
-  scaled = rows * scale[..., :1] * scale[..., 1:]
+  first, second = (unit_shaped(part, factor[:, None], rows.ndim) for factor in scale)
+  scaled = rows * first * second
   if below_tiny:
     # The constants through the barrier as well, for the same reason.
     cap, lift = fresh(
@@ -182,7 +223,7 @@ def _part_counts(
 
 def counts(
   layout: Layout,
-  scales: Sequence[Array],
+  scales: Sequence[tuple[Array, Array]],
   thresholds: Array,
   sample: bool = False,
   below_tiny: bool = False,
@@ -192,7 +233,7 @@ def counts(
 
   Args:
     layout: the parts.
-    scales: per part, (units of the part, 2) float32 powers of two whose product
+    scales: per part, two (units of the part,) float32 powers of two whose product
       maps each unit into [0, 1).
     thresholds: (units, J) float32 candidates, each 0 or >= numerics.TINY
       (below it with `below_tiny`).

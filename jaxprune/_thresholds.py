@@ -59,17 +59,14 @@ def resolve_search(mask_search: str) -> str:
   return 'adaptive' if jax.default_backend() == 'cpu' else 'fixed'
 
 
-def _scales(value_max: Array) -> tuple[Array, Array]:
-  """(exponent e, (units, 2) powers of two) with values * 2**-e in [0, 1), exactly.
+def _scales(value_max: Array) -> tuple[Array, tuple[Array, Array]]:
+  """(exponent e, two (units,) powers of two) with values * 2**-e in [0, 1), exactly.
 
   Two normal powers of two: a single 2**-128 would be subnormal, i.e. zero.
   """
   exponent = numerics.count_exponent(value_max)
   half = exponent // 2
-  factors = jnp.stack(
-    [numerics.power_of_two(-half), numerics.power_of_two(half - exponent)], axis=-1
-  )
-  return exponent, factors
+  return exponent, (numerics.power_of_two(-half), numerics.power_of_two(half - exponent))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,19 +80,19 @@ class _Scaling:
   value_max: Array  # (units,)
   exponent: Array  # (units,)
   scaled_max: Array  # (units,), in [0.5, 1)
-  part_scales: list[Array]  # per part, (units of the part, 2)
+  part_scales: list[tuple[Array, Array]]  # per part, two (units of the part,) factors
 
   @classmethod
   def of(cls, layout: counting.Layout, maxima: Sequence[Array]) -> _Scaling:
     """`maxima`: per part, or one (1,) array for a shared layout; finite and > 0."""
     per_part = [_scales(m) for m in maxima]
     exponent = jnp.concatenate([e for e, _ in per_part])
-    factors = jnp.concatenate([f for _, f in per_part])
+    first, second = (jnp.concatenate([f[i] for _, f in per_part]) for i in (0, 1))
     part_scales = (
       [per_part[0][1]] * len(layout.parts) if layout.shared else [f for _, f in per_part]
     )
     value_max = jnp.concatenate(list(maxima))
-    return cls(value_max, exponent, value_max * factors[:, 0] * factors[:, 1], part_scales)
+    return cls(value_max, exponent, value_max * first * second, part_scales)
 
 
 def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
@@ -322,7 +319,11 @@ def exact_thresholds(
 
 
 def _slow_search(
-  layout: counting.Layout, part_scales: Sequence[Array], kept: Array, exponent: Array, fixed: bool
+  layout: counting.Layout,
+  part_scales: Sequence[tuple[Array, Array]],
+  kept: Array,
+  exponent: Array,
+  fixed: bool,
 ) -> Array:
   """The k-th largest value of each unit, given that it lies below TINY after scaling.
 
@@ -357,7 +358,7 @@ def histogram_cdf(values: Array, value_max: float | Array, nbins: int) -> Array:
     (counting.Part(lambda token: counting.fresh(magnitudes, token), magnitudes.shape),)
   )
   _, scales = _scales(jnp.maximum(value_max, jnp.max(magnitudes))[None])
-  scaled_max = value_max * scales[0, 0] * scales[0, 1]
+  scaled_max = value_max * scales[0][0] * scales[1][0]
   edges = bin_edge(jnp.arange(1, nbins, dtype=jnp.int32), scaled_max, nbins)
   total = magnitudes.size
   counts = total - counting.counts(layout, [scales], edges[None])[0]

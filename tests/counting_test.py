@@ -16,7 +16,7 @@ def _part(values, unit_axes=0):
 
 
 def _unit_scale(units):
-  return jnp.ones((units, 2), jnp.float32)
+  return jnp.ones((units,), jnp.float32), jnp.ones((units,), jnp.float32)
 
 
 def _numpy_counts(values, thresholds):
@@ -62,7 +62,7 @@ def test_a_shared_unit_counts_all_parts_together():
 def test_scales_multiply_the_values():
   values = np.array([[0.5, 1.5], [3.0, 6.0]], np.float32)  # scaled by 1/8 into [0, 1)
   layout = counting.Layout((_part(values),))
-  scale = jnp.asarray([[0.5, 0.25]], jnp.float32)
+  scale = jnp.asarray([0.5], jnp.float32), jnp.asarray([0.25], jnp.float32)
   got = counting.counts(layout, [scale], jnp.asarray([[0.0625, 0.1875, 0.5]], jnp.float32))
   np.testing.assert_array_equal(got, [[4, 3, 1]])  # >= 0.5, 1.5, 4.0 before scaling
 
@@ -118,3 +118,24 @@ def test_part_maxima_sees_one_nan_in_a_large_array(shape):
   values[3, 7] = np.nan
   [maxima] = jax.jit(lambda v: counting.part_maxima(counting.Layout((_part(v),))))(values)
   assert np.isinf(maxima[0])
+
+
+def test_pieces_are_each_parts_rows_bit_for_bit():
+  # 280 units: past one window of selection (256), with a stacked part across its edge.
+  units = [1] * 250 + [20] + [1] * 10
+  parts = tuple(
+    counting.Part(lambda token: None, (n, 2, 2) if n > 1 else (2, 2), 1 if n > 1 else 0)
+    for n in units
+  )
+  layout = counting.Layout(parts)
+  rng = np.random.default_rng(5)
+  floats = rng.normal(size=(280, 3)).astype(np.float32)
+  floats[:4, 0] = [np.nan, -0.0, np.inf, -np.inf]
+  ints = rng.integers(-(2**31), 2**31 - 1, size=(280,), dtype=np.int32)
+  flags = rng.random((280, 1)) < 0.5
+  bounds = np.cumsum(units)[:-1]
+  for values in (floats, ints, flags):
+    got = jax.jit(layout.pieces)(values)
+    for piece, want in zip(got, np.split(values, bounds), strict=True):
+      assert piece.dtype == want.dtype and piece.shape == want.shape
+      np.testing.assert_array_equal(np.asarray(piece).view(np.uint8), want.view(np.uint8))
