@@ -98,11 +98,6 @@ class Layout:
       rows.append(_rows(window, int(start - lo), part.num_units))
     return rows
 
-  def join(self, per_part: Sequence[Array]) -> Array:
-    """The inverse of `pieces` for per-part (units of the part, ...) arrays;
-    shared units add up."""
-    return sum(per_part) if self.shared else jnp.concatenate(per_part)
-
   def sizes(self, sample: bool = False) -> np.ndarray:
     """Elements per unit that a (sampled) counting pass sees (static)."""
     per_part = []
@@ -136,22 +131,22 @@ def _rows(per_unit: Array, start: int, count: int) -> Array:
   the selections of all parts of one size are one kernel, compiled once. The units
   axis is read as (groups, 32), so that XLA keeps the reduction in one kernel.
   """
-  units = per_unit.shape[0]
+  units, tail = per_unit.shape[0], per_unit.shape[1:]
   groups = -(-units // _SELECT_WIDTH)
-  tail = per_unit.shape[1:]
-  select = np.zeros((count, groups * _SELECT_WIDTH) + (1,) * len(tail), bool)
+  shape = (count, groups, _SELECT_WIDTH) + tail
+  select = np.zeros((count, groups * _SELECT_WIDTH), bool)
   select[np.arange(count), start + np.arange(count)] = True
-  select = select.reshape((count, groups, _SELECT_WIDTH) + (1,) * len(tail))
+  select = lax.broadcast_in_dim(select.reshape(shape[:3]), shape, (0, 1, 2))
+  # As unsigned bit patterns: the largest of one entry and zeros is that entry, whatever
+  # it holds.
+  bits = per_unit if per_unit.dtype == jnp.bool_ else lax.bitcast_convert_type(per_unit, jnp.uint32)
+  zero = np.zeros((), bits.dtype)
+  bits = lax.pad(bits, zero, [(0, groups * _SELECT_WIDTH - units, 0)] + [(0, 0, 0)] * len(tail))
+  bits = lax.broadcast_in_dim(lax.reshape(bits, shape[1:]), shape, tuple(range(1, len(shape))))
+  picked = lax.select(select, bits, lax.full(shape, zero))
   if per_unit.dtype == jnp.bool_:
-    bits = per_unit
-  else:
-    # As unsigned bit patterns: the largest of one entry and zeros is that entry,
-    # whatever it holds.
-    bits = lax.bitcast_convert_type(per_unit, jnp.uint32)
-  bits = jnp.pad(bits, [(0, groups * _SELECT_WIDTH - units)] + [(0, 0)] * len(tail))
-  bits = bits.reshape((1, groups, _SELECT_WIDTH) + tail)
-  picked = jnp.max(jnp.where(select, bits, jnp.zeros((), bits.dtype)), axis=(1, 2))
-  return picked if per_unit.dtype == jnp.bool_ else lax.bitcast_convert_type(picked, per_unit.dtype)
+    return lax.reduce_or(picked, (1, 2))
+  return lax.bitcast_convert_type(lax.reduce_max(picked, (1, 2)), per_unit.dtype)
 
 
 def rows_shape(shape: Sequence[int], unit_axes: int) -> tuple[int, ...]:
@@ -213,12 +208,20 @@ def _part_counts(
   # floor(v - t) is -1 below t and 0 above, for v and t in [0, 1): see numerics.
   flags = jnp.floor(scaled[..., None, :] - probes)
   row_axes = tuple(range(part.unit_axes, rows.ndim - 1))
-  if math.prod(rows.shape[part.unit_axes :]) <= 2**24:
-    # A float32 sum of at most 2**24 ones is exact in any order: one reduction.
-    below = jnp.sum(flags, axis=row_axes + (rows.ndim,)).astype(jnp.int32)
+  if _float_counts(part, sample):
+    # A float32 sum of at most 2**24 ones is exact in any order: one reduction, whose
+    # result `counts` converts to int32 once for all parts.
+    below = jnp.sum(flags, axis=row_axes + (rows.ndim,))
   else:
     below = jnp.sum(jnp.sum(flags, axis=-1).astype(jnp.int32), axis=row_axes)
   return below.reshape(part.num_units, -1)
+
+
+def _float_counts(part: Part, sample: bool) -> bool:
+  """Whether a part's counts are exact float32 sums (at most 2**24 values per unit)."""
+  shape = rows_shape(part.shape, part.unit_axes)
+  rows = math.ceil(shape[-2] / SAMPLE_STRIDE) if sample else shape[-2]
+  return math.prod(shape[part.unit_axes : -2]) * rows * shape[-1] <= 2**24
 
 
 def counts(
@@ -253,16 +256,25 @@ def counts(
     count = functools.partial(_part_counts, part, scale, probes, sample, below_tiny, index)
     if flag is None:
       return count()
+    dtype = jnp.float32 if _float_counts(part, sample) else jnp.int32
     return lax.cond(
-      jnp.any(flag), count, lambda: jnp.zeros((part.num_units, probes.shape[-1]), jnp.int32)
+      jnp.any(flag), count, lambda: jnp.zeros((part.num_units, probes.shape[-1]), dtype)
     )
 
-  below = layout.join(
-    [
-      part_counts(i, *args)
-      for i, args in enumerate(zip(layout.parts, scales, pieces, flags, strict=True))
-    ]
-  )
+  below = [
+    part_counts(i, *args)
+    for i, args in enumerate(zip(layout.parts, scales, pieces, flags, strict=True))
+  ]
+  if layout.shared:  # the parts' counts of one unit add up, in int32
+    below = sum(b.astype(jnp.int32) for b in below)
+  else:
+    # Float counts are joined (and converted) in one kernel: a part counted in int32
+    # takes zeros there and its counts join the float ones as a second array.
+    below = jnp.concatenate(
+      [b if b.dtype == jnp.float32 else jnp.zeros(b.shape, jnp.float32) for b in below]
+    ).astype(jnp.int32) + jnp.concatenate(
+      [b if b.dtype == jnp.int32 else jnp.zeros(b.shape, jnp.int32) for b in below]
+    )
   return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
 
 

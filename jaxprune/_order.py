@@ -146,16 +146,19 @@ def _pruned_magnitude(mask: Array, param: Array) -> Array:
   enters as 0 where kept or NaN, as a elsewhere, and partial results carry kept = 0.
   """
 
-  def combine(x, y):
-    def entering(value, kept):
-      return jnp.where(jnp.isnan(value) | (kept > 0), jnp.float32(0.0), value)
-
-    return jnp.maximum(entering(*x), entering(*y)), jnp.float32(0.0)
-
   magnitude = jnp.abs(param).astype(jnp.float32)
   kept = mask.astype(jnp.float32)
   zero = jnp.float32(0.0)
-  return lax.reduce((magnitude, kept), (zero, zero), combine, tuple(range(param.ndim)))[0]
+  return lax.reduce((magnitude, kept), (zero, zero), _combine, tuple(range(param.ndim)))[0]
+
+
+def _combine(x: tuple[Array, Array], y: tuple[Array, Array]) -> tuple[Array, Array]:
+  """`_pruned_magnitude`'s combiner (one function, so JAX traces it once for all leaves)."""
+
+  def entering(value, kept):
+    return jnp.where(jnp.isnan(value) | (kept > 0), jnp.float32(0.0), value)
+
+  return jnp.maximum(entering(*x), entering(*y)), jnp.float32(0.0)
 
 
 def any_moved(masks: list[Array], params: list[Array]) -> Array:
