@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import jax
 import jax.numpy as jnp
 from jax import Array, lax
-
-from jaxprune import _counting as counting
 
 # Candidate thresholds per unit and pass. A pass costs about (1 + 0.4 * PROBES)
 # max passes on CPU; with the sampled estimate two settle most searches in one.
@@ -54,8 +51,7 @@ def first_reaching(
   lo: Array,
   hi: Array,
   guess: Array | None = None,
-  finish: tuple[Callable[[Array], Array], counting.Layout] | None = None,
-) -> Array | list[Array]:
+) -> Array:
   """Per unit, the first k in (lo, hi] with reaches(k), given not reaches(lo), reaches(hi).
 
   Candidates k are (units, J) int32; `thresholds_of(k)` maps them to the
@@ -69,10 +65,7 @@ def first_reaching(
 
   The next pass's thresholds are computed at the end of a pass and carried by
   the loop, so every part reads one stored array (XLA would otherwise copy
-  their arithmetic into each part's pass). With `finish = (f, layout)` the loop
-  also carries f(hi) split into each part's units, and returns that list: XLA
-  compiles the code that uses a part's own buffer once for all parts of its
-  shapes, but code that slices a shared one once per part.
+  their arithmetic into each part's pass).
   """
   offsets = jnp.arange(1, PROBES + 1, dtype=jnp.int32)
 
@@ -87,32 +80,17 @@ def first_reaching(
       candidates = jnp.where(first, guess[:, None] - PROBES + offsets, candidates)
     return _inside(candidates, lo, hi)
 
-  def finished(hi):
-    if finish is None:
-      return []
-    f, layout = finish
-    return layout.pieces(f(hi))
-
   def step(state):
-    lo, hi, reach, candidates, thresholds, _ = state
+    lo, hi, reach, candidates, thresholds = state
     lo, hi = _narrowed(lo, hi, candidates, reaches(thresholds, candidates, hi - lo > 1))
     candidates = candidates_of(lo, hi, reach, False)
     reach = jnp.minimum(reach * (PROBES + 1), 2**20)
-    return lo, hi, reach, candidates, thresholds_of(candidates), finished(hi)
+    return lo, hi, reach, candidates, thresholds_of(candidates)
 
   candidates = candidates_of(lo, hi, jnp.ones_like(lo), True)
-  # The results start as placeholders: the loop runs at least once.
-  placeholders = jax.eval_shape(finished, hi)
-  state = (
-    lo,
-    hi,
-    jnp.ones_like(lo),
-    candidates,
-    thresholds_of(candidates),
-    [jnp.zeros(x.shape, x.dtype) for x in placeholders],
-  )
+  state = (lo, hi, jnp.ones_like(lo), candidates, thresholds_of(candidates))
   state = lax.while_loop(lambda s: jnp.any(s[1] - s[0] > 1) | (s[2][0] == 1), step, state)
-  return state[1] if finish is None else state[-1]
+  return state[1]
 
 
 def passes_for(size: int) -> int:

@@ -256,9 +256,12 @@ def counts(
     count = functools.partial(_part_counts, part, scale, probes, sample, below_tiny, index)
     if flag is None:
       return count()
-    dtype = jnp.float32 if _float_counts(part, sample) else jnp.int32
+    if _float_counts(part, sample):
+      # A settled part's counts are not used: the skipping branch returns the candidates
+      # (a copy, where zeros were a kernel of their own).
+      return lax.cond(jnp.any(flag), count, lambda: probes)
     return lax.cond(
-      jnp.any(flag), count, lambda: jnp.zeros((part.num_units, probes.shape[-1]), dtype)
+      jnp.any(flag), count, lambda: jnp.zeros((part.num_units, probes.shape[-1]), jnp.int32)
     )
 
   below = [
@@ -278,19 +281,25 @@ def counts(
   return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
 
 
-def part_maxima(layout: Layout) -> list[Array]:
-  """max(values) per unit of each part, float32; Inf where a NaN or an Inf is.
+def unit_maxima(layout: Layout) -> Array:
+  """max(values) of every unit (the parts' own, `shared` aside), float32, in one (units,)
+  array; Inf where a NaN or an Inf is.
 
   A backend's max may drop NaN (XLA:CPU does in arrays of 4096 or more elements); a sum
   keeps it: the sum of `signed - signed` is NaN exactly when a value is NaN or infinite. It
   reads the signed values, not their magnitudes, so that XLA:CPU computes |w| in the
   max's reduction instead of storing it for both.
   """
-  maxima = []
+  maxima, sums = [], []
   for part in layout.parts:
     axes = tuple(range(part.unit_axes, len(part.shape)))
     signed = (part.signed or part.values)(jnp.zeros((), jnp.int32))  # a read of its own
     signed = signed.astype(jnp.float32)
-    finite = jnp.isfinite(jnp.sum(signed - signed, axis=axes))
-    maxima.append(jnp.where(finite, jnp.max(part.values(None), axis=axes), jnp.inf).reshape(-1))
-  return maxima
+    sums.append(jnp.sum(signed - signed, axis=axes).reshape(-1))
+    maxima.append(jnp.max(part.values(None), axis=axes).reshape(-1))
+  return jnp.where(jnp.isfinite(jnp.concatenate(sums)), jnp.concatenate(maxima), jnp.inf)
+
+
+def part_maxima(layout: Layout) -> list[Array]:
+  """`unit_maxima`, each part's units apart."""
+  return Layout(layout.parts).pieces(unit_maxima(layout))

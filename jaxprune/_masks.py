@@ -141,8 +141,9 @@ def update_masks(
   layout = counting.Layout(
     tuple(_own_part(v, pooling, global_threshold) for v in variables), shared=global_threshold
   )
-  # Each variable's maxima per layer, in the variables' order (Inf where a NaN is).
-  part_max = counting.part_maxima(
+  # Each variable's maxima per layer, in the variables' order (Inf where a NaN is). The
+  # per-unit arithmetic below runs on all units at once, and each part selects its own.
+  maxima = counting.unit_maxima(
     dataclasses.replace(
       layout,
       parts=tuple(
@@ -152,46 +153,37 @@ def update_masks(
       shared=False,
     )
   )
-  if global_threshold:
-    unit_max = [jnp.max(jnp.concatenate(part_max), keepdims=True)]
-  else:
-    unit_max = part_max
-  ok = [jnp.isfinite(m) & (m > 0) for m in unit_max]
+  unit_max = jnp.max(maxima, keepdims=True) if global_threshold else maxima
+  ok = jnp.isfinite(unit_max) & (unit_max > 0)
   # A safe max keeps the searches finite where they are not used.
-  safe_max = [jnp.where(good, m, jnp.float32(1.0)) for good, m in zip(ok, unit_max, strict=True)]
+  safe_max = jnp.where(ok, unit_max, jnp.float32(1.0))
   if global_threshold:
     sparsity = jnp.reshape(sparsity[0], (-1,))
+    previous = jnp.reshape(old_thresholds[0], (-1,))
   else:
     sparsity = jnp.concatenate([jnp.reshape(s, (-1,)) for s in sparsity])
+    previous = jnp.concatenate([jnp.reshape(t, (-1,)) for t in old_thresholds])
   if threshold_method == 'histogram':
     current = thresholds.histogram_thresholds(layout, safe_max, sparsity, nbins, search)
   else:
     current = thresholds.exact_thresholds(layout, safe_max, sparsity, search)
-  if global_threshold:  # one threshold, the same (1,) array for every variable
-    current = [current[0]] * len(variables)
-  pieces = []
-  for i, piece in enumerate(current):
-    if threshold_decay:
-      previous = jnp.reshape(old_thresholds[0 if global_threshold else i], (-1,))
-      # The select (thresholds are >= 0) keeps the threshold's product rounded: XLA:CPU
-      # would otherwise fuse it into the decay's multiply-add.
-      piece = jnp.where(piece >= 0, piece, jnp.float32(0.0))
-      piece = piece * jnp.float32(1.0 - threshold_decay) + previous * jnp.float32(threshold_decay)
-    pieces.append(piece)
-  masks, new_thresholds = [], []
-  for i, (part, variable, old_mask, piece) in enumerate(
-    zip(layout.parts, variables, old_masks, pieces, strict=True)
+  if threshold_decay:
+    # The select (thresholds are >= 0) keeps the threshold's product rounded: XLA:CPU
+    # would otherwise fuse it into the decay's multiply-add.
+    current = jnp.where(current >= 0, current, jnp.float32(0.0))
+    current = current * jnp.float32(1.0 - threshold_decay) + previous * jnp.float32(threshold_decay)
+  new = jnp.where(ok, current, previous)
+  masks = []
+  for part, variable, old_mask, piece, good in zip(
+    layout.parts, variables, old_masks, layout.pieces(current), layout.pieces(ok), strict=True
   ):
-    g = 0 if global_threshold else i
     score_mask = compare(
       part.values(piece), _layer_shaped(variable, piece, len(part.shape)), threshold_method
     )
     mask = expand_mask(score_mask, variable.shape, variable.block_dims, variable.layer_axes)
-    masks.append(jnp.where(_layer_shaped(variable, ok[g], len(variable.shape)), mask, old_mask))
-    if not global_threshold or i == 0:
-      previous = jnp.reshape(old_thresholds[g], (-1,))
-      new_thresholds.append(jnp.where(ok[g], piece, previous))
-  nonfinite = ~jnp.isfinite(jnp.concatenate(part_max))
+    masks.append(jnp.where(_layer_shaped(variable, good, len(variable.shape)), mask, old_mask))
+  new_thresholds = [new] if global_threshold else layout.pieces(new)
+  nonfinite = ~jnp.isfinite(maxima)
   return new_thresholds, masks, nonfinite
 
 

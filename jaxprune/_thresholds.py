@@ -71,11 +71,7 @@ def _scales(value_max: Array) -> tuple[Array, tuple[Array, Array]]:
 
 @dataclasses.dataclass(frozen=True)
 class _Scaling:
-  """The units' maxima and the exact scaling that maps each unit into [0, 1).
-
-  Each part's factors come from its own maxima (not sliced out of the units'),
-  so that no part's arithmetic is copied into another's.
-  """
+  """The units' maxima and the exact scaling that maps each unit into [0, 1)."""
 
   value_max: Array  # (units,)
   exponent: Array  # (units,)
@@ -83,16 +79,11 @@ class _Scaling:
   part_scales: list[tuple[Array, Array]]  # per part, two (units of the part,) factors
 
   @classmethod
-  def of(cls, layout: counting.Layout, maxima: Sequence[Array]) -> _Scaling:
-    """`maxima`: per part, or one (1,) array for a shared layout; finite and > 0."""
-    per_part = [_scales(m) for m in maxima]
-    exponent = jnp.concatenate([e for e, _ in per_part])
-    first, second = (jnp.concatenate([f[i] for _, f in per_part]) for i in (0, 1))
-    part_scales = (
-      [per_part[0][1]] * len(layout.parts) if layout.shared else [f for _, f in per_part]
-    )
-    value_max = jnp.concatenate(list(maxima))
-    return cls(value_max, exponent, value_max * first * second, part_scales)
+  def of(cls, layout: counting.Layout, value_max: Array) -> _Scaling:
+    """`value_max`: (units,) maxima, finite and > 0."""
+    exponent, factors = _scales(value_max)
+    part_scales = list(zip(*(layout.pieces(f) for f in factors), strict=True))
+    return cls(value_max, exponent, value_max * factors[0] * factors[1], part_scales)
 
 
 def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
@@ -116,11 +107,11 @@ def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
 
 def histogram_thresholds(
   layout: counting.Layout,
-  maxima: Sequence[Array],
+  maxima: Array,
   sparsity: Array,
   nbins: int,
   search: str = 'adaptive',
-) -> list[Array]:
+) -> Array:
   """TF's histogram threshold of every unit, given its maximum > 0.
 
   Returns (number of bins whose CDF is below the unit's sparsity) / nbins * max:
@@ -129,15 +120,13 @@ def histogram_thresholds(
 
   Args:
     layout: the parts and their units.
-    maxima: per part, (units of the part,) float32 maxima, finite and > 0; for a
-      shared layout, one (1,) array.
+    maxima: (units,) float32 maxima, finite and > 0.
     sparsity: (units,) float32 targets in [0, 1).
     nbins: histogram bins.
     search: 'adaptive' or 'fixed' (see the module's docstring); the same result.
 
   Returns:
-    Per part, (units of the part,) float32 thresholds; for a shared layout the
-    same (1,) array for every part.
+    (units,) float32 thresholds.
   """
   scaling = _Scaling.of(layout, maxima)
 
@@ -179,9 +168,9 @@ def histogram_thresholds(
   hi = jnp.full((layout.num_units,), nbins - 1, jnp.int32)
   if search == 'fixed':  # (lo, hi] holds nbins candidates: no loop is needed
     first = fixed_first_reaching(edges, reaches_on(False), lo, hi, passes_for(nbins), loop=False)
-    return layout.pieces(threshold(first))
+    return threshold(first)
   guess = first_reaching(edges, reaches_on(True), lo, hi)
-  return first_reaching(edges, reaches_on(False), lo, hi, guess, finish=(threshold, layout))
+  return threshold(first_reaching(edges, reaches_on(False), lo, hi, guess))
 
 
 def exact_keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
@@ -232,8 +221,8 @@ def exact_keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
 
 
 def exact_thresholds(
-  layout: counting.Layout, maxima: Sequence[Array], sparsity: Array, search: str = 'adaptive'
-) -> list[Array]:
+  layout: counting.Layout, maxima: Array, sparsity: Array, search: str = 'adaptive'
+) -> Array:
   """The k-th largest magnitude of every unit, k = exact_keep_count(N, sparsity); `mask = a >= it`.
 
   Per unit, searches the largest float32 bit pattern b with count(a >= float(b))
@@ -304,18 +293,17 @@ def exact_thresholds(
     )
 
   if fixed:
-    fast = layout.pieces(
-      value(fixed_first_reaching(numerics.as_value, fewer_keys, lower, upper, _FIXED_KEY_PASSES))
+    fast = value(
+      fixed_first_reaching(numerics.as_value, fewer_keys, lower, upper, _FIXED_KEY_PASSES)
     )
   else:
-    fast = first_reaching(numerics.as_value, fewer_keys, lower, upper, finish=(value, layout))
+    fast = value(first_reaching(numerics.as_value, fewer_keys, lower, upper))
 
   def with_slow():
-    slow = layout.pieces(_slow_search(layout, part_scales, kept, exponent, fixed))
-    return [jnp.where(jnp.isnan(f), v, f) for v, f in zip(slow, fast, strict=True)]
+    slow = _slow_search(layout, part_scales, kept, exponent, fixed)
+    return jnp.where(jnp.isnan(fast), slow, fast)
 
-  any_slow = jnp.any(jnp.isnan(jnp.concatenate(fast)))
-  return lax.cond(any_slow, with_slow, lambda: fast)
+  return lax.cond(jnp.any(jnp.isnan(fast)), with_slow, lambda: fast)
 
 
 def _slow_search(
