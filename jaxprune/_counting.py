@@ -50,7 +50,7 @@ class Part:
     unit_axes: how many leading axes index units (stacked layers); 0 when
       the whole array belongs to one unit.
     signed: optionally, `token -> array` of the values before their magnitude is
-      taken (the weights), for the finiteness check of `part_maxima`.
+      taken (the weights), for the finiteness check of `unit_maxima`.
   """
 
   values: Callable[[Any], Array]
@@ -298,8 +298,3 @@ def unit_maxima(layout: Layout) -> Array:
     sums.append(jnp.sum(signed - signed, axis=axes).reshape(-1))
     maxima.append(jnp.max(part.values(None), axis=axes).reshape(-1))
   return jnp.where(jnp.isfinite(jnp.concatenate(sums)), jnp.concatenate(maxima), jnp.inf)
-
-
-def part_maxima(layout: Layout) -> list[Array]:
-  """`unit_maxima`, each part's units apart."""
-  return Layout(layout.parts).pieces(unit_maxima(layout))
