@@ -7,6 +7,9 @@ params instead of a quarter (docs/explanation/semantics.md#applying-the-masks).
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
@@ -22,6 +25,7 @@ def packed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
   return shape[:-1] + (-(-shape[-1] // 8),)
 
 
+@jax.jit
 def packed(mask: Array) -> Array:
   """uint8 bytes of `mask`'s bits along its last axis, the first entry in the lowest bit."""
   mask = jnp.atleast_1d(mask)
@@ -32,6 +36,7 @@ def packed(mask: Array) -> Array:
   return jnp.sum(groups * _WEIGHTS, axis=-1, dtype=jnp.uint8)
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def unpacked(packed_mask: Array, shape: tuple[int, ...]) -> Array:
   """The bool mask of `shape` that `packed` turned into `packed_mask`.
 

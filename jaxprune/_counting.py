@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
@@ -131,17 +132,24 @@ def _rows(per_unit: Array, start: int, count: int) -> Array:
   the selections of all parts of one size are one kernel, compiled once. The units
   axis is read as (groups, 32), so that XLA keeps the reduction in one kernel.
   """
-  units, tail = per_unit.shape[0], per_unit.shape[1:]
-  groups = -(-units // _SELECT_WIDTH)
-  shape = (count, groups, _SELECT_WIDTH) + tail
+  groups = -(-per_unit.shape[0] // _SELECT_WIDTH)
   select = np.zeros((count, groups * _SELECT_WIDTH), bool)
   select[np.arange(count), start + np.arange(count)] = True
-  select = lax.broadcast_in_dim(select.reshape(shape[:3]), shape, (0, 1, 2))
+  return _selected(per_unit, select.reshape(count, groups, _SELECT_WIDTH))
+
+
+@jax.jit
+def _selected(per_unit: Array, select: Array) -> Array:
+  """`_rows`' selection, traced (and lowered) once per shape: the mask is an argument."""
+  units, tail = per_unit.shape[0], per_unit.shape[1:]
+  count, groups, width = select.shape
+  shape = (count, groups, width) + tail
+  select = lax.broadcast_in_dim(select, shape, (0, 1, 2))
   # As unsigned bit patterns: the largest of one entry and zeros is that entry, whatever
   # it holds.
   bits = per_unit if per_unit.dtype == jnp.bool_ else lax.bitcast_convert_type(per_unit, jnp.uint32)
   zero = np.zeros((), bits.dtype)
-  bits = lax.pad(bits, zero, [(0, groups * _SELECT_WIDTH - units, 0)] + [(0, 0, 0)] * len(tail))
+  bits = lax.pad(bits, zero, [(0, groups * width - units, 0)] + [(0, 0, 0)] * len(tail))
   bits = lax.broadcast_in_dim(lax.reshape(bits, shape[1:]), shape, tuple(range(1, len(shape))))
   picked = lax.select(select, bits, lax.full(shape, zero))
   if per_unit.dtype == jnp.bool_:
@@ -192,7 +200,32 @@ def _part_counts(
   # one global threshold, every part of a shape), and XLA:CPU stores a broadcast that its
   # library reductions share (a weights-sized buffer) rather than compute it in each.
   thresholds, scale = fresh((thresholds, scale), jnp.int32(index))
-  rows = part.values(thresholds).reshape(rows_shape(part.shape, part.unit_axes))
+  return _counted(
+    part.values(thresholds),
+    thresholds,
+    scale,
+    part.shape,
+    part.unit_axes,
+    sample,
+    below_tiny,
+    _float_counts(part, sample),
+  )
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
+def _counted(
+  values: Array,
+  thresholds: Array,
+  scale: tuple[Array, Array],
+  shape: tuple[int, ...],
+  unit_axes: int,
+  sample: bool,
+  below_tiny: bool,
+  float_counts: bool,
+) -> Array:
+  """`_part_counts` once the values are read: traced (and lowered) once per shape."""
+  part = Part(None, shape, unit_axes)
+  rows = values.reshape(rows_shape(shape, unit_axes))
   if sample:
     rows = rows[..., ::SAMPLE_STRIDE, :]
   probes = unit_shaped(part, thresholds, rows.ndim)[..., None]  # (..., J, 1)
@@ -207,8 +240,8 @@ def _part_counts(
     probes = probes * lift
   # floor(v - t) is -1 below t and 0 above, for v and t in [0, 1): see numerics.
   flags = jnp.floor(scaled[..., None, :] - probes)
-  row_axes = tuple(range(part.unit_axes, rows.ndim - 1))
-  if _float_counts(part, sample):
+  row_axes = tuple(range(unit_axes, rows.ndim - 1))
+  if float_counts:
     # A float32 sum of at most 2**24 ones is exact in any order: one reduction, whose
     # result `counts` converts to int32 once for all parts.
     below = jnp.sum(flags, axis=row_axes + (rows.ndim,))
@@ -292,9 +325,16 @@ def unit_maxima(layout: Layout) -> Array:
   """
   maxima, sums = [], []
   for part in layout.parts:
-    axes = tuple(range(part.unit_axes, len(part.shape)))
     signed = (part.signed or part.values)(jnp.zeros((), jnp.int32))  # a read of its own
-    signed = signed.astype(jnp.float32)
-    sums.append(jnp.sum(signed - signed, axis=axes).reshape(-1))
-    maxima.append(jnp.max(part.values(None), axis=axes).reshape(-1))
+    part_sums, part_maxima = _sum_and_max(signed, part.values(None), part.unit_axes)
+    sums.append(part_sums)
+    maxima.append(part_maxima)
   return jnp.where(jnp.isfinite(jnp.concatenate(sums)), jnp.concatenate(maxima), jnp.inf)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _sum_and_max(signed: Array, values: Array, unit_axes: int) -> tuple[Array, Array]:
+  """`unit_maxima`'s reductions of one part, flat (traced once per shape)."""
+  axes = tuple(range(unit_axes, values.ndim))
+  signed = signed.astype(jnp.float32)
+  return jnp.sum(signed - signed, axis=axes).reshape(-1), jnp.max(values, axis=axes).reshape(-1)

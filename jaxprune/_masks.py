@@ -10,6 +10,7 @@ many variables (or stacked layers) at once, searched together (see
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -173,18 +174,36 @@ def update_masks(
     current = jnp.where(current >= 0, current, jnp.float32(0.0))
     current = current * jnp.float32(1.0 - threshold_decay) + previous * jnp.float32(threshold_decay)
   new = jnp.where(ok, current, previous)
-  masks = []
-  for part, variable, old_mask, piece, good in zip(
-    layout.parts, variables, old_masks, layout.pieces(current), layout.pieces(ok), strict=True
-  ):
-    score_mask = compare(
-      part.values(piece), _layer_shaped(variable, piece, len(part.shape)), threshold_method
+  masks = [
+    _new_mask(part.values(piece), piece, good, old_mask, _static(variable), threshold_method)
+    for part, variable, old_mask, piece, good in zip(
+      layout.parts, variables, old_masks, layout.pieces(current), layout.pieces(ok), strict=True
     )
-    mask = expand_mask(score_mask, variable.shape, variable.block_dims, variable.layer_axes)
-    masks.append(jnp.where(_layer_shaped(variable, good, len(variable.shape)), mask, old_mask))
+  ]
   new_thresholds = [new] if global_threshold else layout.pieces(new)
   nonfinite = ~jnp.isfinite(maxima)
   return new_thresholds, masks, nonfinite
+
+
+def _static(variable: Variable) -> Variable:
+  """The variable without its values: what `_new_mask` is traced for (hashable)."""
+  return dataclasses.replace(variable, values=None, block_dims=tuple(variable.block_dims))
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _new_mask(
+  values: Array,
+  threshold: Array,
+  ok: Array,
+  old_mask: Array,
+  variable: Variable,
+  threshold_method: str,
+) -> Array:
+  """A variable's mask from its values (scores) and its units' thresholds, or its old mask
+  where `ok` is False (traced once per shape)."""
+  score_mask = compare(values, _layer_shaped(variable, threshold, values.ndim), threshold_method)
+  mask = expand_mask(score_mask, variable.shape, variable.block_dims, variable.layer_axes)
+  return jnp.where(_layer_shaped(variable, ok, len(variable.shape)), mask, old_mask)
 
 
 def _own_part(variable: Variable, pooling: str, global_threshold: bool) -> counting.Part:

@@ -136,6 +136,7 @@ def _user_level(frame: Any, level: int) -> int:
   return level
 
 
+@jax.jit
 def _pruned_magnitude(mask: Array, param: Array) -> Array:
   """The largest |param| where `mask` is False, NaN ignored (0.0 when there is none).
 

@@ -52,6 +52,14 @@ def from_params(params: PyTree, pruned: list[int]) -> Source:
   return Source([jax.tree.leaves(params)[i] for i in pruned], _weights_of, list)
 
 
+@jax.jit
+def _stored(params: Array, updates: Array, token: Any) -> Array:
+  """`from_updates`' weights, read through `counting.fresh(..., token)`: stored arrays of
+  params and updates (traced once per shape)."""
+  params, updates = counting.fresh((params, updates), token)
+  return updates_lib.stored_weight(params, updates, inline=False)
+
+
 def from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> Source:
   """The chained form: the weights as `optax.apply_updates` will store them
   (docs/explanation/semantics.md#applying-the-masks), recomputed in each pass from the
@@ -59,11 +67,7 @@ def from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> Source:
   them out for the masking)."""
 
   def weights(operands):
-    def stored(p, u, token):
-      p, u = counting.fresh((p, u), token)
-      return updates_lib.stored_weight(p, u, inline=False)  # arrays the optimizer stored
-
-    return [functools.partial(stored, p, u) for p, u in zip(*operands, strict=True)]
+    return [functools.partial(_stored, p, u) for p, u in zip(*operands, strict=True)]
 
   param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
   operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])

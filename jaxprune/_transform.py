@@ -154,6 +154,12 @@ def _masked(masks: PyTree, updates: PyTree, params: PyTree) -> PyTree:
   )
 
 
+@jax.jit
+def _updated_mask(do_update: Array, packed: Array, old_mask: Array) -> Array:
+  """The mask after one step: `packed` unpacked at an update, `old_mask` otherwise."""
+  return jnp.where(do_update, bits.unpacked(packed, old_mask.shape), old_mask)
+
+
 class _Engine:
   """What `pruning` and `pruned` share: hparams, the rule, the state, one masking step."""
 
@@ -237,10 +243,7 @@ class _Engine:
     packed, new_thresholds, skips, moved, carried = lax.cond(
       do_update, recompute, keep, source.operands
     )
-    new_masks = [
-      jnp.where(do_update, bits.unpacked(p, m.shape), m)
-      for p, m in zip(packed, old_masks, strict=True)
-    ]
+    new_masks = [_updated_mask(do_update, p, m) for p, m in zip(packed, old_masks, strict=True)]
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
     return (
       masks,

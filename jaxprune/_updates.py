@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
@@ -52,6 +53,7 @@ def stored_weight(params: Array, updates: Array, *, inline: bool = True) -> Arra
   return as_stored(params + jnp.where(keep, rounded(updates), -params), params.dtype)
 
 
+@jax.jit
 def masked_update(mask: Array, updates: Array, params: Array) -> Array:
   """The update after which the weights outside `mask` are exactly zero and the others
   exactly `stored_weight(params, updates)`: `where(mask, updates, -params)`."""
