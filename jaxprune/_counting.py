@@ -316,25 +316,35 @@ def counts(
 
 def unit_maxima(layout: Layout) -> Array:
   """max(values) of every unit (the parts' own, `shared` aside), float32, in one (units,)
-  array; Inf where a NaN or an Inf is.
+  array; Inf where a NaN or an Inf is (`finite_maxima`: per part, apart).
 
   A backend's max may drop NaN (XLA:CPU does in arrays of 4096 or more elements); a sum
   keeps it: the sum of `signed - signed` is NaN exactly when a value is NaN or infinite. It
   reads the signed values, not their magnitudes, so that XLA:CPU computes |w| in the
   max's reduction instead of storing it for both.
   """
-  maxima, sums = [], []
+  return joined_maxima(part_maxima(layout))
+
+
+def part_maxima(layout: Layout) -> list[tuple[Array, Array]]:
+  """Per part, (a sum per unit that is finite exactly when the unit holds no NaN or Inf,
+  its units' max(values)): `unit_maxima` before the parts are joined."""
+  reductions = []
   for part in layout.parts:
     signed = (part.signed or part.values)(jnp.zeros((), jnp.int32))  # a read of its own
-    part_sums, part_maxima = _sum_and_max(signed, part.values(None), part.unit_axes)
-    sums.append(part_sums)
-    maxima.append(part_maxima)
+    reductions.append(_sum_and_max(signed, part.values(None), part.unit_axes))
+  return reductions
+
+
+def joined_maxima(reductions: Sequence[tuple[Array, Array]]) -> Array:
+  """`unit_maxima` from `part_maxima`'s results."""
+  sums, maxima = zip(*reductions, strict=True)
   return jnp.where(jnp.isfinite(jnp.concatenate(sums)), jnp.concatenate(maxima), jnp.inf)
 
 
 @functools.partial(jax.jit, static_argnums=2)
 def _sum_and_max(signed: Array, values: Array, unit_axes: int) -> tuple[Array, Array]:
-  """`unit_maxima`'s reductions of one part, flat (traced once per shape)."""
+  """`part_maxima` of one part (traced once per shape)."""
   axes = tuple(range(unit_axes, values.ndim))
   signed = signed.astype(jnp.float32)
   return jnp.sum(signed - signed, axis=axes).reshape(-1), jnp.max(values, axis=axes).reshape(-1)

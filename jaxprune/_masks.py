@@ -142,9 +142,10 @@ def update_masks(
   layout = counting.Layout(
     tuple(_own_part(v, pooling, global_threshold) for v in variables), shared=global_threshold
   )
-  # Each variable's maxima per layer, in the variables' order (Inf where a NaN is). The
-  # per-unit arithmetic below runs on all units at once, and each part selects its own.
-  maxima = counting.unit_maxima(
+  # Each variable's maxima per layer (Inf where a NaN is). The per-unit arithmetic below
+  # runs on all units at once, and each part selects its own threshold; whether its units
+  # are thresholded it reads off its own maxima.
+  part_maxima = counting.part_maxima(
     dataclasses.replace(
       layout,
       parts=tuple(
@@ -154,8 +155,9 @@ def update_masks(
       shared=False,
     )
   )
+  maxima = counting.joined_maxima(part_maxima)
   unit_max = jnp.max(maxima, keepdims=True) if global_threshold else maxima
-  ok = jnp.isfinite(unit_max) & (unit_max > 0)
+  ok = _usable(unit_max)
   # A safe max keeps the searches finite where they are not used.
   safe_max = jnp.where(ok, unit_max, jnp.float32(1.0))
   if global_threshold:
@@ -174,15 +176,27 @@ def update_masks(
     current = jnp.where(current >= 0, current, jnp.float32(0.0))
     current = current * jnp.float32(1.0 - threshold_decay) + previous * jnp.float32(threshold_decay)
   new = jnp.where(ok, current, previous)
+  # Where a unit is thresholded its new threshold is the one searched, and its mask
+  # compares with it; elsewhere the old mask stays.
+  pieces = layout.pieces(new)
+  if global_threshold:
+    goods = [ok] * len(variables)
+  else:
+    goods = [jnp.isfinite(sums) & _usable(m) for sums, m in part_maxima]
   masks = [
     _new_mask(part.values(piece), piece, good, old_mask, _static(variable), threshold_method)
     for part, variable, old_mask, piece, good in zip(
-      layout.parts, variables, old_masks, layout.pieces(current), layout.pieces(ok), strict=True
+      layout.parts, variables, old_masks, pieces, goods, strict=True
     )
   ]
-  new_thresholds = [new] if global_threshold else layout.pieces(new)
+  new_thresholds = [new] if global_threshold else pieces
   nonfinite = ~jnp.isfinite(maxima)
   return new_thresholds, masks, nonfinite
+
+
+def _usable(maxima: Array) -> Array:
+  """Whether units with these maxima are thresholded (finite and not all zero)."""
+  return jnp.isfinite(maxima) & (maxima > 0)
 
 
 def _static(variable: Variable) -> Variable:
