@@ -33,10 +33,10 @@ def test_verdict(value, goal, at_least, expected):
 def fake_results(sizes):
   head = {}
   for n in sizes.layers:
-    head[n] = {'Adam': (1.0, 0), 'nbytes': 400, 'leaves': 148, 'state': (90, 12)}
+    head[n] = {'Adam': (1.0, 0, 447), 'nbytes': 400, 'leaves': 148, 'state': (90, 12)}
     for form in cost.FORMS:
       for plan in cost.PLANS:
-        head[n][form, plan] = (2.0 + n / 100, 20)
+        head[n][form, plan] = (2.0 + n / 100, 20, 1191)  # seconds, temp bytes, kernels
   names = ('Adam', 'pruned', 'chained', 'pruned, update', 'chained, update', 'sort-based, update')
   counts = {name: dict.fromkeys(cost.HLO_OPS, 1) for name in names[:3]}
   return {
@@ -81,3 +81,5 @@ def test_report_marks_every_goal():
   assert '| 3 full-step compile <= 1.2x | chained, adaptive | 1.50x | not met (by 0.30x) |' in (
     summary
   )
+  # The compile cells give the fused kernels beside the seconds.
+  assert '| 1.0 (447 kernels) |' in text and '| 2.0 (2.01x, 1,191 kernels) |' in text
