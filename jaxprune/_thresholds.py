@@ -86,16 +86,19 @@ class _Scaling:
     return cls(value_max, exponent, value_max * factors[0] * factors[1], part_scales)
 
 
-def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
+def bin_edge(k: Array, value_max: Array, nbins: int, fraction: Array | None = None) -> Array:
   """The smallest float32 a >= 0 whose bin, floor(nbins * (a / m)), is >= k (elementwise).
 
   So `bin(a) >= k` exactly when `a >= bin_edge(k)`. The edge is within a few
   ulps of k * m / nbins; the neighbours are checked with the exact rule.
+  `fraction`, optionally, is k / nbins rounded to float32 (`fractions`), for a static k.
   """
   k, value_max = jnp.broadcast_arrays(
     jnp.asarray(k, jnp.float32), jnp.asarray(value_max, jnp.float32)
   )
-  guess = numerics.div_rn(k, jnp.float32(nbins)) * value_max
+  if fraction is None:
+    fraction = numerics.div_rn(k, jnp.float32(nbins))
+  guess = fraction * value_max
   # The candidates along a last axis, lowest first, checked in one pass: the edge is the
   # lowest one in a bin >= k (the lowest candidate when none is).
   offsets = jnp.arange(-_EDGE_SEARCH_ULPS, _EDGE_SEARCH_ULPS + 1, dtype=jnp.int32)
@@ -103,6 +106,12 @@ def bin_edge(k: Array, value_max: Array, nbins: int) -> Array:
   in_bin = jnp.float32(nbins) * numerics.div_rn(candidates, value_max[..., None]) >= k[..., None]
   lowest = jnp.min(jnp.where(in_bin, candidates, jnp.inf), axis=-1)
   return jnp.where(jnp.any(in_bin, axis=-1), lowest, candidates[..., 0])
+
+
+def fractions(nbins: int) -> np.ndarray:
+  """k / nbins for k = 0 .. nbins, each rounded once to float32 (`numerics.div_rn`'s value;
+  numpy's float32 division rounds correctly), computed on the host (static)."""
+  return np.arange(nbins + 1, dtype=np.float32) / np.float32(nbins)
 
 
 def histogram_thresholds(
@@ -138,7 +147,10 @@ def histogram_thresholds(
   # `bin_edge` dominated compile time.
   if nbins <= _EDGE_TABLE_MAX:
     table = bin_edge(
-      jnp.arange(nbins + 1, dtype=jnp.int32)[None, :], scaling.scaled_max[:, None], nbins
+      jnp.arange(nbins + 1, dtype=jnp.int32)[None, :],
+      scaling.scaled_max[:, None],
+      nbins,
+      fractions(nbins)[None, :],
     )
 
     def edges(k):
@@ -162,6 +174,8 @@ def histogram_thresholds(
     return reaches
 
   def threshold(first):
+    if nbins <= _EDGE_TABLE_MAX:  # first is in [0, nbins)
+      return jnp.asarray(fractions(nbins))[first] * scaling.value_max
     return numerics.div_rn(first.astype(jnp.float32), jnp.float32(nbins)) * scaling.value_max
 
   lo = jnp.full((layout.num_units,), -1, jnp.int32)

@@ -7,6 +7,7 @@ import pytest
 import references
 
 import jaxprune
+from jaxprune import _numerics as numerics
 from jaxprune import _thresholds as thresholds
 
 LINSPACE = np.linspace(1, 100, 100, dtype=np.float32).reshape(10, 10)
@@ -105,3 +106,13 @@ def test_bin_edge_is_the_smallest_value_in_a_bin_at_or_above_k(nbins):
 
   assert bin_at_least_k(edge).all()
   assert not bin_at_least_k(np.nextafter(edge, np.float32(0))).any()
+
+
+def test_fractions_are_the_quotients_the_search_rounds():
+  # The histogram rule's k / nbins for static k, from the host, where the search once
+  # computed numerics.div_rn(k, nbins): the same float32 for every k <= nbins <= 4096.
+  nbins = np.concatenate([np.full(n + 1, n) for n in range(1, 4097)]).astype(np.float32)
+  k = np.concatenate([np.arange(n + 1) for n in range(1, 4097)]).astype(np.float32)
+  on_device = np.asarray(jax.jit(numerics.div_rn)(k, nbins))
+  on_host = np.concatenate([thresholds.fractions(n) for n in range(1, 4097)])
+  np.testing.assert_array_equal(on_host.view(np.uint32), on_device.view(np.uint32))
