@@ -51,7 +51,7 @@ class Part:
     unit_axes: how many leading axes index units (stacked layers); 0 when
       the whole array belongs to one unit.
     signed: optionally, `token -> array` of the values before their magnitude is
-      taken (the weights), for the finiteness check of `unit_maxima`.
+      taken (the weights), for the finiteness check of `part_maxima`.
   """
 
   values: Callable[[Any], Array]
@@ -314,21 +314,15 @@ def counts(
   return jnp.asarray(layout.sizes(sample), jnp.int32)[:, None] + below
 
 
-def unit_maxima(layout: Layout) -> Array:
-  """max(values) of every unit (the parts' own, `shared` aside), float32, in one (units,)
-  array; Inf where a NaN or an Inf is (`finite_maxima`: per part, apart).
+def part_maxima(layout: Layout) -> list[tuple[Array, Array]]:
+  """Per part, (a sum per unit that is finite exactly when the unit holds no NaN or Inf,
+  its units' max(values)); `joined_maxima` makes them one (units,) array.
 
   A backend's max may drop NaN (XLA:CPU does in arrays of 4096 or more elements); a sum
   keeps it: the sum of `signed - signed` is NaN exactly when a value is NaN or infinite. It
   reads the signed values, not their magnitudes, so that XLA:CPU computes |w| in the
   max's reduction instead of storing it for both.
   """
-  return joined_maxima(part_maxima(layout))
-
-
-def part_maxima(layout: Layout) -> list[tuple[Array, Array]]:
-  """Per part, (a sum per unit that is finite exactly when the unit holds no NaN or Inf,
-  its units' max(values)): `unit_maxima` before the parts are joined."""
   reductions = []
   for part in layout.parts:
     signed = (part.signed or part.values)(jnp.zeros((), jnp.int32))  # a read of its own
@@ -337,7 +331,8 @@ def part_maxima(layout: Layout) -> list[tuple[Array, Array]]:
 
 
 def joined_maxima(reductions: Sequence[tuple[Array, Array]]) -> Array:
-  """`unit_maxima` from `part_maxima`'s results."""
+  """max(values) of every unit (the parts' own, `shared` aside), float32, in one (units,)
+  array, from `part_maxima`'s results; Inf where a NaN or an Inf is."""
   sums, maxima = zip(*reductions, strict=True)
   return jnp.where(jnp.isfinite(jnp.concatenate(sums)), jnp.concatenate(maxima), jnp.inf)
 

@@ -105,18 +105,23 @@ def test_a_unit_beyond_int32_is_refused():
     counting.Layout((huge,)).sizes()
 
 
-def test_unit_maxima_per_unit_and_nonfinite():
+def test_maxima_per_unit_and_nonfinite():
   stacked = np.array([[[0.1, 0.7]], [[np.nan, 0.2]], [[np.inf, 0.2]]], np.float32)
-  maxima = counting.unit_maxima(counting.Layout((_part(stacked, unit_axes=1),)))
+  layout = counting.Layout((_part(stacked, unit_axes=1),))
+  maxima = counting.joined_maxima(counting.part_maxima(layout))
   assert maxima[0] == np.float32(0.7) and np.isinf(maxima[1]) and np.isinf(maxima[2])
 
 
 @pytest.mark.parametrize('shape', [(63, 65), (64, 64), (256, 256)])
-def test_unit_maxima_sees_one_nan_in_a_large_array(shape):
+def test_maxima_see_one_nan_in_a_large_array(shape):
   # XLA:CPU's max drops a NaN from arrays of 4096 or more elements.
   values = np.ones(shape, np.float32)
   values[3, 7] = np.nan
-  maxima = jax.jit(lambda v: counting.unit_maxima(counting.Layout((_part(v),))))(values)
+
+  def maxima_of(v):
+    return counting.joined_maxima(counting.part_maxima(counting.Layout((_part(v),))))
+
+  maxima = jax.jit(maxima_of)(values)
   assert np.isinf(maxima[0])
 
 
