@@ -10,7 +10,9 @@ engine and marks each `met` or `not met (by how much)`:
               12 layers) built from `jax.ShapeDtypeStruct`s, so nothing is allocated.
               Headline rows: both forms (`jaxprune.pruned(adam, hp)` and
               `optax.chain(adam, jaxprune.pruning(hp))`) x both search plans, the
-              histogram rule, at 12 and 48 layers. The rest of the matrix (forms x
+              histogram rule, at 12 and 48 layers, and `pruned` with
+              `mask_source='params'` (the search reads the params, not the updated
+              weights) on the fixed plan. The rest of the matrix (forms x
               plans x the exact, blocked, global and N:M rules) at a reduced size
               (`--matrix-layers`, `--matrix-vocab`), since every row is a compile.
               Also the masks' and thresholds' state bytes per pruned weight.
@@ -23,7 +25,8 @@ engine and marks each `met` or `not met (by how much)`:
   3. compile  CPU seconds to lower and compile the optimizer step vs Adam's at 12
               and 48 layers: goal <= 3x, and the ratio not growing from 12 to 48;
               a full GPT-2-small training step (transformers' FlaxGPT2LMHeadModel,
-              shapes only, batch 1 x 64) vs Adam's: goal <= 1.2x.
+              shapes only, batch 1 x 64) vs Adam's: goal <= 1.2x, and its temp
+              beyond Adam's (goal 1 in the step users compile).
   4. plans    `jaxprune.update_mask` on a 4096x4096 float32 array with each search
               plan, interleaved: one plan is the goal unless the second is >= 10%
               faster on the backend that chooses it (here the CPU, which chooses
@@ -62,6 +65,12 @@ except ImportError:  # run as a script from the benchmarks folder
 
 FORMS = ('pruned', 'chained')
 PLANS = ('fixed', 'adaptive')
+# `pruned` thresholding the params the step starts from (`mask_source='params'`), not the
+# weights after it (TF's order, the default): the search then needs no stored updates.
+PARAMS_SOURCE = 'pruned, mask_source=params'
+# The optimizer step's rows: both forms x both plans, and the params source on the plan of
+# GPUs and TPUs.
+HEADLINE = tuple((form, plan) for form in FORMS for plan in PLANS) + ((PARAMS_SOURCE, 'fixed'),)
 RULES = {
   'histogram': '',
   'exact': 'threshold_method=exact',
@@ -141,7 +150,10 @@ QUICK = Sizes(
 
 
 def optimizer(form: str, plan: str = 'auto', extra: str = '') -> optax.GradientTransformation:
-  """Plain Adam ('Adam'), `jaxprune.pruned(adam, hp)` or `optax.chain(adam, pruning(hp))`."""
+  """Plain Adam ('Adam'), `jaxprune.pruned(adam, hp)` (also with PARAMS_SOURCE) or
+  `optax.chain(adam, pruning(hp))`."""
+  if form == PARAMS_SOURCE:
+    form, extra = 'pruned', ','.join(filter(None, ['mask_source=params', extra]))
   if form == 'Adam':
     return optax.adam(1e-3)
   if form == 'sort-based':
@@ -224,7 +236,7 @@ def state_bytes(state, adam_state) -> tuple[int, int]:
 
 
 def headline(sizes: Sizes, log) -> dict:
-  """Temp, compile seconds and state of Adam and both forms x both plans, per layer count."""
+  """Temp, compile seconds and state of Adam and each HEADLINE row, per layer count."""
   out = {}
   for layers in sizes.layers:
     params = gpt2_shapes(layers, sizes.width, sizes.vocab, sizes.positions)
@@ -232,14 +244,13 @@ def headline(sizes: Sizes, log) -> dict:
     adam_state = adam[2]
     row = {'Adam': (adam[0], adam[1], adam[3]), 'nbytes': tree_bytes(params)}
     row['leaves'] = len(jax.tree.leaves(params))
-    for form in FORMS:
-      for plan in PLANS:
-        seconds, temp, state, kernels = optimizer_step(
-          functools.partial(optimizer, form, plan), params, COMPILE_REPEATS
-        )
-        row[form, plan] = (seconds, temp, kernels)
-        row['state'] = state_bytes(state, adam_state)
-        log(f'  {layers} layers, {form} {plan}: {seconds:.1f} s, temp {temp / row["nbytes"]:.2f}x')
+    for form, plan in HEADLINE:
+      seconds, temp, state, kernels = optimizer_step(
+        functools.partial(optimizer, form, plan), params, COMPILE_REPEATS
+      )
+      row[form, plan] = (seconds, temp, kernels)
+      row['state'] = state_bytes(state, adam_state)
+      log(f'  {layers} layers, {form} {plan}: {seconds:.1f} s, temp {temp / row["nbytes"]:.2f}x')
     out[layers] = row
   return out
 
@@ -398,8 +409,9 @@ def full_step(sizes: Sizes, plans: tuple[str, ...], log) -> dict:
     )['params']
 
   params = jax.eval_shape(init, tokens)
-  rows = [('Adam', 'auto')] + [(form, plan) for form in FORMS for plan in plans]
+  rows = [('Adam', 'auto')] + [(form, plan) for form in (*FORMS, PARAMS_SOURCE) for plan in plans]
   out = {'params': sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)), 'rows': {}}
+  out['nbytes'] = tree_bytes(params)
   for form, plan in rows:
     seconds = math.inf
     for _ in range(COMPILE_REPEATS):
@@ -454,39 +466,38 @@ def report(sizes: Sizes, results: dict, parts: tuple[str, ...]) -> str:
     ]
     adam_row += [f'{head[n]["Adam"][0]:.1f} ({head[n]["Adam"][2]:,} kernels)' for n in sizes.layers]
     rows.append(adam_row)
-    for form in FORMS:
-      for plan in PLANS:
-        row = [f'{form}, {plan}']
-        temps, ratios = [], []
-        for n in sizes.layers:
-          seconds, temp, _ = head[n][form, plan]
-          temps.append((temp - head[n]['Adam'][1]) / head[n]['nbytes'])
-          ratios.append(seconds / head[n]['Adam'][0])
-          row.append(f'{temps[-1]:.2f}x')
-        row += [
-          f'{head[n][form, plan][0]:.1f} ({r:.2f}x, {head[n][form, plan][2]:,} kernels)'
-          for n, r in zip(sizes.layers, ratios, strict=True)
-        ]
-        rows.append(row)
-        at = ', '.join(f'{t:.2f}x at {n}' for t, n in zip(temps, sizes.layers, strict=True))
+    for form, plan in HEADLINE:
+      row = [f'{form}, {plan}']
+      temps, ratios = [], []
+      for n in sizes.layers:
+        seconds, temp, _ = head[n][form, plan]
+        temps.append((temp - head[n]['Adam'][1]) / head[n]['nbytes'])
+        ratios.append(seconds / head[n]['Adam'][0])
+        row.append(f'{temps[-1]:.2f}x')
+      row += [
+        f'{head[n][form, plan][0]:.1f} ({r:.2f}x, {head[n][form, plan][2]:,} kernels)'
+        for n, r in zip(sizes.layers, ratios, strict=True)
+      ]
+      rows.append(row)
+      at = ', '.join(f'{t:.2f}x at {n}' for t, n in zip(temps, sizes.layers, strict=True))
+      goal(
+        '1 temp <= 0.1x params', f'{form}, {plan}, histogram', at, verdict(max(temps), GOAL_TEMP)
+      )
+      at = ', '.join(f'{r:.2f}x at {n}' for r, n in zip(ratios, sizes.layers, strict=True))
+      goal(
+        '3 optimizer-step compile <= 3x',
+        f'{form}, {plan}',
+        at,
+        verdict(max(ratios), GOAL_COMPILE),
+      )
+      if len(ratios) > 1:
+        growth = ratios[-1] / ratios[0]
         goal(
-          '1 temp <= 0.1x params', f'{form}, {plan}, histogram', at, verdict(max(temps), GOAL_TEMP)
-        )
-        at = ', '.join(f'{r:.2f}x at {n}' for r, n in zip(ratios, sizes.layers, strict=True))
-        goal(
-          '3 optimizer-step compile <= 3x',
+          f'3 compile ratio not growing {sizes.layers[0]} -> {sizes.layers[-1]}',
           f'{form}, {plan}',
-          at,
-          verdict(max(ratios), GOAL_COMPILE),
+          f'{ratios[0]:.2f}x -> {ratios[-1]:.2f}x',
+          'met' if growth <= 1 else f'not met (grew {100 * (growth - 1):.0f}%)',
         )
-        if len(ratios) > 1:
-          growth = ratios[-1] / ratios[0]
-          goal(
-            f'3 compile ratio not growing {sizes.layers[0]} -> {sizes.layers[-1]}',
-            f'{form}, {plan}',
-            f'{ratios[0]:.2f}x -> {ratios[-1]:.2f}x',
-            'met' if growth <= 1 else f'not met (grew {100 * (growth - 1):.0f}%)',
-          )
     n = sizes.layers[0]
     leaves = ', '.join(f'{head[k]["leaves"]} leaves at {k}' for k in sizes.layers)
     lines.append(
@@ -571,11 +582,19 @@ def report(sizes: Sizes, results: dict, parts: tuple[str, ...]) -> str:
     )
   full = results.get('full')
   if full:
-    adam_s = full['rows']['Adam', 'auto'][0]
+    adam_s, adam_temp = full['rows']['Adam', 'auto']
     rows = []
     for (form, plan), (seconds, temp) in full['rows'].items():
-      ratio = seconds / adam_s
-      rows.append([f'{form}, {plan}', f'{seconds:.1f}', f'{ratio:.2f}x', f'{temp / 2**20:.0f}'])
+      ratio, beyond = seconds / adam_s, (temp - adam_temp) / full['nbytes']
+      rows.append(
+        [
+          f'{form}, {plan}',
+          f'{seconds:.1f}',
+          f'{ratio:.2f}x',
+          f'{temp / 2**20:.0f}',
+          f'{beyond:.2f}x',
+        ]
+      )
       if form != 'Adam':
         goal(
           '3 full-step compile <= 1.2x',
@@ -583,11 +602,20 @@ def report(sizes: Sizes, results: dict, parts: tuple[str, ...]) -> str:
           f'{ratio:.2f}x',
           verdict(ratio, GOAL_FULL),
         )
+        goal(
+          '1 temp <= 0.1x params',
+          f'{form}, {plan}, full step',
+          f'{beyond:.2f}x',
+          verdict(beyond, GOAL_TEMP),
+        )
     lines.append(
       f"### 3. A full GPT-2 training step: transformers' FlaxGPT2LMHeadModel "
       f'({sizes.full_layers} layers, width {sizes.full_width}, {full["params"] / 1e6:.0f}M '
       f'params, shapes only), batch 1x{sizes.full_length}, donated\n\n'
-      + table(['step', 'compile CPU s', 'vs Adam', 'temp MiB'], rows)
+      "Temp beyond Adam's: as a multiple of the params' bytes. In this step XLA runs Adam's "
+      "update of each layer as soon as the backward pass has its gradients, so Adam's own "
+      "temp holds a few layers' gradients, not all of them.\n\n"
+      + table(['step', 'compile CPU s', 'vs Adam', 'temp MiB', 'temp beyond Adam'], rows)
       + '\n'
     )
   pl = results.get('plans')

@@ -34,9 +34,8 @@ def fake_results(sizes):
   head = {}
   for n in sizes.layers:
     head[n] = {'Adam': (1.0, 0, 447), 'nbytes': 400, 'leaves': 148, 'state': (90, 12)}
-    for form in cost.FORMS:
-      for plan in cost.PLANS:
-        head[n][form, plan] = (2.0 + n / 100, 20, 1191)  # seconds, temp bytes, kernels
+    for form, plan in cost.HEADLINE:
+      head[n][form, plan] = (2.0 + n / 100, 20, 1191)  # seconds, temp bytes, kernels
   names = ('Adam', 'pruned', 'chained', 'pruned, update', 'chained, update', 'sort-based, update')
   counts = {name: dict.fromkeys(cost.HLO_OPS, 1) for name in names[:3]}
   return {
@@ -52,8 +51,9 @@ def fake_results(sizes):
     },
     'full': {
       'params': 124e6,
-      'rows': {('Adam', 'auto'): (1.0, 0), ('pruned', 'adaptive'): (1.1, 0)}
-      | {('chained', 'adaptive'): (1.5, 0)},
+      'nbytes': 400,
+      'rows': {('Adam', 'auto'): (1.0, 100), ('pruned', 'adaptive'): (1.1, 400)}
+      | {('chained', 'adaptive'): (1.5, 400), (cost.PARAMS_SOURCE, 'adaptive'): (1.5, 120)},
     },
     'plans': {(m, p): 0.1 for m in ('histogram', 'exact') for p in cost.PLANS},
   }
@@ -74,10 +74,20 @@ def test_report_marks_every_goal():
   ):
     assert goal in summary, goal
   rows = [line for line in summary.splitlines() if line.startswith('| ')][1:]
-  # 4 headline rows x 3 goals, 4 matrix rules, 2 models x 3, 2 full-step rows, 2 plan rows.
-  assert len(rows) == 4 * 3 + len(sizes.matrix_rules) + 2 * 3 + 2 + 2
+  # 5 headline rows x 3 goals, 4 matrix rules, 2 models x 3, 3 full-step rows x 2, 2 plan rows.
+  assert len(rows) == len(cost.HEADLINE) * 3 + len(sizes.matrix_rules) + 2 * 3 + 3 * 2 + 2
+  assert len(cost.HEADLINE) == 5
   assert all(row.endswith(('| met |', ') |', '| info |')) for row in rows), rows
   assert '| 3 full-step compile <= 1.2x | pruned, adaptive | 1.10x | met |' in summary
+  # The full step's temp beyond Adam's, as a multiple of the params' bytes (400).
+  assert (
+    '| 1 temp <= 0.1x params | pruned, adaptive, full step | 0.75x | not met (by 0.65x) |'
+    in summary
+  )
+  assert (
+    '| 1 temp <= 0.1x params | pruned, mask_source=params, adaptive, full step | 0.05x | met |'
+    in summary
+  )
   assert '| 3 full-step compile <= 1.2x | chained, adaptive | 1.50x | not met (by 0.30x) |' in (
     summary
   )
