@@ -6,7 +6,8 @@ conditional reads the optimizer's updates, stored once (1x; recomputing the opti
 every counting pass stores nothing, but XLA:CPU compiles a division by a scalar there as
 a multiplication by its reciprocal, so those weights would differ from the stored ones
 in the last bit), and the new masks leave it packed eight to a byte (1/32 of float32
-params). Nothing else the size of the weights, on every plan and rule (block pooling
+params). With `mask_source='params'` the search reads the params and only the bits are
+left. Nothing else the size of the weights, on every plan and rule (block pooling
 stores the block averages, a 16th of its leaf). Measured in a subprocess with XLA's
 default optimizations (the suite turns most of them off to compile faster, and the
 buffers depend on them).
@@ -36,6 +37,7 @@ def temp(tx):
   compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, params).compile()
   return compiled.memory_analysis().temp_size_in_bytes
 
+PARAMS_SOURCE_RULES = ('', 'threshold_method=exact', 'global_pruning=true')
 opt = optax.adam(1e-3)
 adam = temp(opt)
 out = {}
@@ -43,10 +45,13 @@ for rule in sys.argv[1:]:
   for plan in ('fixed', 'adaptive'):
     hp = 'target_sparsity=0.9,pruning_frequency=10,sparsity_function_end_step=20,'
     hp += f'mask_search={plan}' + (',' + rule if rule else '')
-    for form, tx in (
+    forms = [
       ('pruned', jaxprune.pruned(opt, hp)),
       ('chained', optax.chain(opt, jaxprune.pruning(hp))),
-    ):
+    ]
+    if rule in PARAMS_SOURCE_RULES:
+      forms.append(('pruned params', jaxprune.pruned(opt, hp + ',mask_source=params')))
+    for form, tx in forms:
       out[f'{rule or "histogram"} {plan} {form}'] = (temp(tx) - adam) / nbytes
 print(json.dumps(out))
 """
@@ -85,6 +90,15 @@ def test_pruned_stores_the_updates_once_and_the_masks_bits(temps, rule, plan):
 def test_chained_stores_the_updates_once_and_the_masks_bits(temps, rule, plan):
   # Before: 2.25x (adaptive) and 4.0x (fixed): Adam's direction beside the updates.
   assert temps[f'{rule} {plan} chained'] <= 1 + 1 / 32 + 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('rule', ['histogram', 'threshold_method=exact', 'global_pruning=true'])
+@pytest.mark.parametrize('plan', ['fixed', 'adaptive'])
+def test_params_source_stores_only_the_masks_bits(temps, rule, plan):
+  # mask_source='params' thresholds the params, which are in memory already: nothing of
+  # the step is stored for the search, only the new masks' bits leave the conditional.
+  assert temps[f'{rule} {plan} pruned params'] <= 1 / 32 + 0.01
 
 
 @pytest.mark.slow
