@@ -1,4 +1,4 @@
-"""What the digits benchmarks do around `jaxprune.train`'s public parts: initialise a model
+"""What the digits benchmarks do around `jaxprune_train`'s public parts: initialise a model
 as the main job does, and measure test accuracy."""
 
 from __future__ import annotations

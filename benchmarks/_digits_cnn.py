@@ -2,7 +2,7 @@
 
 jaxpruner's comparison row runs in another virtual environment (jaxpruner
 needs an older JAX than jaxprune), so this file holds copies of the main job's
-digits split and CNN (`jaxprune.train.load_digits`, `jaxprune.train.CNN`, which
+digits split and CNN (`jaxprune_train.load_digits`, `jaxprune_train.CNN`, which
 benchmarks/sparse_training.py checks them against) and the training loop both
 sides share.
 """
@@ -33,7 +33,7 @@ class Digits(NamedTuple):
 
 
 def load_digits() -> Digits:
-  """scikit-learn's 1,797 digits as `jaxprune.train.load_digits()` splits them: images
+  """scikit-learn's 1,797 digits as `jaxprune_train.load_digits()` splits them: images
   (8, 8, 1) scaled to [0, 1], 449 held out by the permutation of seed 0."""
   from sklearn.datasets import load_digits as sk_load_digits
 
@@ -46,7 +46,7 @@ def load_digits() -> Digits:
 
 
 class CNN(nn.Module):
-  """`jaxprune.train.CNN()`: 3x3 convs of 16 and 32 channels, each with 2x2 max pooling,
+  """`jaxprune_train.CNN()`: 3x3 convs of 16 and 32 channels, each with 2x2 max pooling,
   then a 64-wide dense layer and 10 logits."""
 
   @nn.compact

@@ -2,7 +2,7 @@
 
 The CNN of `configs/digits_cnn.py` (two 3x3 convs of 16 and 32 channels, a
 64-wide dense layer, a 10-way head) is trained densely by the main job
-(`jaxprune.train.train`, that config with `prune=False`: 3000 Adam steps), then
+(`jaxprune_train.train`, that config with `prune=False`: 3000 Adam steps), then
 pruned once from calibration images of the training set with each method, and
 fine-tuned for a few hundred Adam steps with the masks kept
 (`jaxprune.apply_masks` after each step). Test accuracy (449 images) is printed

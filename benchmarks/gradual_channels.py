@@ -1,6 +1,6 @@
 """Gradual channel pruning against one-shot pruning and the small model from scratch.
 
-The digits CNN of `jaxprune.train` (16-32 conv channels, 64 dense), 3000
+The digits CNN of `jaxprune_train` (16-32 conv channels, 64 dense), 3000
 training steps for every candidate (batch 64, adam 1e-3), ending with the
 same architecture (8-16 conv channels, 32 dense: equal FLOPs, checked):
 

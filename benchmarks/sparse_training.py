@@ -72,7 +72,7 @@ def kernel_sparsity(params) -> float:
 
 
 def check_the_copies() -> None:
-  """_digits_cnn holds copies of `jaxprune.train`'s digits split and CNN (jaxpruner's
+  """_digits_cnn holds copies of `jaxprune_train`'s digits split and CNN (jaxpruner's
   environment cannot import jaxprune): they must give the same data, params and logits."""
   model, params, dataset, _ = task_lib.task(0)
   original = train_lib.load_digits()
@@ -88,7 +88,7 @@ def check_the_copies() -> None:
     ),
   ]
   if not all(same):
-    raise SystemExit(f'benchmarks/_digits_cnn.py no longer copies jaxprune.train: {same}')
+    raise SystemExit(f'benchmarks/_digits_cnn.py no longer copies jaxprune_train: {same}')
 
 
 def jaxpruner_row() -> dict:

@@ -4,7 +4,7 @@
    64-128-256-512 channels) on 32x32 inputs, batch 64, with 50% of the
    channels of every group removed: FLOPs ratio and measured inference
    speedup of the jitted model (goal: >= 2.5x).
-2. The small CNN of `jaxprune.train` on scikit-learn's digits (16-32 conv, 64
+2. The small CNN of `jaxprune_train` on scikit-learn's digits (16-32 conv, 64
    dense, and the same at twice the width): trained 20 epochs, then 50% of
    its channels removed (L2, uniform) and fine-tuned 10 epochs (goal: test
    accuracy within 1 point of the unpruned model); for the default CNN also

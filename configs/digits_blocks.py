@@ -8,7 +8,7 @@ and removed whole, which is what block-sparse kernels on accelerators need.
 
 import ml_collections
 
-from jaxprune import train
+import jaxprune_train as train
 
 
 def get_config() -> ml_collections.ConfigDict:

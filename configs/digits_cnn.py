@@ -8,7 +8,7 @@ to 50% only (`weight_sparsity_map`); every other kernel goes to 90%.
 
 import ml_collections
 
-from jaxprune import train
+import jaxprune_train as train
 
 
 def get_config() -> ml_collections.ConfigDict:

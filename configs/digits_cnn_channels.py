@@ -11,7 +11,7 @@ model as `pruned_model.bin` and reports its FLOPs, CPU speedup and accuracy.
 
 import ml_collections
 
-from jaxprune import train
+import jaxprune_train as train
 
 
 def get_config() -> ml_collections.ConfigDict:

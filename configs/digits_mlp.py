@@ -5,7 +5,7 @@ jaxprune-train --config configs/digits_mlp.py --workdir runs/digits
 
 import ml_collections
 
-from jaxprune import train
+import jaxprune_train as train
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -8,7 +8,7 @@ is pruned gently while the two hidden kernels (49,200 weights) go to 95%.
 
 import ml_collections
 
-from jaxprune import train
+import jaxprune_train as train
 
 
 def get_config() -> ml_collections.ConfigDict:

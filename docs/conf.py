@@ -95,7 +95,7 @@ PACKAGES = {
   'jaxprune.sparse': 'Sparse training from scratch: static, SET, RigL, STE.',
   'jaxprune.functional': 'Masks as functions of a params pytree (torch.nn.utils.prune).',
   'jaxprune.methods': 'Pruning criteria for jaxprune.functional.',
-  'jaxprune.train': 'The main job, `jaxprune-train`, as a library.',
+  'jaxprune_train': 'The main job, `jaxprune-train`, as a library.',
 }
 _API_DIR = os.path.join(os.path.dirname(__file__), 'api')
 

@@ -8,20 +8,11 @@ The public API (docs/api/index.md lists every name):
     and ml_collections: jaxprune.functional and jaxprune.methods (torch.nn.utils.prune
     counterpart), jaxprune.sparse (sparse training from scratch), jaxprune.structured
     (structured channel pruning; needs flax and scipy), jaxprune.channels (gradual channel
-    pruning) and jaxprune.train (the main job; needs the `examples` extra).
+    pruning).
+
+The main job, `jaxprune-train`, is its own package beside this one (`jaxprune_train`):
+`import jaxprune` imports nothing of it.
 """
-
-import sys
-
-if sys.argv[:1] == ['-m']:  # `python -m` importing the packages of the module it runs
-  # `python -m jaxprune.train`, the main job: Ctrl-C ends it with its own line from here
-  # on, rather than with a traceback from the imports below (JAX's take a second or more).
-  try:
-    import _jaxprune_train  # beside this package, the standard library only
-  except ImportError:  # a copy of the package without it
-    pass
-  else:
-    _jaxprune_train.guard_module_run()
 
 import importlib
 import importlib.metadata
@@ -55,11 +46,11 @@ from jaxprune._summaries import (
 from jaxprune._transform import MaskRule, PruningState, pruned, pruning
 
 if TYPE_CHECKING:
-  from jaxprune import channels, functional, methods, oneshot, sparse, structured, train
+  from jaxprune import channels, functional, methods, oneshot, sparse, structured
 
 # Namespaces, as in optax (`optax.contrib`), are attributes of the package rather than
 # entries of `__all__`: `from jaxprune import *` then stays as light as `import jaxprune`.
-_NAMESPACES = ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured', 'train')
+_NAMESPACES = ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured')
 
 try:
   __version__ = importlib.metadata.version('jaxprune')  # pyproject.toml's, once installed
@@ -106,6 +97,11 @@ def __getattr__(name: str) -> Any:
   """Imports a namespace on first use (PEP 562): `jaxprune.structured.trace(...)`."""
   if name in _NAMESPACES:
     return importlib.import_module(f'{__name__}.{name}')
+  if name == 'train':
+    raise AttributeError(
+      "module 'jaxprune' has no attribute 'train': the main job is the package "
+      '`jaxprune_train` beside it (`import jaxprune_train`, or run `jaxprune-train`)'
+    )
   raise no_attribute(__name__, name, [*__all__, *_NAMESPACES])
 
 

@@ -11,10 +11,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from jaxprune.train import ConfigError
-from jaxprune.train import _data as data
-from jaxprune.train import _loop as loop
-from jaxprune.train._metrics import read_metrics
+from jaxprune_train import ConfigError
+from jaxprune_train import _data as data
+from jaxprune_train import _loop as loop
+from jaxprune_train._metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

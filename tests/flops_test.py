@@ -34,7 +34,7 @@ def test_a_report_reads_its_two_counts():
 def test_every_result_with_flops_reports_through_the_one_owner():
   from jaxprune.channels import Shrunk
   from jaxprune.structured import PruneResult
-  from jaxprune.train._channels import ChannelResult
+  from jaxprune_train._channels import ChannelResult
 
   for result in (PruneResult, Shrunk, ChannelResult):
     assert issubclass(result, _flops.FlopsReport)

@@ -9,7 +9,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATHS = [
   'jaxprune',
-  '_jaxprune_train.py',
+  'jaxprune_train',
   'tests',
   'benchmarks',
   'configs',

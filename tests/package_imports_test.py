@@ -16,6 +16,7 @@ PACKAGE = ROOT / 'jaxprune'
 PACKAGES = sorted(p.parent for p in PACKAGE.rglob('__init__.py'))
 SUBPACKAGES = sorted(p.name for p in PACKAGES if p.parent == PACKAGE)
 CORE = sorted(p for p in PACKAGE.glob('*.py') if p.name != '__init__.py')
+JOB = ROOT / 'jaxprune_train'  # the main job: a package beside the library, not in it
 
 # Heavy dependencies, and jaxprune's own packages, that `import jaxprune` must not load.
 NOT_LOADED = [
@@ -24,6 +25,7 @@ NOT_LOADED = [
   'orbax',
   'transformers',
   'sklearn',
+  'jaxprune_train',
   *(f'jaxprune.{p}' for p in SUBPACKAGES),
 ]
 
@@ -89,14 +91,39 @@ def test_import_jaxprune_loads_only_the_core():
   )
   report = json.loads(result.stdout.splitlines()[-1])
   loaded = [m for m in report['loaded'] if within(m, NOT_LOADED)]
-  assert {'jaxprune.structured', 'jaxprune.channels', 'jaxprune.train'} <= set(NOT_LOADED)
+  assert {'jaxprune.structured', 'jaxprune.channels', 'jaxprune_train'} <= set(NOT_LOADED)
   assert loaded == []
-  assert {'structured', 'channels', 'train', 'sparse', 'functional', 'methods'} <= set(
-    report['dir']
-  )
+  assert {'structured', 'channels', 'sparse', 'functional', 'methods'} <= set(report['dir'])
   assert report['trace'] == 'jaxprune.structured._trace.tracing'
   assert report['channels'] == 'jaxprune.channels._rule'
   assert report['after']
+
+
+def test_the_library_never_imports_the_job():
+  files = sorted(PACKAGE.rglob('*.py'))
+  assert len(files) > 50
+  assert violations(files, ['jaxprune_train']) == []
+
+
+def test_jaxprune_train_names_the_jobs_package():
+  import jaxprune
+
+  with pytest.raises(AttributeError, match=r'`import jaxprune_train`'):
+    jaxprune.train  # noqa: B018
+
+
+def test_the_jobs_entry_needs_only_the_standard_library():
+  """`python -m jaxprune_train` imports the package, then `__main__` imports `_entry`,
+  which puts the job's Ctrl-C answer in place: nothing before it may import JAX."""
+  script = (
+    'import sys\n'
+    'import jaxprune_train, jaxprune_train._entry\n'
+    'print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxprune", "numpy")))\n'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', script], capture_output=True, text=True, check=True, timeout=120
+  ).stdout
+  assert out.strip() == '[]'
 
 
 def test_unknown_attribute_is_an_attribute_error():
@@ -129,7 +156,9 @@ def is_docstring_all_or_getattr(node: ast.stmt) -> bool:
   )
 
 
-@pytest.mark.parametrize('package', [module_name(p / '__init__.py') for p in PACKAGES])
+@pytest.mark.parametrize(
+  'package', [*(module_name(p / '__init__.py') for p in PACKAGES), 'jaxprune_train']
+)
 def test_init_exports_exactly_its_all(package):
   """Each `__init__` holds a docstring, imports and `__all__`; the names it imports from
   jaxprune are `__all__`, and every one resolves."""
@@ -145,14 +174,14 @@ def test_init_exports_exactly_its_all(package):
       assert is_docstring_all_or_getattr(node), f'{package}/__init__.py line {node.lineno}'
   module = importlib.import_module(package)
   assert len(module.__all__) == len(set(module.__all__))
-  if package == 'jaxprune.train':
+  if package == 'jaxprune_train':
     # Lazy: its imports are for type checkers only, and `_MODULES` names where each is.
     imported = {
       alias.asname or alias.name
       for node in ast.walk(tree)
       if isinstance(node, ast.ImportFrom)
       for alias in node.names
-      if (node.module or '').startswith('jaxprune.train._')
+      if (node.module or '').startswith('jaxprune_train._')
     }
     assert set(module._MODULES) == imported
   assert set(module.__all__) == imported
@@ -161,15 +190,15 @@ def test_init_exports_exactly_its_all(package):
 
 
 # Packages whose `__init__` loads what it exports on first use (PEP 562 `__getattr__`).
-LAZY = ('jaxprune', 'jaxprune.train')
+LAZY = ('jaxprune', 'jaxprune_train')
 
 
 def test_the_main_job_loads_its_modules_on_first_use():
-  """A config file's `from jaxprune.train import get_config`, and the command's flag errors,
+  """A config file's `from jaxprune_train import get_config`, and the command's flag errors,
   load no Flax, orbax or matplotlib (a fresh process: this one has them all)."""
   code = (
     'import sys\n'
-    'from jaxprune.train import get_config\n'
+    'from jaxprune_train import get_config\n'
     'assert get_config().name == "digits_mlp"\n'
     'heavy = ("flax", "orbax", "matplotlib", "sklearn", "jaxprune.structured")\n'
     'print(sorted(m for m in sys.modules if m.startswith(heavy)))\n'
@@ -180,14 +209,14 @@ def test_the_main_job_loads_its_modules_on_first_use():
   assert out.strip() == '[]'
   # A mistyped field: one line, and (-X importtime lists every module imported) none of them.
   err = subprocess.run(
-    [sys.executable, '-X', 'importtime', '-m', 'jaxprune.train', '--config.num_step=5'],
+    [sys.executable, '-X', 'importtime', '-m', 'jaxprune_train', '--config.num_step=5'],
     capture_output=True,
     text=True,
     timeout=120,
   ).stderr.splitlines()
   assert err[-1].startswith('jaxprune-train: --config.num_step=5: the config has no field')
   loaded = {line.split('|')[-1].strip() for line in err if line.startswith('import time:')}
-  assert 'jaxprune.train._usage' in loaded
+  assert 'jaxprune_train._usage' in loaded
   assert not {m for m in loaded if m.split('.')[0] in ('flax', 'orbax', 'matplotlib', 'sklearn')}
 
 
@@ -200,7 +229,7 @@ def test_core_imports_no_package():
 def test_structured_imports_neither_channels_nor_train():
   files = sorted((PACKAGE / 'structured').rglob('*.py'))
   assert len(files) > 10
-  assert violations(files, ['jaxprune.channels', 'jaxprune.train']) == []
+  assert violations(files, ['jaxprune.channels', 'jaxprune_train']) == []
 
 
 def test_other_packages_use_structured_only_through_its_public_and_shared_names():
@@ -211,10 +240,9 @@ def test_other_packages_use_structured_only_through_its_public_and_shared_names(
   )
   assert {'_core', '_primitives', '_trace', '_select', '_shrink', '_prune'} <= set(stages)
   files = sorted(
-    p
-    for package in ('channels', 'train', 'oneshot', 'sparse')
-    for p in (PACKAGE / package).rglob('*.py')
+    p for package in ('channels', 'oneshot', 'sparse') for p in (PACKAGE / package).rglob('*.py')
   )
+  files += sorted(JOB.rglob('*.py'))
   assert violations(files, [f'jaxprune.structured.{s}' for s in stages]) == []
 
 
@@ -273,7 +301,7 @@ def test_the_direction_check_sees_nested_and_relative_imports():
 PUBLIC_MODULES = {
   'jaxprune.functional',  # the torch.nn.utils.prune counterpart (re-exports)
   'jaxprune.methods',  # its pruning criteria (re-exports)
-  'jaxprune.train.__main__',  # `python -m jaxprune.train`
+  'jaxprune_train.__main__',  # `python -m jaxprune_train`
 }
 
 
@@ -281,7 +309,7 @@ def test_implementation_modules_are_private():
   """Implementation lives in modules (or folders) whose names start with `_`; a public
   module is a package's `__init__`, a re-exporting namespace or a script."""
   public = set()
-  for path in PACKAGE.rglob('*.py'):
+  for path in [*PACKAGE.rglob('*.py'), *JOB.rglob('*.py')]:
     parts = path.relative_to(ROOT).with_suffix('').parts
     if path.name == '__init__.py' or any(p.startswith('_') for p in parts[1:]):
       continue
@@ -302,7 +330,7 @@ def test_importing_jaxprune_and_its_namespaces_starts_no_backend():
   # The main job calls jax.distributed.initialize after its imports, which must come
   # before JAX's backend starts: no module may make a jax array at import.
   script = (
-    'import jaxprune, jaxprune.train, jaxprune.sparse, jaxprune.oneshot, jaxprune.structured\n'
+    'import jaxprune, jaxprune_train, jaxprune.sparse, jaxprune.oneshot, jaxprune.structured\n'
     'import jaxprune.channels, jaxprune.functional, jaxprune.methods\n'
     'from jax._src import xla_bridge\n'
     'print(xla_bridge.backends_are_initialized())\n'

@@ -32,7 +32,7 @@ def dotted(node: ast.expr) -> list[str] | None:
 
 
 def path_into_package(node: ast.AST) -> bool:
-  """`os.path.join(..., 'jaxprune', ...)`, `Path(...) / 'jaxprune/train'`: a benchmark that
+  """`os.path.join(..., 'jaxprune', ...)`, `Path(...) / 'jaxprune_train'`: a benchmark that
   reads the package's files (its private modules, loaded by path) rather than importing it."""
   if isinstance(node, ast.Call):
     func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, 'id', '')
@@ -44,9 +44,12 @@ def path_into_package(node: ast.AST) -> bool:
   return any(
     isinstance(p, ast.Constant)
     and isinstance(p.value, str)
-    and (p.value == 'jaxprune' or p.value.startswith('jaxprune/'))
+    and (p.value in ROOTS or p.value.startswith(tuple(f'{r}/' for r in ROOTS)))
     for p in parts
   )
+
+
+ROOTS = ('jaxprune', 'jaxprune_train')  # the library and the main job beside it
 
 
 def private_uses(source: str, filename: str = '<source>') -> list[str]:
@@ -59,7 +62,7 @@ def private_uses(source: str, filename: str = '<source>') -> list[str]:
   found = []
 
   def report(node: ast.AST, path: list[str]) -> None:
-    if path[0] == 'jaxprune' and any(is_private(p) for p in path[1:]):
+    if path[0] in ROOTS and any(is_private(p) for p in path[1:]):
       found.append(f'{node.lineno}: {".".join(path)}')
 
   def resolve(node: ast.expr) -> list[str] | None:
@@ -74,11 +77,11 @@ def private_uses(source: str, filename: str = '<source>') -> list[str]:
     if isinstance(node, ast.Import):
       for alias in node.names:
         path = alias.name.split('.')
-        if path[0] == 'jaxprune':
-          bound[alias.asname or path[0]] = path if alias.asname else ['jaxprune']
+        if path[0] in ROOTS:
+          bound[alias.asname or path[0]] = path if alias.asname else [path[0]]
     elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
       path = node.module.split('.')
-      if path[0] == 'jaxprune':
+      if path[0] in ROOTS:
         for alias in node.names:
           bound[alias.asname or alias.name] = [*path, alias.name]
   for node in nodes:
@@ -109,7 +112,7 @@ def private_uses(source: str, filename: str = '<source>') -> list[str]:
       if path is not None:
         report(node, [*path, node.args[1].value])
     if path_into_package(node):
-      found.append(f'{node.lineno}: a path into jaxprune/ (its modules read as files)')
+      found.append(f'{node.lineno}: a path into a package (its modules read as files)')
   return sorted(set(found), key=lambda f: (int(f.split(':')[0]), f))
 
 
@@ -126,15 +129,15 @@ def test_benchmarks_use_public_names_only():
 @pytest.mark.parametrize(
   'source, expected',
   [
-    ('from jaxprune.train import _loop as loop', ['1: jaxprune.train._loop']),
-    ('from jaxprune.train._step import make_evaluate', ['1: jaxprune.train._step.make_evaluate']),
+    ('from jaxprune_train import _loop as loop', ['1: jaxprune_train._loop']),
+    ('from jaxprune_train._step import make_evaluate', ['1: jaxprune_train._step.make_evaluate']),
     ('import jaxprune._thresholds', ['1: jaxprune._thresholds']),
     (
       'import jaxprune\ndef f() -> jaxprune._hparams.HParams: ...',
       ['2: jaxprune._hparams.HParams'],
     ),
     ('import jaxprune.structured as s\ns._core.cost', ['2: jaxprune.structured._core.cost']),
-    ('from jaxprune import train\nt = train\nt._data.x', ['3: jaxprune.train._data.x']),
+    ('import jaxprune_train as train\nt = train\nt._data.x', ['3: jaxprune_train._data.x']),
     (
       "import jaxprune as jp\ngetattr(jp.structured, '_shared')",
       ['2: jaxprune.structured._shared'],
@@ -142,11 +145,11 @@ def test_benchmarks_use_public_names_only():
     ('def f():\n  return jaxprune._masks\nimport jaxprune', ['2: jaxprune._masks']),
     (
       "import os\nos.path.join(root, 'jaxprune', 'train')",
-      ['2: a path into jaxprune/ (its modules read as files)'],
+      ['2: a path into a package (its modules read as files)'],
     ),
     (
-      "root / 'jaxprune/train/_models.py'",
-      ['1: a path into jaxprune/ (its modules read as files)'],
+      "root / 'jaxprune_train/_models.py'",
+      ['1: a path into a package (its modules read as files)'],
     ),
     # Allowed: public names, dunders, the benchmarks' own helpers, other libraries' `_x`.
     ('import jaxprune\njaxprune.structured.trace\njaxprune.__version__', []),
@@ -159,18 +162,22 @@ def test_the_benchmark_check_finds_private_paths(source, expected):
 
 
 # A private path: a dotted name through `jaxprune` (or one of its namespaces) with a part
-# that starts with `_` (`jaxprune._masks`, `jaxprune.train._loop`, `structured._shared`), a
+# that starts with `_` (`jaxprune._masks`, `jaxprune_train._loop`, `structured._shared`), a
 # dotted name that starts with a private module (`_core.cost`), or a file path with such a
 # part (`_prune/pipeline.py`, `jaxprune/_masks.py`, `_shared.py`).
 NAMESPACES = '|'.join(jaxprune._NAMESPACES)
 PRIVATE_PATH = re.compile(
-  rf'\b(?:jaxprune|{NAMESPACES})(?:\.[A-Za-z]\w*)*\._(?!_)\w*'
+  rf'\b(?:jaxprune|jaxprune_train|{NAMESPACES})(?:\.[A-Za-z]\w*)*\._(?!_)\w*'
   r'|(?<![\w.])(?:[\w.]+/)*_(?!_)\w*/[\w./]*\.py\b'
   r'|(?<![\w./])(?:[\w.]+/)*_(?!_)\w*\.py\b'
   r'|(?<![\w./])_(?!_)[a-z]\w*\.[a-z]\w*'
 )
 
-PUBLIC_PACKAGES = ['jaxprune', *(f'jaxprune.{n}' for n in jaxprune._NAMESPACES)]
+PUBLIC_PACKAGES = [
+  'jaxprune',
+  *(f'jaxprune.{n}' for n in jaxprune._NAMESPACES),
+  'jaxprune_train',
+]
 
 
 def documented(package: str):
@@ -211,7 +218,7 @@ def test_public_docstrings_point_at_no_private_path(package):
   'text, expected',
   [
     ('see jaxprune._masks.update', ['jaxprune._masks']),
-    ('(`jaxprune.train._loop`)', ['jaxprune.train._loop']),
+    ('(`jaxprune_train._loop`)', ['jaxprune_train._loop']),
     ('in structured._shared', ['structured._shared']),
     ('as _prune/pipeline.py does', ['_prune/pipeline.py']),
     ('jaxprune/structured/_prune/pipeline.py', ['jaxprune/structured/_prune/pipeline.py']),
@@ -237,7 +244,7 @@ def test_the_docstring_check_finds_private_paths(text, expected):
     ('jaxprune.channels', 'ChanelRule', 'ChannelRule'),
     ('jaxprune.functional', 'l1_unstructure', 'l1_unstructured'),
     ('jaxprune.methods', 'validate', 'validate_amount'),
-    ('jaxprune.train', 'trian', 'train'),
+    ('jaxprune_train', 'trian', 'train'),
   ],
 )
 def test_a_misspelt_public_name_suggests_the_nearest(module, typed, meant):

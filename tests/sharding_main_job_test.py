@@ -30,7 +30,7 @@ COMPARE = """
 import json, sys
 import jax, numpy as np
 import jaxprune
-from jaxprune.train import _loop as loop
+from jaxprune_train import _loop as loop
 import tiny
 
 workdir = sys.argv[1]
@@ -109,7 +109,7 @@ def test_command_line_mesh_shape(tmp_path, mesh_shape, message):
   (tmp_path / 'tiny.py').write_text(TINY_CONFIG)
   args = [
     '-m',
-    'jaxprune.train',
+    'jaxprune_train',
     '--config',
     str(tmp_path / 'tiny.py'),
     f'--config.mesh_shape={mesh_shape}',

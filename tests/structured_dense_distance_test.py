@@ -19,7 +19,7 @@ import jaxprune
 import jaxprune.channels
 import jaxprune.structured as jps
 from jaxprune.channels import ChannelRule
-from jaxprune.train import _channels
+from jaxprune_train import _channels
 
 
 class DigitsCNN(nn.Module):

@@ -1,4 +1,4 @@
-"""Tests for jaxprune.train._checkpoints: orbax round trip, checksums, fallback, commits."""
+"""Tests for jaxprune_train._checkpoints: orbax round trip, checksums, fallback, commits."""
 
 import asyncio
 import errno
@@ -16,12 +16,12 @@ import pytest
 from orbax.checkpoint._src.path import atomicity
 
 import jaxprune
-from jaxprune.train import (
+from jaxprune_train import (
   DamagedCheckpointError,
   IncompatibleWorkdirError,
   StorageError,
 )
-from jaxprune.train import _checkpoints as checkpoints
+from jaxprune_train import _checkpoints as checkpoints
 
 
 class _Inner(NamedTuple):

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import train_faults
 
-from jaxprune.train import StorageError
-from jaxprune.train import _checkpoints as checkpoints
-from jaxprune.train import _loop as loop
-from jaxprune.train._metrics import read_metrics
+from jaxprune_train import StorageError
+from jaxprune_train import _checkpoints as checkpoints
+from jaxprune_train import _loop as loop
+from jaxprune_train._metrics import read_metrics
 
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train_faults.py')
 
@@ -392,7 +392,7 @@ def test_ctrl_c_during_a_checkpoint_stops_after_it_and_is_never_lost(
 def test_a_full_disk_for_the_event_file_is_one_error_not_a_second_one_on_close(
   tmp_path, monkeypatch
 ):
-  from jaxprune.train import _metrics as metrics
+  from jaxprune_train import _metrics as metrics
 
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'events.out.tfevents')

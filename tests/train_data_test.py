@@ -1,10 +1,10 @@
-"""Tests for jaxprune.train._data: digits split, batch order, the .npz loader."""
+"""Tests for jaxprune_train._data: digits split, batch order, the .npz loader."""
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits as sk_load_digits
 
-from jaxprune.train import _data as data
+from jaxprune_train import _data as data
 
 
 def _rows(x):

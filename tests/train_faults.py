@@ -38,7 +38,7 @@ def tiny_config(
 ) -> Any:
   """A 32-16 MLP on digits, pruned to 80% over `prune_steps` (a mask update every
   third of it), checkpointed every 20 steps: the crash and sharding tests' model."""
-  from jaxprune.train import _defaults as defaults
+  from jaxprune_train import _defaults as defaults
 
   begin, end = prune_steps
   frequency = (end - begin) // 3  # also the logging interval: a line at each mask update
@@ -194,7 +194,7 @@ def main(argv: list[str]) -> None:
   workdir, fault = argv[1], argv[2]
   num_steps = int(argv[3]) if len(argv) > 3 else 60
   kind, *rest = fault.split(':')
-  from jaxprune.train import _loop as loop
+  from jaxprune_train import _loop as loop
 
   if kind == 'kill-checkpoint':
     _kill_in_checkpoint(rest[0], int(rest[1]))

@@ -4,8 +4,8 @@ starts real ones)."""
 
 import pytest
 
-from jaxprune.train import _join as join
-from jaxprune.train import _stderr as stderr
+from jaxprune_train import _join as join
+from jaxprune_train import _stderr as stderr
 
 EXAMPLE = 'the address of process 0 and a free port, e.g. 10.0.0.1:1234 or [::1]:1234.'
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import train_faults
 
-from jaxprune.train import ConfigError
-from jaxprune.train import _data as data
-from jaxprune.train import _defaults as defaults
-from jaxprune.train import _loop as loop
-from jaxprune.train import _usage as usage
-from jaxprune.train._metrics import read_metrics
+from jaxprune_train import ConfigError
+from jaxprune_train import _data as data
+from jaxprune_train import _defaults as defaults
+from jaxprune_train import _loop as loop
+from jaxprune_train import _usage as usage
+from jaxprune_train._metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

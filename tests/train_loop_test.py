@@ -1,4 +1,4 @@
-"""End-to-end tests of jaxprune.train._loop.train: outputs, resume, config checks."""
+"""End-to-end tests of jaxprune_train._loop.train: outputs, resume, config checks."""
 
 import json
 import os
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import jaxprune
-from jaxprune.train import DivergedError
-from jaxprune.train import _checkpoints as checkpoints
-from jaxprune.train import _data as data
-from jaxprune.train import _defaults as defaults
-from jaxprune.train import _loop as loop
-from jaxprune.train._metrics import read_metrics
-from jaxprune.train._report import format_report
+from jaxprune_train import DivergedError
+from jaxprune_train import _checkpoints as checkpoints
+from jaxprune_train import _data as data
+from jaxprune_train import _defaults as defaults
+from jaxprune_train import _loop as loop
+from jaxprune_train._metrics import read_metrics
+from jaxprune_train._report import format_report
 
 
 def _config(**pruning):

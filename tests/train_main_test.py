@@ -91,7 +91,7 @@ def test_tf_hparams_string_goes_on_top_of_the_config(tmp_path):
     [
       sys.executable,
       '-m',
-      'jaxprune.train',
+      'jaxprune_train',
       '--workdir',
       workdir,
       *SHORT,
@@ -470,7 +470,7 @@ def test_default_run_with_no_flags_meets_the_goal(tmp_path):
 def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
   import io
 
-  from jaxprune.train import _main as main
+  from jaxprune_train import _main as main
 
   out = io.StringIO()
   stderr = main._WithoutClosedLoopTracebacks(out)
@@ -495,7 +495,7 @@ def test_warnings_are_one_line_each_and_abandoned_writes_are_not_shown(capsys):
   import gc
   import warnings
 
-  from jaxprune.train import _main as main
+  from jaxprune_train import _main as main
 
   async def write_fragment():
     pass
@@ -517,7 +517,7 @@ def test_reads_abandoned_with_a_damaged_checkpoint_are_not_shown(monkeypatch):
   errors are still shown."""
   import gc
 
-  from jaxprune.train import _main as main
+  from jaxprune_train import _main as main
 
   shown = []
   monkeypatch.setattr(sys, 'unraisablehook', lambda info: shown.append(info.object))

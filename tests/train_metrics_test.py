@@ -1,4 +1,4 @@
-"""Tests for jaxprune.train._metrics: metrics.jsonl, TensorBoard events, resume."""
+"""Tests for jaxprune_train._metrics: metrics.jsonl, TensorBoard events, resume."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxprune.train import _metrics as metrics
+from jaxprune_train import _metrics as metrics
 
 
 def _lines(workdir):

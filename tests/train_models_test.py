@@ -1,4 +1,4 @@
-"""Tests for jaxprune.train._models: layer names and shapes, outputs."""
+"""Tests for jaxprune_train._models: layer names and shapes, outputs."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxprune._names import named_leaves
-from jaxprune.train import _models as models
+from jaxprune_train import _models as models
 
 
 def _shapes(params):

@@ -110,8 +110,8 @@ def main(argv: list[str]) -> None:
     jax.distributed.initialize(f'127.0.0.1:{port}', num_processes, process_id)
   import numpy as np
 
-  from jaxprune.train import _distributed as distributed
-  from jaxprune.train import _loop as loop
+  from jaxprune_train import _distributed as distributed
+  from jaxprune_train import _loop as loop
 
   def save(name: str, step: int, state: Any) -> None:
     params = jax.device_get(distributed.host_copy(state.params))  # all processes gather

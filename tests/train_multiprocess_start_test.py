@@ -30,7 +30,7 @@ def _command(tmp_path, port, num_processes, process_id, *extra, workdir=None, ti
   return [
     sys.executable,
     '-m',
-    'jaxprune.train',
+    'jaxprune_train',
     '--config',
     str(tmp_path / 'tiny.py'),
     f'--workdir={workdir or tmp_path / "run"}',

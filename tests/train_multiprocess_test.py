@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import train_multiprocess as mp
 
-from jaxprune.train import _files as files
+from jaxprune_train import _files as files
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ def _launch_cli(tmp_path, workdir, name, port, extra=()):
       [
         sys.executable,
         '-m',
-        'jaxprune.train',
+        'jaxprune_train',
         '--config',
         str(tmp_path / 'tiny.py'),
         f'--workdir={workdir}',
@@ -197,7 +197,7 @@ def test_relaunch_with_another_layout_restores_or_refuses(tmp_path, runs):
   command = [
     sys.executable,
     '-m',
-    'jaxprune.train',
+    'jaxprune_train',
     '--config',
     str(tmp_path / 'tiny.py'),
     f'--workdir={workdir}',

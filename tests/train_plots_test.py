@@ -1,9 +1,9 @@
-"""Tests for jaxprune.train._plots: PNGs are written headless."""
+"""Tests for jaxprune_train._plots: PNGs are written headless."""
 
 import matplotlib.image
 
-from jaxprune.train import _plots as plots
-from jaxprune.train._report import LeafReport
+from jaxprune_train import _plots as plots
+from jaxprune_train._report import LeafReport
 
 
 def test_plots_are_pngs(tmp_path):
@@ -42,7 +42,7 @@ def test_importing_jaxprune_train_leaves_the_matplotlib_backend_alone():
   import sys
 
   code = (
-    'import sys, jaxprune.train, jaxprune.train._plots; print("matplotlib.pyplot" in sys.modules)'
+    'import sys, jaxprune_train, jaxprune_train._plots; print("matplotlib.pyplot" in sys.modules)'
   )
   result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert result.stdout.strip() == 'False'

@@ -1,6 +1,6 @@
-"""Tests for jaxprune.train._report: the end-of-run table."""
+"""Tests for jaxprune_train._report: the end-of-run table."""
 
-from jaxprune.train._report import LeafReport, RunReport, format_report
+from jaxprune_train._report import LeafReport, RunReport, format_report
 
 
 def _report(dense=0.95):

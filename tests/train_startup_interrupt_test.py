@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_ctrl_c_while_starting_is_one_line():
   script = (
     'import os, signal, time\n'
-    'from jaxprune.train import _interrupts\n'
+    'from jaxprune_train import _interrupts\n'
     "_interrupts.end_at_once(lambda: 'interrupted while starting; nothing was written.')\n"
     'os.kill(os.getpid(), signal.SIGINT)\n'
     'time.sleep(30)\n'
@@ -40,7 +40,7 @@ def test_ctrl_c_before_the_first_checkpoint_is_one_line(tmp_path):
   crashed the process, status -11, in 3 of 7 tries, and claimed a checkpoint)."""
   workdir = tmp_path / 'run'
   job = subprocess.Popen(
-    [sys.executable, '-m', 'jaxprune.train', '--config.num_steps=3000', f'--workdir={workdir}'],
+    [sys.executable, '-m', 'jaxprune_train', '--config.num_steps=3000', f'--workdir={workdir}'],
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
@@ -72,7 +72,7 @@ INTERRUPTING_CONFIG = """
 import functools, gc, os, signal, sys
 sys.path.insert(0, {tests!r})
 from train_faults import tiny_config
-from jaxprune.train import _loop
+from jaxprune_train import _loop
 
 armed = []
 
@@ -127,7 +127,7 @@ def test_ctrl_c_inside_a_garbage_collection_is_never_lost(tmp_path, target, line
   config.write_text(INTERRUPTING_CONFIG.format(tests=os.path.join(ROOT, 'tests'), target=target))
   workdir = tmp_path / 'run'
   result = subprocess.run(
-    [sys.executable, '-m', 'jaxprune.train', '--config', str(config), f'--workdir={workdir}'],
+    [sys.executable, '-m', 'jaxprune_train', '--config', str(config), f'--workdir={workdir}'],
     capture_output=True,
     text=True,
     timeout=300,
@@ -140,7 +140,7 @@ def test_ctrl_c_inside_a_garbage_collection_is_never_lost(tmp_path, target, line
 
 def test_the_line_says_what_a_rerun_does(tmp_path):
   """By the checkpoints renamed into place; orbax's temporary directory is not one."""
-  from jaxprune.train import _main
+  from jaxprune_train import _main
 
   workdir = tmp_path / 'run'
   assert _main._interrupted(str(workdir), 60) == (

@@ -1,4 +1,4 @@
-"""Tests for jaxprune.train._stats: per-leaf reports follow the transform's own leaf specs."""
+"""Tests for jaxprune_train._stats: per-leaf reports follow the transform's own leaf specs."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,8 @@ import optax
 import pytest
 
 import jaxprune
-from jaxprune.train import _stats as stats
-from jaxprune.train._step import create_train_state
+from jaxprune_train import _stats as stats
+from jaxprune_train._step import create_train_state
 
 
 def _params():

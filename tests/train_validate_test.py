@@ -1,12 +1,12 @@
-"""Tests for jaxprune.train._validate: every field of the job's config, and the schedule check."""
+"""Tests for jaxprune_train._validate: every field of the job's config, and the schedule check."""
 
 import pytest
 
 import jaxprune
 from jaxprune._hparams import FIELD_DOCS
-from jaxprune.train import ConfigError
-from jaxprune.train import _defaults as defaults
-from jaxprune.train import _validate as validate
+from jaxprune_train import ConfigError
+from jaxprune_train import _defaults as defaults
+from jaxprune_train import _validate as validate
 
 
 def _set(config, dotted, value):
@@ -109,7 +109,7 @@ def test_unknown_and_missing_fields_are_named():
   with pytest.raises(
     ConfigError,
     match=r'^config.plots is missing; start the config from '
-    r'jaxprune.train.get_config\(\), whose value '
+    r'jaxprune_train.get_config\(\), whose value '
     r'is True.$',
   ):
     validate.check_config(config)

@@ -1,4 +1,4 @@
-"""Tests for jaxprune.train._workdir and .files: config.json, the lock, atomic writes."""
+"""Tests for jaxprune_train._workdir and .files: config.json, the lock, atomic writes."""
 
 import errno
 import json
@@ -12,14 +12,14 @@ import ml_collections
 import pytest
 import train_faults
 
-from jaxprune.train import (
+from jaxprune_train import (
   ConfigError,
   IncompatibleWorkdirError,
   StorageError,
   WorkdirBusyError,
 )
-from jaxprune.train import _files as files
-from jaxprune.train import _workdir as workdir
+from jaxprune_train import _files as files
+from jaxprune_train import _workdir as workdir
 
 
 def _config(**changes):
@@ -162,7 +162,7 @@ def test_the_lock_goes_with_a_killed_process(tmp_path):
       '-c',
       textwrap.dedent(f"""
           import sys, time
-          from jaxprune.train import _files as files
+          from jaxprune_train import _files as files
           with files.locked({path!r}):
             print('locked', flush=True)
             time.sleep(60)
@@ -194,7 +194,7 @@ def test_a_workdir_that_cannot_be_made_is_a_config_error(tmp_path):
 def test_a_run_saved_before_a_field_existed_resumes_at_its_default(tmp_path):
   """config.channels came after runs were saved: absent there and at its default
   (disabled) now, it is no difference; set to anything else, it is one."""
-  from jaxprune.train import _defaults as defaults
+  from jaxprune_train import _defaults as defaults
 
   path = str(tmp_path)
   old = workdir.config_to_json(defaults.get_config())

@@ -19,9 +19,9 @@ from typing import Any
 
 import ml_collections
 
-from jaxprune.train import _defaults as defaults
-from jaxprune.train import _files as files
-from jaxprune.train._errors import IncompatibleWorkdirError
+from jaxprune_train import _defaults as defaults
+from jaxprune_train import _files as files
+from jaxprune_train._errors import IncompatibleWorkdirError
 
 CONFIG_FILE = 'config.json'
 

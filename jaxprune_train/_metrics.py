@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxprune.train import _files as files
+from jaxprune_train import _files as files
 
 METRICS_FILE = 'metrics.jsonl'
 

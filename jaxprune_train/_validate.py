@@ -19,8 +19,8 @@ import ml_collections
 import jaxprune
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _schedule as schedule
-from jaxprune.train import _defaults as defaults
-from jaxprune.train._errors import ConfigError
+from jaxprune_train import _defaults as defaults
+from jaxprune_train._errors import ConfigError
 
 # A config's sub-blocks (`data`, `model`, ...): ConfigDicts are not Mappings.
 _BLOCKS = (Mapping, ml_collections.ConfigDict)
@@ -123,7 +123,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   """Checks every field of a training config.
 
   Args:
-    config: a training config (see `jaxprune/train/_defaults.py`).
+    config: a training config (see `jaxprune_train/_defaults.py`).
 
   Raises:
     ConfigError: a ValueError naming the first bad field, its value and the
@@ -139,7 +139,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if name not in fields:
       raise ConfigError(
         f'config.{name} is missing; start the config from '
-        'jaxprune.train.get_config(), whose value is '
+        'jaxprune_train.get_config(), whose value is '
         f'{expected[name]!r}.'
       )
     if not check(fields[name]):
@@ -154,14 +154,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if 'pruning' not in config:
     raise ConfigError(
       'config.pruning is missing; start the config from '
-      'jaxprune.train.get_config(), or set it to '
-      'jaxprune.train.pruning_config().'
+      'jaxprune_train.get_config(), or set it to '
+      'jaxprune_train.pruning_config().'
     )
   pruning = config.pruning
   if not isinstance(pruning, _BLOCKS):
     raise ConfigError(
       f'config.pruning={pruning!r}: must be a ConfigDict of pruning hparams, '
-      'e.g. jaxprune.train.pruning_config().'
+      'e.g. jaxprune_train.pruning_config().'
     )
   try:
     hparams_lib.freeze(pruning)

@@ -59,7 +59,7 @@ class RunReport(NamedTuple):
     global_target: with `global_pruning`, the target all pruned leaves share
       (one threshold across them), else None.
     channels: with channel pruning, the report's lines on the channel groups
-      and the shrunk model (`jaxprune.train._channels.ChannelResult.lines`).
+      and the shrunk model (`jaxprune_train._channels.ChannelResult.lines`).
   """
 
   leaves: Sequence[LeafReport]

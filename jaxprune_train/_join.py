@@ -26,10 +26,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxprune.train import _stderr as stderr
-from jaxprune.train._errors import ConfigError, one_line
+from jaxprune_train import _stderr as stderr
+from jaxprune_train._entry import PROGRAM
+from jaxprune_train._errors import ConfigError, one_line
 
-PROGRAM = 'jaxprune-train'
 _JAX_MARGIN_SECONDS = 30  # JAX's own join timeout is this much later than the watchdog
 
 
@@ -281,7 +281,7 @@ def initialize(
       'number of processes, each its own id from 0, and start them together.'
     ) from err
   _check_sizes(num_processes, coordinator_address)
-  from jaxprune.train import _distributed as distributed
+  from jaxprune_train import _distributed as distributed
 
   stderr.set_fatal_line(distributed.lost_line("JAX's coordination service stopped this process"))
   stderr.joined()

@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from jaxprune.train._errors import ConfigError, StorageError, WorkdirBusyError
+from jaxprune_train._errors import ConfigError, StorageError, WorkdirBusyError
 
 LOCK_FILE = '.jaxprune-train.lock'
 

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 
 from jaxprune._flops import FlopsReport, flops_text
-from jaxprune.train import _files as files
+from jaxprune_train import _files as files
 
 # jaxprune.channels and jaxprune.structured (Flax NNX, SciPy) are imported inside the
 # functions below: only runs that prune channels load them (half a second of every

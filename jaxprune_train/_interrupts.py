@@ -14,8 +14,7 @@ command line's Ctrl-C ends the job at once with one line and status 130
 (`end_at_once`): nothing is being written then that a rerun would not redo
 (every file of the run is replaced atomically), and a handler that never
 raises cannot be lost in a finalizer either. Before the job's imports, the
-entry (`_jaxprune_train`, outside the package) answers with the same line as
-`STARTING`.
+entry (`_entry`, standard library only) answers with the line `STARTING`.
 """
 
 from __future__ import annotations
@@ -26,12 +25,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from jaxprune.train import _stderr as stderr
-
-PROGRAM = 'jaxprune-train'
-# The line of a Ctrl-C before the job has a workdir; `_jaxprune_train.STARTING` says the same.
-STARTING = 'interrupted while starting; nothing was written.'
-_ENTRY = '_jaxprune_train'  # the console script's module, whose handler the job replaces
+from jaxprune_train import _entry
+from jaxprune_train import _stderr as stderr
+from jaxprune_train._entry import PROGRAM
 
 
 def stop_now(message: str) -> NoReturn:
@@ -60,7 +56,7 @@ def _ours_to_replace(handler: Any) -> bool:
   return (
     handler is signal.default_int_handler
     or isinstance(handler, _AtOnce)
-    or getattr(handler, '__module__', None) == _ENTRY  # its start-up line, before the imports
+    or handler is _entry._stop  # the start-up line, before the imports
   )
 
 

@@ -24,22 +24,22 @@ import jax.numpy as jnp
 import ml_collections
 import tqdm
 
-from jaxprune.train import _channels as channels
-from jaxprune.train import _checkpoints as checkpoints
-from jaxprune.train import _data as data
-from jaxprune.train import _distributed as distributed
-from jaxprune.train import _files as files
-from jaxprune.train import _interrupts as interrupts
-from jaxprune.train import _models as models
-from jaxprune.train import _plots as plots
-from jaxprune.train import _report as report
-from jaxprune.train import _sharding as sharding
-from jaxprune.train import _stats as stats
-from jaxprune.train import _validate as validate
-from jaxprune.train import _workdir as workdir_lib
-from jaxprune.train._errors import ConfigError, DivergedError, one_line
-from jaxprune.train._metrics import METRICS_FILE, MetricsWriter
-from jaxprune.train._step import (
+from jaxprune_train import _channels as channels
+from jaxprune_train import _checkpoints as checkpoints
+from jaxprune_train import _data as data
+from jaxprune_train import _distributed as distributed
+from jaxprune_train import _files as files
+from jaxprune_train import _interrupts as interrupts
+from jaxprune_train import _models as models
+from jaxprune_train import _plots as plots
+from jaxprune_train import _report as report
+from jaxprune_train import _sharding as sharding
+from jaxprune_train import _stats as stats
+from jaxprune_train import _validate as validate
+from jaxprune_train import _workdir as workdir_lib
+from jaxprune_train._errors import ConfigError, DivergedError, one_line
+from jaxprune_train._metrics import METRICS_FILE, MetricsWriter
+from jaxprune_train._step import (
   TrainState,
   create_train_state,
   make_evaluate,
@@ -132,7 +132,7 @@ def train(
   """Trains (and prunes) the model of `config`, resuming from `workdir`.
 
   Args:
-    config: a training config, `jaxprune.train.get_config()` with your changes.
+    config: a training config, `jaxprune_train.get_config()` with your changes.
     workdir: directory for checkpoints, `metrics.jsonl`, TensorBoard events,
       the report and plots. If it holds a checkpoint of the same config, the
       run resumes from its newest good checkpoint. None writes nothing.

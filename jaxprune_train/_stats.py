@@ -10,8 +10,8 @@ import numpy as np
 
 import jaxprune
 from jaxprune import _specs as specs_lib
-from jaxprune.train._report import LeafReport
-from jaxprune.train._step import TrainState
+from jaxprune_train._report import LeafReport
+from jaxprune_train._step import TrainState
 
 
 def pruned_params(state: TrainState) -> dict[str, np.ndarray]:

@@ -15,8 +15,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from jaxprune.train import _files as files
-from jaxprune.train._report import LeafReport
+from jaxprune_train import _files as files
+from jaxprune_train._report import LeafReport
 
 SPARSITY_PNG = 'sparsity.png'
 ACCURACY_PNG = 'accuracy.png'

@@ -30,9 +30,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxprune import PruningState
-from jaxprune.train import _distributed as distributed
-from jaxprune.train import _files as files
-from jaxprune.train._errors import DamagedCheckpointError, IncompatibleWorkdirError, one_line
+from jaxprune_train import _distributed as distributed
+from jaxprune_train import _files as files
+from jaxprune_train._errors import DamagedCheckpointError, IncompatibleWorkdirError, one_line
 
 CHECKPOINTS_DIR = 'checkpoints'
 DAMAGED_DIR = 'damaged_checkpoints'

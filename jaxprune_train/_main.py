@@ -32,12 +32,11 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxprune.train import _defaults as defaults
-from jaxprune.train import _errors as errors
-from jaxprune.train import _interrupts as interrupts
-from jaxprune.train import _usage as usage
-
-PROGRAM = 'jaxprune-train'
+from jaxprune_train import _defaults as defaults
+from jaxprune_train import _errors as errors
+from jaxprune_train import _interrupts as interrupts
+from jaxprune_train import _usage as usage
+from jaxprune_train._entry import PROGRAM, STARTING
 
 _HELP = {
   'config': 'An ml_collections config file (e.g. configs/digits_cnn.py); the default '
@@ -173,7 +172,7 @@ def _parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
 
 def main(argv: Sequence[str], defined: _Flags) -> None:
   """Runs the job described by the flags."""
-  from jaxprune.train import _join as join
+  from jaxprune_train import _join as join
 
   if len(argv) > 1:
     _fail(
@@ -193,13 +192,13 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   _join_processes(defined, join)  # first thing that touches JAX's devices
   # The job's modules (Flax, orbax, matplotlib, the structured pass) load once the flags
   # have parsed: a mistyped flag, a bad config file or --help is answered in a second.
-  from jaxprune.train import _agreement as agreement
-  from jaxprune.train import _channels as channels
-  from jaxprune.train import _distributed as distributed
-  from jaxprune.train import _loop as loop
-  from jaxprune.train import _plots as plots
-  from jaxprune.train import _report as report
-  from jaxprune.train._metrics import METRICS_FILE
+  from jaxprune_train import _agreement as agreement
+  from jaxprune_train import _channels as channels
+  from jaxprune_train import _distributed as distributed
+  from jaxprune_train import _loop as loop
+  from jaxprune_train import _plots as plots
+  from jaxprune_train import _report as report
+  from jaxprune_train._metrics import METRICS_FILE
 
   config = defined.config.value
   problem = _resolve_pruning(config, defined.pruning_hparams.value)
@@ -309,7 +308,7 @@ def _join_processes(defined: _Flags, join: Any) -> None:
     )
   except errors.RunError as err:
     _fail(str(err))
-  from jaxprune.train import _distributed as distributed
+  from jaxprune_train import _distributed as distributed
 
   if not distributed.multiprocess():
     return
@@ -359,7 +358,7 @@ def _interrupted(workdir: str, num_steps: Any) -> str:
 
 def run() -> None:
   """Console-script entry point (`jaxprune-train`)."""
-  interrupts.end_at_once(lambda: interrupts.STARTING)
+  interrupts.end_at_once(lambda: STARTING)
   argv = sys.argv
   if any(arg in usage.HELP_FLAGS for arg in argv[1:]) or '--helpfull' in argv[1:]:
     print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()], argv))

@@ -41,12 +41,12 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxprune.train import _data as data
-from jaxprune.train import _files as files
-from jaxprune.train import _stderr as stderr
-from jaxprune.train._errors import ConfigError, RunError, WorkdirBusyError, one_line
+from jaxprune_train import _data as data
+from jaxprune_train import _files as files
+from jaxprune_train import _stderr as stderr
+from jaxprune_train._entry import PROGRAM
+from jaxprune_train._errors import ConfigError, RunError, WorkdirBusyError, one_line
 
-PROGRAM = 'jaxprune-train'
 _MESSAGE_BYTES = 2048  # how much of process 0's lock error the others receive
 
 

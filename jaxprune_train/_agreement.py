@@ -21,9 +21,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxprune.train import _distributed as distributed
-from jaxprune.train import _join as join
-from jaxprune.train._errors import ConfigError
+from jaxprune_train import _distributed as distributed
+from jaxprune_train import _join as join
+from jaxprune_train._errors import ConfigError
 
 _KEY = 'jaxprune_train/settings'
 

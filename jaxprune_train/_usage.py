@@ -22,7 +22,7 @@ import ml_collections
 
 from jaxprune._hparams import FIELD_DOCS
 from jaxprune._maps import split_top_level
-from jaxprune.train import _defaults as defaults
+from jaxprune_train import _defaults as defaults
 
 HELP_FLAGS = frozenset({'--help', '-help', '-h', '-?', '--helpshort', '-helpshort'})
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), '_defaults.py')

@@ -2,19 +2,21 @@
 
 Needs the `examples` extra (scikit-learn, absl-py, tqdm, orbax-checkpoint,
 matplotlib; tensorboardX is optional). Each name loads its module on first use,
-so a config file's `from jaxprune.train import get_config` and the command's
-flag errors and `--help` need none of Flax, orbax or matplotlib.
+so a config file's `from jaxprune_train import get_config` and the command's
+flag errors and `--help` need none of Flax, orbax or matplotlib. Importing this package
+itself needs only the standard library: `python -m jaxprune_train` imports it before
+`__main__` puts the job's Ctrl-C answer in place (`_entry`).
+
+The job imports `jaxprune` like any user; `jaxprune` never imports the job.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from jaxprune._attributes import no_attribute
-
 if TYPE_CHECKING:
-  from jaxprune.train._data import Dataset, get_batch, load_digits, load_npz
-  from jaxprune.train._defaults import get_config, pruning_config
-  from jaxprune.train._errors import (
+  from jaxprune_train._data import Dataset, get_batch, load_digits, load_npz
+  from jaxprune_train._defaults import get_config, pruning_config
+  from jaxprune_train._errors import (
     ConfigError,
     DamagedCheckpointError,
     DivergedError,
@@ -23,10 +25,10 @@ if TYPE_CHECKING:
     StorageError,
     WorkdirBusyError,
   )
-  from jaxprune.train._loop import TrainResult, train
-  from jaxprune.train._models import CNN, MLP
-  from jaxprune.train._report import format_report
-  from jaxprune.train._step import TrainState, make_optimizer, make_train_step
+  from jaxprune_train._loop import TrainResult, train
+  from jaxprune_train._models import CNN, MLP
+  from jaxprune_train._report import format_report
+  from jaxprune_train._step import TrainState, make_optimizer, make_train_step
 
 # name -> the private module that defines it
 _MODULES = {
@@ -60,6 +62,8 @@ def __getattr__(name: str) -> Any:
   """Imports the module that defines `name` on first use (PEP 562)."""
   if name in _MODULES:
     return getattr(importlib.import_module(f'{__name__}.{_MODULES[name]}'), name)
+  from jaxprune._attributes import no_attribute  # only on a miss: it imports JAX
+
   raise no_attribute(__name__, name, __all__)
 
 

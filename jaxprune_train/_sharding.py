@@ -18,7 +18,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxprune
-from jaxprune.train._step import TrainState
+from jaxprune_train._step import TrainState
 
 MESH_AXES = ('data', 'model')
 
