@@ -8,12 +8,19 @@ Users edit a `ml_collections.ConfigDict` (`get_pruning_hparams`,
 `parse_hparams`); the engine works from `HParams`, the frozen result of
 `freeze`, which checks every field (type, range, maps), parses the maps and
 warns about settings that cannot do what they seem to ask, once per config.
+
+What the user set is recorded, never inferred from a value equal to its default
+(`HParams.given`): a keyword, a name in TF's text, a field assigned in a config
+of `get_pruning_hparams` / `parse_hparams` (`PruningConfig` records assignments),
+and every field present in a dict or in another ConfigDict, which cannot tell
+which of its fields were assigned.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -60,7 +67,8 @@ FIELD_DOCS = {
   'global_pruning': 'one threshold over all pruned leaves instead of one per leaf',
   'nm_sparsity': "keep N of every M weights along the input axis, e.g. '2:4'",
   'nm_sparsity_map': 'per-leaf N:M patterns, e.g. "[\'Dense_2/kernel:2:4\']"',
-  'layer_axes_map': 'leading axes that index stacked layers, e.g. "[\'scan/kernel:1\']"',
+  'layer_axes_map': 'axes that index stacked layers: K leading ones, e.g. "[\'scan/kernel:1\']", '
+  'or by index, e.g. "[\'decoder/.*kernel:@1\']" for (embed, layers, mlp)',
   'mask_source': "'updated' (TF's order: the weights after this step) or 'params' (before)",
   'mask_search': "how thresholds are searched (same result): 'fixed' (GPUs, TPUs), "
   "'adaptive' (CPUs) or 'auto' (by backend)",
@@ -110,12 +118,20 @@ class HParams:
   sparsity_entries: tuple[tuple[str, float], ...] = dataclasses.field(init=False, repr=False)
   block_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False, repr=False)
   nm_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False, repr=False)
-  layer_entries: tuple[tuple[str, int], ...] = dataclasses.field(init=False, repr=False)
+  layer_entries: tuple[tuple[str, int | tuple[int, ...]], ...] = dataclasses.field(
+    init=False, repr=False
+  )
   nm: tuple[int, int] | None = dataclasses.field(init=False, repr=False)
+  # The fields the user set, whatever their values; not part of the settings' equality.
+  given: frozenset[str] = dataclasses.field(default=frozenset(), compare=False, repr=False)
 
   def __post_init__(self) -> None:
     for field in _DEFAULTS:
       object.__setattr__(self, field, check_value(field, getattr(self, field)))
+    unknown = sorted(set(self.given) - set(_DEFAULTS))
+    if unknown:
+      raise _unknown(unknown[0])
+    object.__setattr__(self, 'given', frozenset(self.given))
     check_window(self)
     parsed = {
       'sparsity_entries': tuple(sparsity_map(self)),
@@ -139,19 +155,36 @@ class HParams:
     return self.block_height, self.block_width
 
 
+def _record_keywords(init: Any) -> Any:
+  """`HParams(**fields)` records the fields it is given, unless `given=` names them."""
+
+  @functools.wraps(init)
+  def __init__(self: HParams, **fields: Any) -> None:
+    fields.setdefault('given', frozenset(fields))
+    init(self, **fields)
+
+  return __init__
+
+
+HParams.__init__ = _record_keywords(HParams.__init__)
+
 # The ConfigDict's fields and defaults, in HParams' order.
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(HParams) if f.init}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(HParams) if f.init and f.name != 'given'}
 _PARSED_DOCS = {
   'sparsity_entries': '((regex, sparsity), ...) from weight_sparsity_map',
   'block_entries': '((regex, (height, width)), ...) from block_dims_map',
   'nm_entries': '((regex, (n, m)), ...) from nm_sparsity_map',
-  'layer_entries': '((regex, number of leading layer axes), ...) from layer_axes_map',
+  'layer_entries': '((regex, leading layer axes K or (axis indices)), ...) from layer_axes_map',
   'nm': 'nm_sparsity as (n, m), or None',
   'block_dims': '(block_height, block_width)',
 }
 HParams.__doc__ += ''.join(
   [f'    {name}: {FIELD_DOCS[name]} (default {value!r}).\n' for name, value in _DEFAULTS.items()]
   + [f'    {name}: parsed, {text}.\n' for name, text in _PARSED_DOCS.items()]
+  + [
+    '    given: the fields the user set, whatever their values (by keyword, in the text, '
+    'assigned in a config, or present in a dict).\n'
+  ]
 )
 
 # tfmot's `sparsity_m_by_n=(m, n)` zeroes m of every n; ours keeps N of every M.
@@ -164,13 +197,67 @@ _RENAMED = {
 }
 
 
+class PruningConfig(ml_collections.ConfigDict):
+  """A ConfigDict of pruning fields that records which fields were assigned (`given_fields`).
+
+  `get_pruning_hparams` and `parse_hparams` return one, so that a field the user
+  sets counts as set even at its default's value (`target_sparsity = 0.5` beside
+  `nm_sparsity` is refused like any other target). Assignments by attribute, by
+  item, by `update` and by ml_collections' command-line overrides all go through
+  `__setitem__`; a deep copy or pickle keeps the record, a plain
+  `ml_collections.ConfigDict(config)` does not (every field it holds counts as given).
+  """
+
+  def __init__(self, initial_dictionary: Any = None, *args: Any, **kwargs: Any) -> None:
+    # ConfigDict's own __setattr__ makes fields; the record is a plain attribute.
+    object.__setattr__(self, '_given', set())
+    super().__init__(initial_dictionary, *args, **kwargs)
+    self._given.clear()
+
+  def __setitem__(self, key: str, value: Any) -> None:
+    super().__setitem__(key, value)
+    self._given.add(key)
+
+  def __setstate__(self, state: dict[str, Any]) -> None:
+    # ConfigDict rebuilds a copy or an unpickled config by assigning every field.
+    super().__setstate__(state)
+    object.__setattr__(self, '_given', set(state.get('_given', ())))
+
+  def copy_and_resolve_references(self, visit_map: Any = None) -> PruningConfig:
+    copy = super().copy_and_resolve_references(visit_map)
+    object.__setattr__(copy, '_given', set(self._given))
+    return copy
+
+
+def given_fields(hparams: Any) -> frozenset[str]:
+  """The fields `hparams` sets, whatever their values.
+
+  Args:
+    hparams: a `PruningConfig` (the fields assigned to it), an `HParams` (its
+      `given`), a string in TF's syntax (the names in it), or a dict or other
+      ConfigDict (every field it holds: it cannot tell which were assigned).
+
+  Returns:
+    The names of the fields.
+  """
+  if isinstance(hparams, HParams):
+    return hparams.given
+  if isinstance(hparams, PruningConfig):
+    return frozenset(hparams._given)
+  if isinstance(hparams, str):
+    return frozenset(item.split('=', 1)[0].strip() for item in maps.split_top_level(hparams))
+  return frozenset(hparams.keys())
+
+
 def get_pruning_hparams() -> ml_collections.ConfigDict:
   """Returns the default hyperparameters (docs/explanation/semantics.md#hyperparameters).
 
   Returns:
-    A locked ConfigDict: field types are fixed by their defaults (an int field
-    rejects `2.5`), and a misspelled field (`hp.target_sparisty = 0.9`) is an
-    error that suggests the right name instead of a silently ignored new field.
+    A locked ConfigDict (a `PruningConfig`, which records the fields assigned
+    to it as given, whatever their values): field types are fixed by their
+    defaults (an int field rejects `2.5`), and a misspelled field
+    (`hp.target_sparisty = 0.9`) is an error that suggests the right name
+    instead of a silently ignored new field.
 
   Example:
     >>> import jaxprune
@@ -182,9 +269,7 @@ def get_pruning_hparams() -> ml_collections.ConfigDict:
     ...
     AttributeError: ...
   """
-  config = ml_collections.ConfigDict(
-    {k: list(v) if isinstance(v, tuple) else v for k, v in _DEFAULTS.items()}
-  )
+  config = PruningConfig({k: list(v) if isinstance(v, tuple) else v for k, v in _DEFAULTS.items()})
   config.lock()
   return config
 
@@ -214,8 +299,9 @@ def parse_hparams(
     fields: hparams fields by keyword, as typed values.
 
   Returns:
-    A new, validated, locked ConfigDict. It is frozen here, so `pruning(...)`
-    of it, unchanged, neither checks it again nor repeats a warning.
+    A new, validated, locked `PruningConfig` whose given fields are those of
+    `base` (see `given_fields`), the text's and the keywords'. It is frozen here,
+    so `pruning(...)` of it, unchanged, neither checks it again nor repeats a warning.
 
   Example:
     >>> import jaxprune
@@ -233,6 +319,8 @@ def parse_hparams(
   if base is not None:
     _check_keys(base)
     hparams.update(base.to_dict() if isinstance(base, ml_collections.ConfigDict) else base)
+    hparams._given.clear()
+    hparams._given.update(given_fields(base))
   assigned: dict[str, str] = {}
   for item in maps.split_top_level(text):
     if '=' not in item:
@@ -317,41 +405,25 @@ def with_fields(hparams: Any, fields: Mapping[str, Any]) -> Any:
   """`hparams` (None: the defaults) with `fields` set by name, for `pruning(target_sparsity=...)`.
 
   Without fields, `hparams` is returned as it is (frozen later, once); with
-  them, a new dict of every field, which `freeze` checks (an unknown name is an
-  error that suggests the right one). A keyword may set what `hparams` leaves at its
-  default; a field that both set to different values is an error naming both.
+  them, the `HParams` of both, whose given fields are `hparams`' and the keywords'
+  (an unknown name is an error that suggests the right one). A keyword may set what
+  `hparams` does not; a field that both set to different values is an error naming both.
   """
   if not fields:
     return get_pruning_hparams() if hparams is None else hparams
-  if hparams is None:
-    base: dict[str, Any] = {}
-  elif isinstance(hparams, HParams):
-    base = {f: getattr(hparams, f) for f in _DEFAULTS}
-  else:
-    frozen = freeze(hparams)
-    base = {f: getattr(frozen, f) for f in _DEFAULTS}
+  frozen = HParams() if hparams is None else freeze(hparams)
   for name in fields:
     if name not in _DEFAULTS:
       raise _unknown(name)
-  given = set() if hparams is None else _given(hparams)
   for name, value in fields.items():
-    if name in given and not _same(base[name], value):
+    if name in frozen.given and not _same(getattr(frozen, name), value):
       raise ValueError(
-        f'{name} is given twice, {name}={base[name]!r} in hparams and {name}={value!r} by '
-        f'keyword; give it once (a keyword sets only what hparams leaves at its default).'
+        f'{name} is given twice, {name}={getattr(frozen, name)!r} in hparams and '
+        f'{name}={value!r} by keyword; give it once (a keyword sets only what hparams '
+        'does not set).'
       )
-  return {**base, **fields}
-
-
-def _given(hparams: Any) -> set[str]:
-  """The fields `hparams` sets: named in the text of a string, present in a dict, and in a
-  ConfigDict or HParams (which hold every field) those that differ from their defaults."""
-  if isinstance(hparams, str):
-    return {item.split('=', 1)[0].strip() for item in maps.split_top_level(hparams)}
-  if isinstance(hparams, Mapping):
-    return set(hparams)
-  frozen = freeze(hparams)
-  return {f for f in _DEFAULTS if not _same(getattr(frozen, f), _DEFAULTS[f])}
+  values = {f: getattr(frozen, f) for f in _DEFAULTS}
+  return HParams(**{**values, **fields}, given=frozen.given | set(fields))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -360,8 +432,9 @@ def _same(a: Any, b: Any) -> bool:
   return list(a) == list(b) if isinstance(a, listed) and isinstance(b, listed) else a == b
 
 
-# Configs already frozen, by identity: (a weak reference, their values, the result).
-_FROZEN: dict[int, tuple[weakref.ref, dict[str, Any], HParams]] = {}
+# Configs already frozen, by identity: (a weak reference, their values and given fields,
+# the result).
+_FROZEN: dict[int, tuple[weakref.ref, tuple[dict[str, Any], frozenset[str]], HParams]] = {}
 
 
 def _snapshot(hparams: Any) -> dict[str, Any]:
@@ -400,11 +473,11 @@ def freeze(hparams: str | ml_collections.ConfigDict | Mapping[str, Any] | HParam
       "jaxprune.parse_hparams('target_sparsity=0.9,...') (a ConfigDict), a dict "
       f'of fields, a string in that syntax, or an HParams; got {type(hparams)}.'
     )
-  values = _snapshot(hparams)
+  values = (_snapshot(hparams), given_fields(hparams))
   known = _FROZEN.get(id(hparams))
   if known is not None and known[0]() is hparams and known[1] == values:
     return known[2]
-  frozen = HParams(**values)
+  frozen = HParams(**values[0], given=values[1])
   key = id(hparams)
   try:
     _FROZEN[key] = (weakref.ref(hparams, lambda _: _FROZEN.pop(key, None)), values, frozen)

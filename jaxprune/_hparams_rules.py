@@ -139,12 +139,12 @@ def check_window(h: HParams) -> None:
 
 def check_nm_alone(h: HParams) -> None:
   """nm_sparsity gives every pruned leaf its pattern: a target beside it would be dropped
-  (as `sparse.ste` refuses a sparsity and an N:M pattern together)."""
+  (as `sparse.ste` refuses a sparsity and an N:M pattern together). A target the user
+  gave is refused whatever its value, the default's 0.5 included (`HParams.given`)."""
   if h.nm is None:
     return
   n, m = h.nm
-  default = type(h).target_sparsity  # the field's default (0.5): no conflict
-  dropped = [f'target_sparsity={h.target_sparsity}'] if h.target_sparsity != default else []
+  dropped = [f'target_sparsity={h.target_sparsity}'] if 'target_sparsity' in h.given else []
   if h.sparsity_entries:
     dropped.append(f'weight_sparsity_map={list(h.weight_sparsity_map)!r}')
   if dropped:

@@ -373,6 +373,9 @@ def test_summaries_name_group_thresholds():
     ('layer_axes_map', ['w1:1']),
     ('weight_name_regex', 'w'),
     ('block_dims_map', ['w1:2x2']),
+    # Set by the user at their defaults' values: still settings the channels would ignore.
+    ('weight_name_regex', '(kernel|embedding)$'),
+    ('block_height', 1),
   ],
 )
 def test_settings_that_do_not_apply_to_channels_are_refused(field, value):

@@ -157,7 +157,9 @@ class ChannelRule:
     self.layout = layout_lib.build(graph, self.params_key, self.constraint, dtypes)
 
   def check(self, hparams: hparams_lib.HParams) -> None:
-    """ValueError naming the first hparams field that does not apply to channels."""
+    """ValueError naming the first hparams field that does not apply to channels: a map
+    with entries, an N:M pattern, or a block shape or regex the user set (`HParams.given`),
+    whatever its value."""
     refused = [
       (
         'weight_sparsity_map',
@@ -165,12 +167,16 @@ class ChannelRule:
         'per-leaf targets do not apply to channel groups; lock groups with Constraint(locked=...)',
       ),
       ('block_dims_map', hparams.block_entries, 'channels are the blocks'),
-      ('block_height/block_width', hparams.block_dims != (1, 1), 'channels are the blocks'),
+      (
+        'block_height/block_width',
+        {'block_height', 'block_width'} & hparams.given,
+        'channels are the blocks',
+      ),
       ('nm_sparsity', hparams.nm is not None or hparams.nm_entries, 'N:M is a weight pattern'),
       ('layer_axes_map', hparams.layer_entries, 'stacked layers share their channel groups'),
       (
         'weight_name_regex',
-        hparams.weight_name_regex != hparams_lib.DEFAULT_WEIGHT_NAME_REGEX,
+        'weight_name_regex' in hparams.given,
         'the channel groups decide which leaves are pruned; lock groups with '
         'Constraint(locked=...)',
       ),
