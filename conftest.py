@@ -82,3 +82,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     return 1 if item.path in slow_modules else 2
 
   items.sort(key=rank)  # stable: each module's tests keep their order
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """With `JAXPRUNE_TEST_TIMES=FILE`, appends each test's wall and CPU seconds (its own
+  process's and its subprocesses') to FILE as JSON lines.
+
+  CPU seconds hardly move with the machine's load, unlike `--durations`: they decide
+  which modules are marked slow (contributing's "The quick tier").
+  """
+  path = os.environ.get('JAXPRUNE_TEST_TIMES')
+  if not path:
+    yield
+    return
+  import json
+  import resource
+  import time
+
+  def cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+  wall, used = time.perf_counter(), cpu()
+  yield
+  record = {
+    'test': item.nodeid,
+    'wall': round(time.perf_counter() - wall, 3),
+    'cpu': round(cpu() - used, 3),
+    'slow': item.get_closest_marker('slow') is not None,
+  }
+  with open(path, 'a') as f:
+    f.write(json.dumps(record) + '\n')

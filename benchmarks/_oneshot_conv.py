@@ -29,9 +29,9 @@ import numpy as np
 import optax
 
 import jaxprune
+import jaxprune_train as train_lib
 from benchmarks import _timing
 from jaxprune import oneshot
-from jaxprune import train as train_lib
 
 CONFIG = os.path.join(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'digits_cnn.py'

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxprune import train as train_lib
+import jaxprune_train as train_lib
 from jaxprune.structured import Constraint, apply_plan, plan_flops, select, trace
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -33,8 +33,8 @@ import numpy as np
 import optax
 
 import jaxprune
+import jaxprune_train as train_lib
 from jaxprune import sparse
-from jaxprune import train as train_lib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _digits_cnn as task_lib  # noqa: E402

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxprune import train as train_lib
+import jaxprune_train as train_lib
 from jaxprune.structured import (
   apply_plan,
   check_linen_shapes,

@@ -8,6 +8,8 @@ three seeds each, the test accuracy of:
 
   * the dense 300-100 MLP;
   * gradual pruning to 90% and to 95% (the default config's schedule);
+  * gradual pruning to 90% with `mask_source='params'` (the memory option: thresholds of
+    the params one step older than TF's order);
   * one-shot magnitude pruning of the dense MLP to 90%, with no retraining;
   * a small dense MLP with as many parameters as the 90%-sparse one has nonzeros.
 
@@ -25,7 +27,7 @@ import ml_collections
 from absl import app, flags
 
 import jaxprune
-from jaxprune import train as train_lib
+import jaxprune_train as train_lib
 
 try:
   from benchmarks._common import test_accuracy
@@ -65,8 +67,8 @@ def _config(seed: int, **changes) -> ml_collections.ConfigDict:
   config.progress_bar = False
   config.eval_every = config.num_steps
   for key, value in changes.items():
-    if key == 'target_sparsity':
-      config.pruning = train_lib.pruning_config(config.pruning, target_sparsity=value)
+    if key in ('target_sparsity', 'mask_source'):
+      config.pruning = train_lib.pruning_config(config.pruning, **{key: value})
     elif key == 'features':
       config.model.features = value
     else:
@@ -100,6 +102,12 @@ def main(argv: Sequence[str]) -> None:
       record(f'gradual to {target:.0%}', sparse.report.final_accuracy, sparse.report.total_nonzero)
       if target == 0.9:
         small = small or small_widths(sparse.report.total_nonzero)
+        older = train_lib.train(_config(seed, target_sparsity=target, mask_source='params'))
+        record(
+          "gradual to 90%, mask_source='params'",
+          older.report.final_accuracy,
+          older.report.total_nonzero,
+        )
     small_run = train_lib.train(_config(seed, prune=False, features=small))
     record(
       f'small dense {small[0]}-{small[1]}',
