@@ -150,16 +150,21 @@ def _pruned_magnitude(mask: Array, param: Array) -> Array:
   magnitude = jnp.abs(param).astype(jnp.float32)
   kept = mask.astype(jnp.float32)
   zero = jnp.float32(0.0)
-  return lax.reduce((magnitude, kept), (zero, zero), _combine, tuple(range(param.ndim)))[0]
+  reduced = lax.reduce((magnitude, kept), (zero, zero), _combine, tuple(range(param.ndim)))
+  # XLA treats the init as the combiner's identity and returns a lone element as it is,
+  # never combined: (0, 0) is the identity only up to this reading, so read the result
+  # the way an entering element is read (a (1, 1) kernel kept would count as moved).
+  return _entering(*reduced)
+
+
+def _entering(value: Array, kept: Array) -> Array:
+  """What an element or partial result (|p|, kept) stands for: 0 where kept or NaN."""
+  return jnp.where(jnp.isnan(value) | (kept > 0), jnp.float32(0.0), value)
 
 
 def _combine(x: tuple[Array, Array], y: tuple[Array, Array]) -> tuple[Array, Array]:
   """`_pruned_magnitude`'s combiner (one function, so JAX traces it once for all leaves)."""
-
-  def entering(value, kept):
-    return jnp.where(jnp.isnan(value) | (kept > 0), jnp.float32(0.0), value)
-
-  return jnp.maximum(entering(*x), entering(*y)), jnp.float32(0.0)
+  return jnp.maximum(_entering(*x), _entering(*y)), jnp.float32(0.0)
 
 
 def any_moved(masks: list[Array], params: list[Array]) -> Array:
