@@ -33,7 +33,9 @@ def shortfall_message(h: hparams_lib.HParams, step: int, short: list[str]) -> st
   causes = (
     'their weights were all zero (or subnormal, below 1.2e-38, which XLA on CPU reads '
     'as zero; init warns about those), or held NaN or Inf, at the update (such a leaf '
-    'keeps its mask; see nonfinite_skips)'
+    'keeps its mask; see nonfinite_skips), or many of them were tied: weights equal to '
+    'the threshold are kept together, so all-equal weights keep every one (initialise '
+    'them at random, or prune after some training steps)'
   )
   if h.threshold_method == 'histogram':
     causes = (
@@ -58,20 +60,28 @@ def is_short(achieved: float, wanted: float, units: int) -> bool:
   return closest - achieved > SHORTFALL
 
 
-def _layers(name: str, mask: Any, threshold: Any, dims: tuple[int, int]) -> list[tuple]:
+def _layers(
+  name: str, mask: Any, threshold: Any, dims: tuple[int, int], at: tuple[int, ...] = ()
+) -> list[tuple]:
   """(label, sparsity, prunable units, weights) of each layer of a leaf: one for a plain
-  leaf, one per entry of its threshold for a stacked one (`name[3]`). The shares are
+  leaf, one per entry of its threshold for a stacked one (`name[3]`). The layer axes are
+  the leading ones, or the axes `at` (`layer_axes_map`'s '@' form). The shares are
   reduced where the mask lives; only one number per layer comes to the host."""
+  shape = tuple(jnp.shape(mask))
   layer_axes = np.ndim(threshold)
-  layer_shape = tuple(jnp.shape(mask))[layer_axes:]
+  if not at and shape[:layer_axes] != tuple(np.shape(threshold)):
+    layer_axes = 0  # layer axes elsewhere, unknown without hparams: the leaf as a whole
+  at = at or tuple(range(layer_axes))
+  layer_shape = tuple(d for i, d in enumerate(shape) if i not in at)
   size = max(1, math.prod(layer_shape))
   block = blocks.resolve_block_dims(layer_shape, dims) or (1, 1)
   units = max(1, size // math.prod(block))
-  pruned = jnp.sum(~mask, axis=tuple(range(layer_axes, jnp.ndim(mask))), dtype=jnp.int32)
+  rest = tuple(i for i in range(len(shape)) if i not in at)
+  pruned = jnp.sum(~mask, axis=rest, dtype=jnp.int32)
   per_layer = np.asarray(pruned).reshape(-1) / size
   if layer_axes == 0:
     return [(name, float(per_layer[0]), units, size)]
-  indices = np.ndindex(*jnp.shape(mask)[:layer_axes])
+  indices = np.ndindex(*(shape[i] for i in at))
   return [
     (f'{name}[{", ".join(map(str, index))}]', float(value), units, size)
     for index, value in zip(indices, per_layer, strict=True)
@@ -100,9 +110,12 @@ def warn_short(state: Any, hparams: Any, masks: dict[str, Any], thresholds: dict
   nm_leaves, _ = maps.match_entries('nm_sparsity_map', names, h.nm_entries)
   targets, _ = maps.match_entries('weight_sparsity_map', names, h.sparsity_entries)
   dims, _ = maps.match_entries('block_dims_map', names, h.block_entries)
+  at = _layer_indices(names, masks, h)
   try:
     layers = {
-      name: _layers(name, masks[name], thresholds[name], dims.get(name) or h.block_dims)
+      name: _layers(
+        name, masks[name], thresholds[name], dims.get(name) or h.block_dims, at.get(name, ())
+      )
       for name in names
       if name not in nm_leaves
     }
@@ -123,6 +136,20 @@ def warn_short(state: Any, hparams: Any, masks: dict[str, Any], thresholds: dict
       short = []  # some layer reached the global target: the others may have lower ones
   if short:
     warnings.warn(shortfall_message(h, last, short), UserWarning, stacklevel=3)
+
+
+def _layer_indices(
+  names: list[str], masks: dict[str, Any], h: hparams_lib.HParams
+) -> dict[str, tuple[int, ...]]:
+  """The layer axes' indices of the leaves `layer_axes_map` names by index ('@'), ascending.
+  Without hparams none are known, and a leaf's threshold axes are taken as leading."""
+  entries, _ = maps.match_entries('layer_axes_map', names, h.layer_entries)
+  at = {}
+  for name, entry in entries.items():
+    if not isinstance(entry, int):
+      ndim = len(jnp.shape(masks[name]))
+      at[name] = tuple(sorted(index % ndim for index in entry))
+  return at
 
 
 def _short_together(layers: dict[str, list[tuple]], wanted: float) -> list[str]:

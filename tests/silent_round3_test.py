@@ -48,3 +48,18 @@ def test_one_element_moved_reduction(kept, value, moved):
 
   masks, params = [jnp.full((1, 1), kept)], [jnp.full((1, 1), value)]
   assert bool(jax.jit(_order.any_moved)(masks, params)) is moved
+
+
+def test_all_equal_weights_are_named_as_ties_in_the_shortfall_warning():
+  # Every weight equals the threshold: the exact rule keeps each tied weight, so 0% of 50%.
+  params = {'dense': {'kernel': jnp.full((4, 4), 0.5)}}
+  hparams = _updates_at_0_10_20()
+  tx = jaxprune.pruning(hparams)
+  state = tx.init(params)
+  grads = jax.tree.map(jnp.zeros_like, params)
+  update = jax.jit(tx.update)
+  for _ in range(21):
+    _, state = update(grads, state, params)
+  assert float(jnp.mean(jaxprune.get_masks(state)['dense']['kernel'])) == 1.0
+  with pytest.warns(UserWarning, match=r'dense/kernel.*tied.*equal'):
+    jaxprune.summaries(state)
