@@ -1,15 +1,21 @@
 """One-shot pruning of trained models from calibration batches: magnitude, Wanda
-(Sun et al. 2023) and SparseGPT (Frantar & Alistarh 2023), unstructured or N:M, of
-matmul and convolution weights, also those stacked under a `lax.scan`; `prune_with_report`
-also reports each layer's sparsity and reconstruction error."""
+(Sun et al. 2023), SparseGPT (Frantar & Alistarh 2023) and RIA (Zhang et al. 2024),
+unstructured or N:M, with OWL's layer-wise sparsities (Yin et al. 2023) and DSnoT's mask
+fix-up (Zhang et al. 2023), of matmul and convolution weights, also those stacked under a
+`lax.scan`; `prune_with_report` also reports each layer's sparsity and reconstruction
+error."""
 
 from jaxprune._attributes import suggesting_getattr
 from jaxprune.oneshot._api import METHODS, prune, prune_with_report
+from jaxprune.oneshot._dsnot import DSnoT
 from jaxprune.oneshot._layers import Layer, Site, Stack, find_layers
+from jaxprune.oneshot._owl import OWL
 from jaxprune.oneshot._report import LayerReport, Report
 
 __all__ = [
   'METHODS',
+  'OWL',
+  'DSnoT',
   'Layer',
   'LayerReport',
   'Report',

@@ -12,14 +12,17 @@ import numpy as np
 
 from jaxprune import _names as names_lib
 from jaxprune.oneshot import _capture as capture
+from jaxprune.oneshot import _dsnot, _owl
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _layer_prune as layer_prune
+from jaxprune.oneshot._dsnot import DSnoT
 from jaxprune.oneshot._layers import Layer, layers_and_reasons
+from jaxprune.oneshot._owl import OWL
 from jaxprune.oneshot._report import LayerReport, Report, short_message
 
 PyTree = Any
 Target = inputs.Target
-METHODS = ('magnitude', 'wanda', 'sparsegpt')
+METHODS = ('magnitude', 'wanda', 'sparsegpt', 'ria')
 _SHARED_STATS_LIMIT = 2**26  # floats (256 MB in float32)
 
 
@@ -36,6 +39,8 @@ def prune(
   blocksize: int = 128,
   percdamp: float = 0.01,
   sequential: bool = True,
+  owl: bool | OWL = False,
+  dsnot: bool | DSnoT = False,
 ) -> tuple[PyTree, PyTree]:
   """Prunes a trained model once, from calibration batches.
 
@@ -53,6 +58,16 @@ def prune(
     reconstruction from H = 2 X^T X / n + percdamp * mean(diag H) I, columns in
     blocks of `blocksize`, adaptive mask per block (or per N:M group), the kept
     weights updated to compensate.
+  * 'ria' (Zhang et al., ICLR 2024, "Plug-and-Play"): keeps the largest relative
+    importance and activations `(|W_ij| / sum_k |W_ik| + |W_ij| / sum_k |W_kj|) *
+    ||X_j||_2 ** 0.5` of the layer (`per_row=True`: of each output row); no update.
+
+  `owl` (Yin et al. 2023, arXiv 2310.05175) sets the layers' sparsities from their
+  outliers instead of the same `sparsity` for all: a layer with more Wanda scores above
+  `m` times its mean gets a lower sparsity, the layers spread over `2 * lam`, the share of
+  all their weights pruned `sparsity`. `dsnot` (Zhang et al. 2023, arXiv 2310.08915)
+  then swaps pruned and kept weights within each output row to bring the row's expected
+  output back towards the dense one's (docs/guides/oneshot.md).
 
   A convolution is the matmul of its kernel with the unfolded input patches
   (inputs ordered as the kernel's spatial axes, then its input features, so
@@ -73,7 +88,7 @@ def prune(
       `params` holds a 'params' collection).
     params: the trained parameters (a pytree of arrays; may be sharded).
     calibration_batches: an iterable of batches of one shape.
-    method: 'magnitude', 'wanda' or 'sparsegpt'.
+    method: 'magnitude', 'wanda', 'sparsegpt' or 'ria'.
     sparsity: the share of each layer's weights to prune, in [0, 1).
     nm: an N:M pattern ('2:4' or (2, 4): keep N of every M consecutive inputs
       of each output), instead of `sparsity`.
@@ -82,10 +97,14 @@ def prune(
       regex matches (`re.search`); None or 0 leaves them dense. A layer matching
       two regexes is an error, a regex matching no layer a warning (the rule of
       every map in jaxprune).
-    per_row: magnitude only: compare within each output row.
+    per_row: magnitude and RIA: compare within each output row.
     blocksize: SparseGPT's column block (a multiple of M for N:M).
     percdamp: SparseGPT's dampening (0 only for a nonsingular Hessian).
     sequential: compute later layers' inputs with the earlier layers pruned.
+    owl: True or `oneshot.OWL(m=5, lam=0.08)`: OWL's layer-wise sparsities for the
+      layers that take `sparsity` (not those `overrides` sets); not with `nm`.
+    dsnot: True or `oneshot.DSnoT(max_cycle=50, threshold=5e-5)`: DSnoT's mask fix-up
+      after the method, each row keeping its count of zeros.
 
   Returns:
     (params with pruned entries zero (and, for SparseGPT, the kept ones
@@ -99,7 +118,8 @@ def prune(
     ValueError: for an unknown method, no batch, a sparsity outside [0, 1),
       an N:M pattern that does not divide a layer's inputs (a convolution's
       input features), a bad override, no layer found, or a singular Hessian
-      with `percdamp=0`. Nothing is changed.
+      with `percdamp=0`, `owl` with `nm` or a `lam` outside [0, min(sparsity,
+      1 - sparsity)]. Nothing is changed.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -123,6 +143,8 @@ def prune(
     blocksize=blocksize,
     percdamp=percdamp,
     sequential=sequential,
+    owl=owl,
+    dsnot=dsnot,
     report=False,
   )
   return pruned, masks
@@ -141,6 +163,8 @@ def prune_with_report(
   blocksize: int = 128,
   percdamp: float = 0.01,
   sequential: bool = True,
+  owl: bool | OWL = False,
+  dsnot: bool | DSnoT = False,
 ) -> tuple[PyTree, PyTree, Report]:
   """`prune`, and a `Report` of what it did: each pruned layer in order (its target, the
   share of its weights now zero, and its reconstruction error
@@ -173,6 +197,8 @@ def prune_with_report(
     blocksize=blocksize,
     percdamp=percdamp,
     sequential=sequential,
+    owl=owl,
+    dsnot=dsnot,
     report=True,
   )
 
@@ -252,6 +278,8 @@ def _run(
   blocksize,
   percdamp,
   sequential,
+  owl,
+  dsnot,
   report,
 ) -> tuple[PyTree, PyTree, Report]:
   """`prune_with_report`; with `report=False` the error is not measured (NaN)."""
@@ -264,6 +292,17 @@ def _run(
     raise ValueError(f'blocksize={blocksize!r}: must be a positive integer, e.g. 128.')
   if not isinstance(percdamp, (int, float)) or not percdamp >= 0:
     raise ValueError(f'percdamp={percdamp!r}: must be >= 0, e.g. 0.01.')
+  owl = _option('owl', owl, OWL)
+  dsnot = _option('dsnot', dsnot, DSnoT)
+  if owl is not None:
+    if default is None or default[1] is not None:
+      raise ValueError(
+        f'owl={owl!r}: OWL sets unstructured sparsities, so it needs sparsity=<share in '
+        f'(0, 1)>, not nm={nm!r} (N:M keeps the same share in every layer); leave out owl.'
+      )
+    _owl.check(owl, default[0])
+  if dsnot is not None:
+    _dsnot.check(dsnot)
   fn = inputs.model_function(fn, params)
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   leaves = [leaf for _, leaf in flat]
@@ -304,7 +343,28 @@ def _run(
           f'for N:M (layer {layer.name!r}).'
         )
   chosen = [layer for layer in layers if targets[inputs.layer_key(layer)] is not None]
-  kinds = {'magnitude': (), 'wanda': ('sqnorm',), 'sparsegpt': ('gram',)}[method]
+  outliers: dict[tuple, float] = {}
+  if owl is not None:
+    # The layers that take the default (an override's target is a new tuple, never it).
+    spread = [layer for layer in chosen if targets[inputs.layer_key(layer)] is default]
+    outliers = _outlier_ratios(closed, spread, leaves, batches, owl.m)
+    sizes = [int(np.prod(layer_prune.matrix_shape(layer, leaves[layer.leaf]))) for layer in spread]
+    shares = _owl.sparsities(
+      np.array([outliers[inputs.layer_key(layer)] for layer in spread]),
+      np.array(sizes),
+      default[0],
+      float(owl.lam),
+    )
+    for layer, share in zip(spread, shares, strict=True):
+      targets[inputs.layer_key(layer)] = (float(share), None)
+  kinds = {
+    'magnitude': (),
+    'wanda': ('sqnorm',),
+    'sparsegpt': ('gram',),
+    'ria': ('sqnorm',),
+  }[method]
+  if dsnot is not None:
+    kinds = tuple(dict.fromkeys(kinds + ('sqnorm', 'sum', 'gram')))
   if report and 'gram' not in kinds:
     kinds += ('gram',)
   current = list(leaves)
@@ -329,7 +389,7 @@ def _run(
       stats = measure(group, at) if kinds else {}
       for layer in part:
         target = targets[inputs.layer_key(layer)]
-        if method != 'magnitude':
+        if method != 'magnitude' or dsnot is not None:
           _check_inputs_seen(layer, stats.get(layer.leaf), method)
         new, mask, error = layer_prune.prune_layer(
           layer,
@@ -341,6 +401,7 @@ def _run(
           blocksize=blocksize,
           percdamp=float(percdamp),
           with_error=report,
+          dsnot=dsnot,
         )
         current[layer.leaf], masks[layer.leaf] = layer_prune.put(
           layer, current[layer.leaf], masks[layer.leaf], new, mask
@@ -355,6 +416,7 @@ def _run(
             float(1 - jnp.mean(mask)),
             layer.wave,
             error,
+            outliers.get(inputs.layer_key(layer)),
           )
         )
   if short:
@@ -382,3 +444,33 @@ def _check_inputs_seen(layer: Layer, stat: Any, method: str) -> None:
       f"larger inputs, use method='magnitude', or leave it dense with "
       f'overrides={{{layer.name!r}: None}}.'
     )
+
+
+def _option(field: str, value: Any, kind: type) -> Any:
+  """An option given as False/None (off), True (its defaults) or its config object."""
+  if value is None or value is False:
+    return None
+  if value is True:
+    return kind()
+  if not isinstance(value, kind):
+    raise ValueError(
+      f'{field}={value!r}: give True, False or oneshot.{kind.__name__}(...), '
+      f'e.g. {field}=oneshot.{kind.__name__}().'
+    )
+  return value
+
+
+def _outlier_ratios(
+  closed: Any, layers: list[Layer], leaves: list[Any], batches: list[Any], m: float
+) -> dict[tuple, float]:
+  """OWL's outlier ratio of each layer, from its inputs in the dense model (as OWL's code
+  measures them, before anything is pruned)."""
+  collect = capture.collector(closed, layers, ('sqnorm',))
+  ratios = {}
+  for part, at in _rounds(layers):
+    stats = collect(leaves, batches, at)
+    for layer in part:
+      w = layer_prune.weight_matrix(layer, leaves[layer.leaf])
+      sqnorm = jnp.repeat(stats[layer.leaf][0]['sqnorm'], w.shape[0] // layer.groups, axis=0)
+      ratios[inputs.layer_key(layer)] = float(_owl.outlier_ratio(w, sqnorm, m=float(m)))
+  return ratios

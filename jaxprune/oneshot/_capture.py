@@ -7,7 +7,8 @@ convolution that does, its input is unfolded into patches
 (`lax.conv_general_dilated_patches`, one row per output position, ordered as
 the kernel's `Layer.in_axes`), split by feature group. The rows are reduced on
 the spot, inside `jit`: to `sum x_j^2` per input channel (Wanda) or to the
-Gram matrix `X^T X` (SparseGPT, and the reconstruction error of the report).
+Gram matrix `X^T X` (SparseGPT, and the reconstruction error of the report), or to
+`sum x_j` per input channel (DSnoT's means).
 Only these reductions leave the jitted function, so a pass never holds more
 than XLA needs for them, and the work after the last chosen layer is dead code
 XLA drops.
@@ -76,6 +77,8 @@ def _reduce(rows: jax.Array, kinds: Sequence[str]) -> Stats:
     out['gram'] = jnp.matmul(jnp.swapaxes(rows, 1, 2), rows, precision=_HIGHEST)
   if 'sqnorm' in kinds:
     out['sqnorm'] = jnp.sum(rows * rows, axis=1)
+  if 'sum' in kinds:
+    out['sum'] = jnp.sum(rows, axis=1)
   return out
 
 
@@ -205,7 +208,8 @@ def collector(closed: Any, layers: Sequence[Layer], kinds: Sequence[str]) -> Cal
     closed: the ClosedJaxpr of `fn(params, batch)`.
     layers: the layers to measure.
     kinds: the reductions: 'gram' for `X^T X`, 'sqnorm' for the per-channel sum of
-      squares, each with a leading axis of feature groups (1 for a matmul).
+      squares, 'sum' for the per-channel sum, each with a leading axis of feature groups
+      (1 for a matmul).
 
   The returned function's `at` maps a scan to the step whose stacked slices to
   measure (a stacked leaf's statistics are those of that slice; a scan not in it

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune._updates import zeroed
+from jaxprune.oneshot import _dsnot
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _solvers as solvers
 from jaxprune.oneshot._layers import Layer
@@ -47,6 +48,11 @@ def weight(layer: Layer, leaf: jax.Array) -> jax.Array:
   return jax.lax.index_in_dim(leaf, layer.stack.index, layer.stack.axis, keepdims=False)
 
 
+def weight_matrix(layer: Layer, leaf: jax.Array) -> jax.Array:
+  """The layer's weight (the leaf, or its slice) as float32 (outputs, inputs)."""
+  return _matrix(weight(layer, leaf), _slice_axes(layer))
+
+
 def put(
   layer: Layer, leaf: jax.Array, mask: Any, new: jax.Array, new_mask: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
@@ -81,6 +87,7 @@ def matrix_shape(layer: Layer, leaf: Any) -> tuple[int, int]:
     'blocksize',
     'percdamp',
     'with_error',
+    'dsnot',
   ),
 )
 def _prune_leaf(
@@ -96,19 +103,27 @@ def _prune_leaf(
   blocksize: int,
   percdamp: float,
   with_error: bool,
+  dsnot: _dsnot.DSnoT | None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(new weight, mask, whether SparseGPT's H^-1 was finite, relative reconstruction
   error (`with_error`, from the Gram matrix in `stat`; NaN otherwise)) of one layer's
-  weight."""
+  weight, fixed up by DSnoT's swaps where `dsnot` is given."""
   sparsity, nm = target
   w = _matrix(leaf, in_axes)
   finite = jnp.bool_(True)
+
+  def per_row_stat(kind):  # (groups, inputs) -> (outputs, inputs)
+    return jnp.repeat(stat[kind], w.shape[0] // groups, axis=0)
+
   if method == 'magnitude':
     mask = solvers.magnitude(w, sparsity=sparsity, nm=nm, per_row=per_row)
     new = zeroed(mask, w)
   elif method == 'wanda':
-    mask = solvers.wanda(
-      w, jnp.repeat(stat['sqnorm'], w.shape[0] // groups, axis=0), sparsity=sparsity, nm=nm
+    mask = solvers.wanda(w, per_row_stat('sqnorm'), sparsity=sparsity, nm=nm)
+    new = zeroed(mask, w)
+  elif method == 'ria':
+    mask = solvers.ria(
+      w, per_row_stat('sqnorm'), sparsity=sparsity, nm=nm, per_row=per_row, groups=groups
     )
     new = zeroed(mask, w)
   else:
@@ -126,6 +141,20 @@ def _prune_leaf(
     else:
       new, mask, finite = jax.vmap(solve)(grouped, h)
       new, mask, finite = new.reshape(w.shape), mask.reshape(w.shape), jnp.all(finite)
+  if dsnot is not None:
+    mean = per_row_stat('sum') / rows
+    var = per_row_stat('sqnorm') / rows - mean**2
+    new, mask = _dsnot.fix_up(
+      w,
+      new,
+      mask,
+      mean,
+      var,
+      jnp.sqrt(per_row_stat('sqnorm')),
+      stat['gram'],
+      nm=nm,
+      config=dsnot,
+    )
   error = jnp.float32(jnp.nan)
   if with_error:
     error = solvers.relative_error(
@@ -150,6 +179,7 @@ def prune_layer(
   blocksize: int,
   percdamp: float,
   with_error: bool,
+  dsnot: _dsnot.DSnoT | None = None,
 ) -> tuple[jax.Array, jax.Array, float]:
   """(new weight, mask, relative error or NaN) of one layer; a ValueError for a singular
   Hessian."""
@@ -166,6 +196,7 @@ def prune_layer(
     blocksize=blocksize,
     percdamp=percdamp,
     with_error=with_error,
+    dsnot=dsnot,
   )
   if not bool(finite):
     raise ValueError(

@@ -20,6 +20,9 @@ class LayerReport:
       layer was pruned from, `W` its weights before, `W'` after (what SparseGPT's
       and Wanda's scripts print per layer, made relative); NaN when its output
       is zero on all of them.
+    outliers: with `owl=`, OWL's outlier ratio of the layer (the share of its Wanda scores
+      above `m` times their mean) on the dense model, from which its sparsity was set;
+      None otherwise.
   """
 
   name: str
@@ -28,6 +31,7 @@ class LayerReport:
   sparsity: float
   wave: int
   error: float
+  outliers: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,15 +52,21 @@ class Report:
   short: tuple[tuple[str, float, str], ...] = ()
 
   def __str__(self) -> str:
-    """A table: one line per layer (name, shape, target, sparsity, error), then the
+    """A table: one line per layer (name, shape, target, sparsity, error, and OWL's outlier
+    ratio where it set the sparsities), then the
     weights left dense and why, and the layers short of their target."""
     width = max([len(layer.name) for layer in self.layers] + [5])
-    lines = [f'{"layer":<{width}}  {"outputs x inputs":>16}  target  sparsity  rel. error']
+    owl = any(layer.outliers is not None for layer in self.layers)
+    lines = [
+      f'{"layer":<{width}}  {"outputs x inputs":>16}  target  sparsity  rel. error'
+      + ('  outliers' if owl else '')
+    ]
     for layer in self.layers:
       shape = f'{layer.shape[0]} x {layer.shape[1]}'
+      outliers = '' if layer.outliers is None else f'{layer.outliers:>8.3%}'
       lines.append(
         f'{layer.name:<{width}}  {shape:>16}  {layer.target:>6}  '
-        f'{layer.sparsity:>8.1%}  {layer.error:>10.4f}'
+        f'{layer.sparsity:>8.1%}  {layer.error:>10.4f}' + (f'  {outliers:>8}' if owl else '')
       )
     lines += [f'left dense: {name} ({reason})' for name, reason in self.skipped]
     lines += [

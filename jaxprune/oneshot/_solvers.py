@@ -68,6 +68,37 @@ def wanda(
   return _select(scores, sparsity, nm, per_row=True)
 
 
+@functools.partial(jax.jit, static_argnames=('groups',))
+def ria_scores(w: jax.Array, sqnorm: jax.Array, *, groups: int = 1) -> jax.Array:
+  """RIA's relative importance and activations (Zhang et al., ICLR 2024, "Plug-and-Play"):
+  `(|W_ij| / sum_k |W_ik| + |W_ij| / sum_k |W_kj|) * ||X_j||_2 ** 0.5`, the first sum over
+  the row's inputs, the second over the outputs that read input j (those of its feature
+  group for a grouped convolution); `sqnorm` as `wanda`'s. A zero sum gives a zero term."""
+  a = jnp.abs(w.astype(jnp.float32))
+  rows = jnp.sum(a, axis=1, keepdims=True)
+  grouped = a.reshape(groups, -1, a.shape[1])
+  cols = jnp.broadcast_to(jnp.sum(grouped, axis=1, keepdims=True), grouped.shape).reshape(a.shape)
+  relative = jnp.where(rows > 0, a / jnp.where(rows > 0, rows, 1), 0) + jnp.where(
+    cols > 0, a / jnp.where(cols > 0, cols, 1), 0
+  )
+  return relative * jnp.sqrt(jnp.sqrt(sqnorm))
+
+
+@functools.partial(jax.jit, static_argnames=('sparsity', 'nm', 'per_row', 'groups'))
+def ria(
+  w: jax.Array,
+  sqnorm: jax.Array,
+  *,
+  sparsity: float,
+  nm: tuple[int, int] | None,
+  per_row: bool,
+  groups: int = 1,
+) -> jax.Array:
+  """RIA: keeps the largest `ria_scores` over the layer (its code's default) or within
+  each output row (`per_row`), or N of every M inputs of each row."""
+  return _select(ria_scores(w, sqnorm, groups=groups), sparsity, nm, per_row)
+
+
 def inverse_hessian_factor(
   h: jax.Array, w: jax.Array, percdamp: float
 ) -> tuple[jax.Array, jax.Array]:
