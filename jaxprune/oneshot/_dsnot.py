@@ -16,10 +16,12 @@ A weight swapped once is not swapped again. For N:M a row also stops when a swap
 the sign `e_i` started with. This follows the official code (github.com/zyxxmu/DSnoT,
 `prune_DSnoT`: its defaults `pow_of_var_regrowing=1`, `without_same_sign=True` for
 unstructured targets and the sign check for N:M), on the weights the method left: after
-SparseGPT the kept weights are its updated ones. Where a row's reconstruction error
-`||(W_i - W'_i) X||^2` on the calibration inputs ends up larger than before, the row keeps the
-method's weights, so DSnoT never makes a layer's error worse (the official code has no such
-check).
+SparseGPT the kept weights are its updated ones. The expected error is only the mean's part
+of the row's reconstruction error `||(W_i - W'_i) X||^2` on the calibration inputs, which a
+swap can make larger; so the row's error is tracked exactly (from the Gram matrix `X^T X`)
+along its swaps, and each row keeps its swaps up to the one after which that error was least
+(none, where every swap made it larger). DSnoT thus never makes a layer's error worse; the
+official code keeps every swap.
 """
 
 from __future__ import annotations
@@ -59,15 +61,6 @@ def check(dsnot: DSnoT) -> None:
     raise ValueError(f'dsnot.threshold={threshold!r}: must be a number >= 0, e.g. 5e-5.')
 
 
-def row_errors(d: jax.Array, gram: jax.Array) -> jax.Array:
-  """`d_i G d_i^T` per row of d (outputs, inputs), rows in `groups` blocks, each with its
-  group's Gram matrix (groups, inputs, inputs)."""
-  groups = gram.shape[0]
-  grouped = d.reshape(groups, -1, d.shape[1])
-  energy = jnp.sum(jnp.matmul(grouped, gram, precision=_HIGHEST) * grouped, axis=2)
-  return energy.reshape(-1)
-
-
 def fix_up(
   w: jax.Array,
   new: jax.Array,
@@ -88,21 +81,27 @@ def fix_up(
     mask: the method's mask (True = kept).
     mean, var, norm: `E[x_j]`, `Var[x_j]` and `||X_j||_2` of each row's inputs, (outputs,
       inputs).
-    gram: `X^T X` per feature group (groups, inputs, inputs), for the final check.
+    gram: `X^T X` per feature group (groups, inputs, inputs); output row `i` reads group
+      `i // (outputs / groups)`.
     nm: the N:M pattern, or None.
     config: the cycles and threshold.
 
   Returns:
     The new weights and mask; each row prunes as many weights as before.
   """
-  cols = jnp.arange(w.shape[1])
+  rows, cols = jnp.arange(w.shape[0]), jnp.arange(w.shape[1])
+  group = rows // (w.shape[0] // gram.shape[0])
   grow_gain = w * mean  # e_i falls by this when weight ij grows back
   var = jnp.maximum(var, jnp.finfo(jnp.float32).tiny)
   start = jnp.sum((w - new) * mean, axis=1)
   sign0 = jnp.sign(start)
+  diff = (w - new).reshape(gram.shape[0], -1, w.shape[1])
+  # g = (W - W') G per row, and the row's exact error (W - W') G (W - W')^T.
+  g0 = jnp.matmul(diff, gram, precision=_HIGHEST).reshape(w.shape)
+  error0 = jnp.sum(g0 * (w - new), axis=1)
 
   def cycle(_, state):
-    v, keep, touched, err, active = state
+    v, keep, touched, err, active, g, error, best = state
     s = jnp.sign(err)[:, None]
     grow_ok = ~keep & ~touched & (s * grow_gain > 0)
     free = keep & ~touched
@@ -117,24 +116,46 @@ def fix_up(
     else:
       prune_ok = free & (cols[None, :] // nm[1] == (grown // nm[1])[:, None])
     pruned = jnp.argmin(jnp.where(prune_ok, jnp.abs(v) * norm, jnp.inf), axis=1)
-    take = jnp.take_along_axis
-    after = (
-      err
-      + take(v * mean, pruned[:, None], axis=1)[:, 0]
-      - take(grow_gain, grown[:, None], axis=1)[:, 0]
-    )
+    dj = -w[rows, grown]  # W - W' at the grown weight: from w to 0
+    dp = v[rows, pruned]  # at the pruned one: from w - v to w
+    after = err + dp * mean[rows, pruned] + dj * mean[rows, grown]
     ok = active & jnp.any(grow_ok, axis=1) & jnp.any(prune_ok, axis=1)
     ok &= jnp.abs(err) > config.threshold
     if nm is not None:
       ok &= jnp.sign(after) == sign0
+    new_error = (
+      error
+      + 2 * (dj * g[rows, grown] + dp * g[rows, pruned])
+      + dj**2 * gram[group, grown, grown]
+      + dp**2 * gram[group, pruned, pruned]
+      + 2 * dj * dp * gram[group, grown, pruned]
+    )
     at_grown = (cols[None, :] == grown[:, None]) & ok[:, None]
     at_pruned = (cols[None, :] == pruned[:, None]) & ok[:, None]
     v = jnp.where(at_grown, w, jnp.where(at_pruned, 0.0, v))
     keep = (keep | at_grown) & ~at_pruned
     touched = touched | at_grown | at_pruned
-    return v, keep, touched, jnp.where(ok, after, err), ok
+    step = gram[group, :, grown] * dj[:, None] + gram[group, :, pruned] * dp[:, None]
+    g = jnp.where(ok[:, None], g + step, g)
+    error = jnp.where(ok, new_error, error)
+    best_v, best_keep, best_error = best
+    better = ok & (error < best_error)
+    best = (
+      jnp.where(better[:, None], v, best_v),
+      jnp.where(better[:, None], keep, best_keep),
+      jnp.where(better, error, best_error),
+    )
+    return v, keep, touched, jnp.where(ok, after, err), ok, g, error, best
 
-  init = (new, mask, jnp.zeros_like(mask), start, jnp.ones(w.shape[0], bool))
-  v, keep, *_ = jax.lax.fori_loop(0, config.max_cycle, cycle, init)
-  better = row_errors(w - v, gram) <= row_errors(w - new, gram)
-  return jnp.where(better[:, None], v, new), jnp.where(better[:, None], keep, mask)
+  init = (
+    new,
+    mask,
+    jnp.zeros_like(mask),
+    start,
+    jnp.ones(w.shape[0], bool),
+    g0,
+    error0,
+    (new, mask, error0),
+  )
+  best_v, best_keep, _ = jax.lax.fori_loop(0, config.max_cycle, cycle, init)[-1]
+  return best_v, best_keep
