@@ -214,15 +214,21 @@ def nm_map(hparams: Any) -> list[tuple[str, tuple[int, int]]]:
   return parsed
 
 
-def layer_axes_map(hparams: Any) -> list[tuple[str, int]]:
-  """Returns `layer_axes_map` as [(regex, number of leading layer axes)].
+def layer_axes_map(hparams: Any) -> list[tuple[str, int | tuple[int, ...]]]:
+  """Returns `layer_axes_map` as [(regex, leading count or axis indices)].
 
   An entry 'regex:K' says that the first K axes of the matching leaves index
-  layers (a leaf stacked by `nn.scan` or `nn.vmap`): each layer gets its own
-  threshold, target and blocks, as if it were a separate variable.
+  layers (a leaf stacked by `nn.scan` or `nn.vmap`); 'regex:@A' names the layer
+  axis by its index A, anywhere in the leaf (MaxText's `param_scan_axis=1` gives
+  (embed, layers, mlp) kernels: '@1'), and '@A@B' names several (negative
+  indices count from the end). Each layer gets its own threshold, target and
+  blocks, as if it were a separate variable.
   """
-  parsed = []
+  parsed: list[tuple[str, int | tuple[int, ...]]] = []
   for regex, value in _entries('layer_axes_map', field(hparams, 'layer_axes_map')):
+    if value.startswith('@'):
+      parsed.append((regex, _axis_indices(regex, value)))
+      continue
     try:
       axes = int(value)
     except ValueError:
@@ -230,10 +236,38 @@ def layer_axes_map(hparams: Any) -> list[tuple[str, int]]:
     if axes < 1 or str(axes) != value:
       raise ValueError(
         f'layer_axes_map entry {regex}:{value}: the number of leading layer '
-        f'axes must be an integer >= 1, e.g. "{regex}:1".'
+        f'axes must be an integer >= 1, e.g. "{regex}:1", or the layer axis by its '
+        f'index, e.g. "{regex}:@1".'
       )
     parsed.append((regex, axes))
   return parsed
+
+
+def _axis_indices(regex: str, value: str) -> tuple[int, ...]:
+  """The axis indices of an '@A@B' value, each an integer written plainly, none twice."""
+  texts = value[1:].split('@')
+  indices = []
+  for text in texts:
+    try:
+      index = int(text)
+    except ValueError:
+      index = None
+    if index is None or str(index) != text:
+      raise ValueError(
+        f'layer_axes_map entry {regex}:{value}: each layer axis after "@" must be an '
+        f'integer axis index, e.g. "{regex}:@1" (axis 1) or "{regex}:@0@2" (axes 0 and 2).'
+      )
+    indices.append(index)
+  if len(set(indices)) != len(indices):
+    raise ValueError(
+      f'layer_axes_map entry {regex}:{value}: axis {_repeated(indices)} is named twice; '
+      'name each layer axis once.'
+    )
+  return tuple(indices)
+
+
+def _repeated(indices: list[int]) -> int:
+  return next(i for i in indices if indices.count(i) > 1)
 
 
 def field(hparams: Any, name: str) -> Any:

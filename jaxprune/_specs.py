@@ -36,7 +36,9 @@ class LeafSpec:
     target: its final sparsity (its `weight_sparsity_map` entry, else the global one).
     block_dims: (height, width) with -1 already resolved for one layer's shape.
     nm: (n, m) for N:M sparsity along the input axis, or None.
-    layer_axes: how many leading axes index stacked layers (0: one variable).
+    layer_axes: how many axes index stacked layers (0: one variable).
+    layer_at: the indices of those axes, ascending, when they are not the leading ones
+      (`layer_axes_map`'s '@' form); () when they lead.
   """
 
   name: str
@@ -44,6 +46,45 @@ class LeafSpec:
   block_dims: tuple[int, int]
   nm: tuple[int, int] | None = None
   layer_axes: int = 0
+  layer_at: tuple[int, ...] = ()
+
+  @property
+  def moves_layers(self) -> bool:
+    """Whether the layer axes must be moved to the front for the per-layer rule."""
+    return bool(self.layer_at)
+
+  def to_front(self, x: Any) -> Any:
+    """`x` (of the leaf's shape) with its layer axes moved to the front, in order."""
+    if not self.moves_layers:
+      return x
+    return jnp.moveaxis(x, self.layer_at, tuple(range(self.layer_axes)))
+
+  def from_front(self, x: Any) -> Any:
+    """The inverse of `to_front`: the leaf's own axis order again."""
+    if not self.moves_layers:
+      return x
+    return jnp.moveaxis(x, tuple(range(self.layer_axes)), self.layer_at)
+
+  def front_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The leaf's `shape` with its layer axes first: (layers..., one layer's axes...)."""
+    shape = tuple(shape)
+    if not self.moves_layers:
+      return shape
+    rest = [d for i, d in enumerate(shape) if i not in self.layer_at]
+    return tuple(shape[i] for i in self.layer_at) + tuple(rest)
+
+  def nm_axis(self, ndim: int) -> int:
+    """The leaf axis N:M groups run along: each layer's input axis (its second to last)."""
+    if not self.moves_layers:
+      return -2
+    rest = [i for i in range(ndim) if i not in self.layer_at]
+    if len(rest) < 2:
+      raise ValueError(
+        f'N:M: leaf {self.name!r} leaves each layer {len(rest)} axis after its layer axes '
+        f"{self.layer_at}, but N:M groups run along a layer's input axis (its second to "
+        'last): leave the leaf out of the N:M pattern.'
+      )
+    return rest[-2]
 
 
 def leaf_filter(
@@ -145,9 +186,12 @@ def leaf_specs(
     target = matched['weight_sparsity_map'].get(name)
     dims = matched['block_dims_map'].get(name) or h.block_dims
     nm = matched['nm_sparsity_map'].get(name) or h.nm
-    layer_axes = matched['layer_axes_map'].get(name) or 0
+    entry = matched['layer_axes_map'].get(name) or 0
+    positions = _layer_positions(name, tuple(leaf.shape), entry)
+    layer_axes = len(positions)
     _check_layer_axes(name, tuple(leaf.shape), layer_axes, by_default_filter)
-    layer_shape = tuple(leaf.shape)[layer_axes:]
+    layer_at = () if positions == tuple(range(layer_axes)) else positions
+    layer_shape = tuple(d for i, d in enumerate(leaf.shape) if i not in positions)
     resolved = blocks.resolve_block_dims(layer_shape, dims)
     if resolved is None and tuple(dims) != (1, 1) and nm is None:
       elementwise.append(f'{name} {layer_shape}')
@@ -157,6 +201,7 @@ def leaf_specs(
       block_dims=(1, 1) if resolved is None else resolved,
       nm=nm,
       layer_axes=layer_axes,
+      layer_at=layer_at,
     )
 
   specs = jax.tree_util.tree_unflatten(
@@ -175,6 +220,30 @@ def leaf_specs(
         stacklevel=3,
       )
   return specs
+
+
+def _layer_positions(
+  name: str, shape: tuple[int, ...], entry: int | tuple[int, ...]
+) -> tuple[int, ...]:
+  """The leaf's layer axes, ascending, from its `layer_axes_map` value: a count of leading
+  axes, or axis indices (negative ones count from the end)."""
+  if isinstance(entry, int):
+    return tuple(range(entry))
+  written = f'@{"@".join(map(str, entry))}'
+  for index in entry:
+    if not -len(shape) <= index < len(shape):
+      raise ValueError(
+        f'layer_axes_map: leaf {name!r} of shape {shape} has no axis {index} (entry value '
+        f'{written!r}): its axes are 0 to {len(shape) - 1}, or -{len(shape)} to -1 from the '
+        "end. Give the stacked axis's index, or narrow the entry's regex to the stacked leaves."
+      )
+  positions = sorted(index % len(shape) for index in entry)
+  if len(set(positions)) != len(positions):
+    raise ValueError(
+      f'layer_axes_map: leaf {name!r} of shape {shape}: entry value {written!r} names the '
+      'same axis twice (an index and its negative form); name each layer axis once.'
+    )
+  return tuple(positions)
 
 
 def _check_layer_axes(

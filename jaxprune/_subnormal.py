@@ -45,7 +45,9 @@ def _on_host(leaf: Any) -> tuple[np.ndarray, str] | None:
     return None
 
 
-def _subnormal_layers(name: str, leaf: Any, layer_axes: int) -> tuple[list[str], int, str]:
+def _subnormal_layers(
+  name: str, leaf: Any, layer_axes: int | tuple[int, ...]
+) -> tuple[list[str], int, str]:
   """(the layers of a leaf whose nonzero weights are all below float32's smallest normal,
   each named with its largest |w|; how many layers were read; the platform)."""
   read = _on_host(leaf)
@@ -54,6 +56,9 @@ def _subnormal_layers(name: str, leaf: Any, layer_axes: int) -> tuple[list[str],
   values, platform = read
   if values.size == 0 or not jnp.issubdtype(values.dtype, jnp.floating):  # bfloat16 too
     return [], 0, platform
+  if not isinstance(layer_axes, int):  # the layer axes' indices: moved to the front
+    values = np.moveaxis(values, layer_axes, tuple(range(len(layer_axes))))
+    layer_axes = len(layer_axes)
   lead = values.shape[:layer_axes]
   per_layer = values.reshape((math.prod(lead), -1))
   with np.errstate(invalid='ignore'):
@@ -76,13 +81,17 @@ def _flushed(platform: str) -> bool:
 
 
 def warn_subnormal(
-  leaves: Iterable[tuple[str, Any, int]], where: str, stacklevel: int, together: bool = False
+  leaves: Iterable[tuple[str, Any, int | tuple[int, ...]]],
+  where: str,
+  stacklevel: int,
+  together: bool = False,
 ) -> None:
   """Warns, naming them, about pruned layers that hold only subnormal (and zero) weights
   where the backend reads those as zero.
 
   Args:
-    leaves: (name, weights, layer axes) of the pruned leaves.
+    leaves: (name, weights, layer axes) of the pruned leaves: the number of leading layer
+      axes, or the layer axes' indices.
     where: the call that is warned about, e.g. 'init' or 'update_mask'.
     stacklevel: for `warnings.warn`, counted from this function's caller.
     together: one threshold for all the leaves (`global_pruning`): told only when every
