@@ -63,9 +63,12 @@ class MagnitudeRule:
         thresholds.append(None)
         continue
       if spec.nm is not None:
-        jax.eval_shape(lambda w, s=spec: nm_lib.nm_mask(w, *s.nm, axis=-2, name=s.name), leaf)
+        jax.eval_shape(
+          lambda w, s=spec: nm_lib.nm_mask(w, *s.nm, axis=s.nm_axis(w.ndim), name=s.name), leaf
+        )
       masks.append(jnp.ones(leaf.shape, bool))
-      thresholds.append(jnp.zeros(leaf.shape[: spec.layer_axes], jnp.float32))
+      layers = spec.front_shape(leaf.shape)[: spec.layer_axes]
+      thresholds.append(jnp.zeros(layers, jnp.float32))
     return jax.tree.unflatten(treedef, masks), jax.tree.unflatten(treedef, thresholds)
 
   def warn_subnormal(self, params: PyTree, where: str, stacklevel: int) -> None:
@@ -73,7 +76,7 @@ class MagnitudeRule:
     leaves = jax.tree.leaves(params)
     subnormal.warn_subnormal(
       [
-        (spec.name, leaf, 0 if self.hparams.global_pruning else spec.layer_axes)
+        (spec.name, leaf, 0 if self.hparams.global_pruning else spec.layer_at or spec.layer_axes)
         for leaf, spec in zip(leaves, self._all_specs, strict=True)
         if spec is not None
       ],
@@ -121,14 +124,24 @@ class MagnitudeRule:
       w = weights[j](jnp.int32(0)).astype(jnp.float32)
       finite = jnp.isfinite(jnp.sum(w - w))
       skips += (~finite).astype(jnp.int32)
-      # Along the kernels' input axis.
-      mask = nm_lib.nm_mask(weights[j](None), *spec.nm, axis=-2, name=spec.name)
+      # Along the kernels' input axis (each layer's, for a stacked leaf).
+      values = weights[j](None)
+      mask = nm_lib.nm_mask(values, *spec.nm, axis=spec.nm_axis(values.ndim), name=spec.name)
       new_masks[j] = jnp.where(finite, mask, old_masks[j])
     if not magnitude:
       return new_masks, jax.tree.unflatten(treedef, new_thresholds), skips
     specs = self.specs
+    # Layer axes named anywhere ('@' in layer_axes_map) are moved to the front, where the
+    # per-layer rule finds them, and the masks moved back.
     variables = [
-      masks_lib.Variable(weights[j], old_masks[j].shape, specs[j].block_dims, specs[j].layer_axes)
+      masks_lib.Variable(
+        (lambda token, f=weights[j], s=specs[j]: s.to_front(f(token)))
+        if specs[j].moves_layers
+        else weights[j],
+        specs[j].front_shape(old_masks[j].shape),
+        specs[j].block_dims,
+        specs[j].layer_axes,
+      )
       for j in magnitude
     ]
     if hparams.global_pruning:
@@ -145,7 +158,7 @@ class MagnitudeRule:
       variables,
       targets,
       previous,
-      [old_masks[j] for j in magnitude],
+      [specs[j].to_front(old_masks[j]) for j in magnitude],
       nbins=hparams.nbins,
       threshold_decay=hparams.threshold_decay,
       threshold_method=hparams.threshold_method,
@@ -154,7 +167,7 @@ class MagnitudeRule:
       mask_search=hparams.mask_search,
     )
     for i, (j, mask) in enumerate(zip(magnitude, masks, strict=True)):
-      new_masks[j] = mask
+      new_masks[j] = specs[j].from_front(mask)
       shape = old_thresholds[j].shape
       new_thresholds[j] = jnp.broadcast_to(
         unit_thresholds[0 if hparams.global_pruning else i], (math.prod(shape),)
