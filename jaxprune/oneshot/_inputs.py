@@ -99,8 +99,8 @@ def model_function(fn: Any, params: PyTree) -> Callable[[PyTree, Any], Any]:
       )
     return fn
   if isinstance(params, Mapping) and 'params' in params:
-    return lambda variables, batch: module.apply(variables, batch)
-  return lambda p, batch: module.apply({'params': p}, batch)
+    return lambda variables, *batch: module.apply(variables, *batch)
+  return lambda p, *batch: module.apply({'params': p}, *batch)
 
 
 def trace_model(fn: Callable, params: PyTree, batch: Any) -> Any:

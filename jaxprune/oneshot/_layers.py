@@ -42,6 +42,8 @@ from jaxprune.structured._shared import call_body, conv_axes, dot_axes, scan_lay
 Scope = tuple[int, ...]
 ScanKey = tuple[Scope, int]  # (scope, equation index) of a scan
 _RELAYOUTS = ('convert_element_type', 'copy', 'copy_p', 'transpose')
+# A bias or scale is broadcast or reshaped before its add or mul: that use is its reason.
+_RESHAPES = ('broadcast_in_dim', 'reshape', 'squeeze')
 _WHY = {
   'while': 'used inside a while loop',
   'cond': 'used inside a cond branch',
@@ -124,7 +126,8 @@ class _Walk:
     scans: the layout of each scan that reads a stacked leaf.
   """
 
-  def __init__(self):
+  def __init__(self, batched: bool = False):
+    self.batched = batched  # see `layers_and_reasons`
     # (scope, var) -> (leaf, leaf axis of each var axis, (scan, stacked axis) or None)
     self.view: dict[tuple[Scope, Any], tuple[int, tuple[int, ...], Any]] = {}
     self.taint: dict[tuple[Scope, Any], frozenset[Token]] = {}
@@ -162,12 +165,21 @@ class _Walk:
           self._set(scope, out, view, t)
         continue
       name = eqn.primitive.name
-      if name in _RELAYOUTS and views[0] is not None:
+      if name in _RELAYOUTS + _RESHAPES and views[0] is not None:
         leaf, axes, stack = views[0]
-        if name == 'transpose':
+        if name in _RESHAPES or axes is None:
+          axes = None  # its axes are lost: not a weight, and its next use says why
+        elif name == 'transpose':
           axes = tuple(axes[p] for p in eqn.params['permutation'])
         self._set(scope, eqn.outvars[0], (leaf, axes, stack), taint)
         continue
+      reshaped = [view for view in views if view is not None and view[1] is None]
+      if reshaped:
+        why = _WHY.get(name) or f'read by {name}, not only as a matmul weight'
+        products = ('dot_general', 'conv_general_dilated')
+        self.refuse(reshaped, f'reshaped before a {name}' if name in products else why)
+        reads = [(None, t) if v is not None and v[1] is None else (v, t) for v, t in reads]
+        views = [v for v, _ in reads]
       if name == 'scan' and self.in_scan is None:
         self._scan(scope, index, eqn, reads)
         continue
@@ -203,10 +215,16 @@ class _Walk:
       return False
     if views[0] is None and views[1] is None:
       return False
-    if batch_l or batch_r:
-      self.refuse(views, 'read by a dot_general with batch dimensions')
-      return False
     w = 0 if views[0] is not None else 1
+    if (batch_l or batch_r) and not (self.batched and (contract_l, contract_r)[w]):
+      elementwise = self.batched and not (contract_l, contract_r)[w]
+      self.refuse(
+        views,
+        'multiplied elementwise (by a dot_general that contracts none of its axes)'
+        if elementwise
+        else 'read by a dot_general with batch dimensions',
+      )
+      return False
     axes = views[w][1]
     in_axes = tuple(axes[a] for a in (contract_l, contract_r)[w])
     site = Site(scope, index, 1 - w, tuple((contract_l, contract_r)[1 - w]))
@@ -324,12 +342,17 @@ def find_layers(closed: Any, names: list[str]) -> list[Layer]:
 
 
 def layers_and_reasons(
-  closed: Any, names: list[str]
+  closed: Any, names: list[str], batched: bool = False
 ) -> tuple[list[Layer], dict[int, tuple[str, int | None]]]:
   """`find_layers`, and for each leaf that is not a layer but is used, why not (and its
-  stacked axis, for a use of a stack's slices: the weight is then one slice)."""
+  stacked axis, for a use of a stack's slices: the weight is then one slice).
+
+  With `batched`, a `dot_general` with batch dimensions that contracts some of the
+  leaf's axes (a block-diagonal or per-head weight) is a weight's use too, as the
+  gradual transform's filter (`jaxprune.matmul_weights`) counts it; one-shot pruning,
+  whose statistics are those of a plain matmul, does not."""
   jaxpr = closed.jaxpr
-  walk = _Walk()
+  walk = _Walk(batched)
   for leaf, var in enumerate(jaxpr.invars[: len(names)]):
     walk.view[((), var)] = (leaf, tuple(range(len(var.aval.shape))), None)
   walk.walk(jaxpr, ())
@@ -337,7 +360,8 @@ def layers_and_reasons(
   found: dict[int, list[_Use]] = {}
   for leaf, by_site in walk.uses.items():
     uses = list(by_site.values())
-    if leaf in reasons:
+    if leaf in reasons:  # a tied embedding: gathered, and the LM head's weight
+      reasons[leaf] = (f'{reasons[leaf][0]}, and elsewhere as a matmul weight', reasons[leaf][1])
       continue
     if len({(u.in_axes, u.stack, u.groups) for u in uses}) != 1:
       reasons[leaf] = (
