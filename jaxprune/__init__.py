@@ -21,7 +21,6 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from jaxprune._attributes import no_attribute
-from jaxprune._counting import WeightReader
 from jaxprune._export import (
   OutputMismatchError,
   SizeReport,
@@ -68,7 +67,6 @@ __all__ = [
   'OutputMismatchError',
   'PruningState',
   'SizeReport',
-  'WeightReader',
   'abstract_with_shardings',
   'apply_masks',
   'check_sparse_outputs',
