@@ -23,11 +23,13 @@ _ZIP_MAGIC = b'PK\x03\x04'  # what numpy.savez writes first
 
 
 class Dataset(NamedTuple):
-  """A classification dataset held in host memory.
+  """A classification dataset held in host memory (or bytes and their next bytes).
 
   Attributes:
-    x_train: float32 inputs, shape (n_train, *input_shape).
-    y_train: int32 labels in [0, num_classes), shape (n_train,).
+    x_train: float32 inputs, shape (n_train, *input_shape); text: uint8 windows
+      (n_train, seq_len).
+    y_train: int32 labels in [0, num_classes), shape (n_train,); text: uint8
+      next bytes (n_train, seq_len).
     x_test: float32 inputs, shape (n_test, *input_shape).
     y_test: int32 labels, shape (n_test,).
     num_classes: number of classes.
@@ -185,24 +187,40 @@ def load_npz(path: str) -> Dataset:
   )
 
 
-def load_dataset(name: str, path: str = '', seed: int = 0, test_fraction: float = 0.25) -> Dataset:
+def load_dataset(
+  name: str,
+  path: str = '',
+  seed: int = 0,
+  test_fraction: float = 0.25,
+  *,
+  seq_len: int = 128,
+  test_windows: int = 256,
+) -> Dataset:
   """Loads the dataset named in a config's `data` block.
 
   Args:
-    name: 'digits' or 'npz'.
-    path: the `.npz` file when `name == 'npz'`.
-    seed: seed of the digits train/test split.
-    test_fraction: fraction of the digits held out for testing.
+    name: 'digits', 'npz' or 'text'.
+    path: the `.npz` file when `name == 'npz'`; for 'text', '' (the standard
+      library's `.py` files), a directory or a glob.
+    seed: seed of the digits train/test split, or of the text's split by file.
+    test_fraction: fraction of the digits (or of the text files) held out.
+    seq_len: text: bytes per window.
+    test_windows: text: held-out windows evaluated.
 
   Returns:
-    The `Dataset`.
+    The `Dataset`; for text, uint8 windows (n, seq_len) and their next bytes.
   """
   if name == 'digits':
     return load_digits(seed, test_fraction)
   if name == 'npz':
     return load_npz(path)
+  if name == 'text':
+    from jaxprune_train._text import load_text
+
+    return load_text(path, seq_len, test_windows, seed, test_fraction)
   raise ValueError(
-    f"data.name={name!r}: unknown dataset; use 'digits' or 'npz' (with data.path='your_file.npz')."
+    f"data.name={name!r}: unknown dataset; use 'digits', 'npz' (with "
+    "data.path='your_file.npz') or 'text'."
   )
 
 

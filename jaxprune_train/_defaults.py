@@ -64,13 +64,25 @@ def parse_pruning_flag(text: str, base: ml_collections.ConfigDict) -> ml_collect
 FIELD_HELP = {
   'name': 'name of the run; the default --workdir is runs/<name>',
   'seed': 'seed of the params init and of the batch order',
-  'data.name': "'digits' (scikit-learn's bundled 8x8 digits) or 'npz' (your file)",
-  'data.path': 'the .npz file for data.name=npz: arrays x_train, y_train, x_test, y_test',
-  'data.test_fraction': 'digits: share of the images held out for testing, in (0, 1)',
-  'data.seed': 'digits: seed of the train/test split',
-  'model.name': "'mlp' or 'cnn'",
+  'data.name': "'digits' (scikit-learn's bundled 8x8 digits), 'npz' (your file) or 'text' "
+  '(bytes of text files, for model.name=lm)',
+  'data.path': "npz: the .npz file (arrays x_train, y_train, x_test, y_test); text: '' for "
+  "the Python standard library's .py files, or a directory or glob of your text files",
+  'data.test_fraction': 'digits: share of the images held out; text: share of the files held '
+  'out (by a hash of their path); in (0, 1)',
+  'data.seed': 'digits: seed of the train/test split; text: mixed into the hash that splits files',
+  'data.seq_len': 'text: bytes per training window (the context the model sees)',
+  'data.test_windows': 'text: held-out windows evaluated, evenly spaced (all when fewer)',
+  'model.name': "'mlp', 'cnn' or 'lm' (a byte-level decoder language model; data.name=text)",
   'model.features': 'hidden widths (mlp) or conv channels (cnn), e.g. "(300, 100)"',
   'model.dense': 'cnn only: width of the hidden dense layer',
+  'model.num_layers': 'lm only: decoder layers, run under nn.scan (stacked kernels)',
+  'model.d_model': 'lm only: width of the residual stream, a multiple of num_heads',
+  'model.num_heads': 'lm only: query heads (the head width d_model / num_heads must be even)',
+  'model.num_kv_heads': 'lm only: key/value heads (grouped-query attention), divides num_heads',
+  'model.mlp_dim': 'lm only: hidden width of the SwiGLU MLP',
+  'model.compute_dtype': "lm only: dtype of the matmuls, 'bfloat16' or 'float32' (params are "
+  'float32)',
   'optimizer.name': "'adam', 'adamw' or 'sgd'",
   'optimizer.learning_rate': 'step size, a finite number > 0',
   'optimizer.momentum': 'sgd only: momentum in [0, 1); 0 for plain SGD',
@@ -108,9 +120,28 @@ def get_config() -> ml_collections.ConfigDict:
   config.name = 'digits_mlp'
   config.seed = 0
   config.data = ml_collections.ConfigDict(
-    {'name': 'digits', 'path': '', 'test_fraction': 0.25, 'seed': 0}
+    {
+      'name': 'digits',
+      'path': '',
+      'test_fraction': 0.25,
+      'seed': 0,
+      'seq_len': 128,
+      'test_windows': 256,
+    }
   )
-  config.model = ml_collections.ConfigDict({'name': 'mlp', 'features': (300, 100), 'dense': 64})
+  config.model = ml_collections.ConfigDict(
+    {
+      'name': 'mlp',
+      'features': (300, 100),
+      'dense': 64,
+      'num_layers': 4,
+      'd_model': 128,
+      'num_heads': 4,
+      'num_kv_heads': 2,
+      'mlp_dim': 384,
+      'compute_dtype': 'bfloat16',
+    }
+  )
   config.optimizer = ml_collections.ConfigDict(
     {'name': 'adam', 'learning_rate': 1e-3, 'momentum': 0.9, 'weight_decay': 1e-4}
   )

@@ -153,7 +153,7 @@ def batch_feed(
     x, y = dataset.x_train[index], dataset.y_train[index]
     return (
       jax.make_array_from_process_local_data(sharding, x, (batch_size, *x.shape[1:])),
-      jax.make_array_from_process_local_data(sharding, y, (batch_size,)),
+      jax.make_array_from_process_local_data(sharding, y, (batch_size, *y.shape[1:])),
     )
 
   return feed

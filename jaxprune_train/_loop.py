@@ -83,15 +83,20 @@ def _build(config: ml_collections.ConfigDict) -> _Job:
   """Loads the data, builds the model and the jitted step; ConfigError for bad inputs."""
   try:
     dataset = data.load_dataset(
-      config.data.name, config.data.path, config.data.seed, config.data.test_fraction
+      config.data.name,
+      config.data.path,
+      config.data.seed,
+      config.data.test_fraction,
+      seq_len=config.data.seq_len,
+      test_windows=config.data.test_windows,
     )
     data.steps_per_epoch(len(dataset.y_train), config.batch_size)
     distributed.check_mesh(config.mesh_shape)
     mesh = sharding.make_mesh(config.mesh_shape)
     sharding.check_batch(mesh, config.batch_size)
+    model = models.create_model(config.model, dataset.num_classes)
   except (ValueError, OSError) as err:
     raise ConfigError(one_line(str(err))) from err
-  model = models.create_model(config.model, dataset.num_classes)
   try:
     params = models.init_params(model, dataset.x_train.shape[1:], config.seed)
     rule = channels.make_rule(config, model, params, tuple(dataset.x_train.shape[1:]))
@@ -172,6 +177,8 @@ class _Run:
     self.saved_step: int | None = None  # the newest checkpoint
     self.finite_step = int(self.state.step)  # the newest step known to be finite
     self.shrunk: channels.ChannelResult | None = None
+    # A language model's held-out loss is also reported in bits per byte.
+    self.text = self.config.data.name == 'text'
 
   def _then(self) -> str:
     where = (
@@ -241,6 +248,8 @@ class _Run:
       outputs.update(
         dict.fromkeys((plots.SPARSITY_PNG, plots.ACCURACY_PNG, plots.LAYERS_PNG), 'plots')
       )
+      if self.text:
+        outputs[plots.BITS_PNG] = 'plots'
     if self.job.rule is not None:
       outputs[channels.MODEL_FILE] = 'pruned model'
     for name, what in outputs.items():
@@ -279,6 +288,7 @@ class _Run:
       # Ctrl-C during the checkpoint of `dense_at` saves the step before it,
       # whose resumed run drops the dense record and must measure it again.
       meta['dense_accuracy'] = None
+      meta.pop('dense_bits_per_byte', None)
     self.checkpointer.save(step, state, meta)
     self.saved_step = step
 
@@ -309,10 +319,13 @@ class _Run:
       # step where pruning may begin. Measured before that step's checkpoint so
       # that a resumed run has it in `meta`.
       if step == self.dense_at and self.meta['dense_accuracy'] is None:
-        self.meta['dense_accuracy'] = job.evaluate(
-          self.state.params, job.dataset.x_test, job.dataset.y_test
-        )['accuracy']
-        write(step, {'dense_test_accuracy': self.meta['dense_accuracy']})
+        dense = job.evaluate(self.state.params, job.dataset.x_test, job.dataset.y_test)
+        self.meta['dense_accuracy'] = dense['accuracy']
+        record = {'dense_test_accuracy': dense['accuracy']}
+        if self.text:
+          self.meta['dense_bits_per_byte'] = dense['loss'] / math.log(2)
+          record['dense_test_bits_per_byte'] = self.meta['dense_bits_per_byte']
+        write(step, record)
 
     measure_dense(start)
     completed = self.state  # the newest state whose step was fully logged
@@ -334,6 +347,8 @@ class _Run:
         if done % config.log_every == 0 or last:
           scalars = {k: float(v) for k, v in metrics.items()}
           self._check_finite(done, scalars['loss'])
+          if self.text:
+            scalars['bits_per_byte'] = scalars['loss'] / math.log(2)
           scalars.update(stats.pruning_scalars(distributed.host_copy(self.state), self.hparams))
           write(done, scalars)
           bar.set_postfix(
@@ -343,7 +358,10 @@ class _Run:
           )
         if done % config.eval_every == 0 or last:
           test = job.evaluate(self.state.params, job.dataset.x_test, job.dataset.y_test)
-          write(done, {'test_loss': test['loss'], 'test_accuracy': test['accuracy']})
+          record = {'test_loss': test['loss'], 'test_accuracy': test['accuracy']}
+          if self.text:
+            record['test_bits_per_byte'] = test['loss'] / math.log(2)
+          write(done, record)
           if config.progress_bar:
             bar.write(f'step {done}: test accuracy {test["accuracy"]:.4f}')
         measure_dense(done)
@@ -432,6 +450,8 @@ class _Run:
         hparams.target_sparsity if hparams is not None and hparams.global_pruning else None
       ),
       channels=tuple(self.shrunk.lines()) if self.shrunk is not None else (),
+      bits_per_byte=final['loss'] / math.log(2) if self.text else None,
+      dense_bits_per_byte=self.meta.get('dense_bits_per_byte'),
     )
     if self.writes:
       path = os.path.join(self.workdir, REPORT_FILE)

@@ -2,6 +2,7 @@
 
     jaxprune-train                                   # the default: MLP on digits, GMP to 90%
     jaxprune-train --config configs/digits_cnn.py --workdir runs/cnn
+    jaxprune-train --config configs/lm.py             # a byte-level language model
     jaxprune-train --config.pruning.target_sparsity=0.95
     jaxprune-train --config.pruning.weight_sparsity_map="['Dense_0/kernel:0.5']"
     jaxprune-train --pruning_hparams="target_sparsity=0.9,weight_sparsity_map=[Dense_1:0.95]"
@@ -193,6 +194,7 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   # The job's modules (Flax, orbax, matplotlib, the structured pass) load once the flags
   # have parsed: a mistyped flag, a bad config file or --help is answered in a second.
   from jaxprune_train import _agreement as agreement
+  from jaxprune_train import _cache as compilation_cache
   from jaxprune_train import _channels as channels
   from jaxprune_train import _distributed as distributed
   from jaxprune_train import _loop as loop
@@ -220,6 +222,7 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   interrupts.end_at_once(lambda: _interrupted(workdir, num_steps))
   try:
     print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
+    print(f'{PROGRAM}: {compilation_cache.enable(workdir)}')
     result = distributed.guarded(loop.train, config, workdir)
   except errors.RunError as err:
     _fail(str(err))
@@ -244,6 +247,8 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
     outputs += [plots.SPARSITY_PNG, plots.ACCURACY_PNG]
     if result.report.leaves:
       outputs.append(plots.LAYERS_PNG)
+    if result.report.bits_per_byte is not None:
+      outputs.append(plots.BITS_PNG)
   print(f'\nOutputs in {os.path.abspath(workdir)}: {", ".join(outputs)}')
 
 

@@ -57,7 +57,7 @@ class CNN(nn.Module):
 
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
-  """Builds the model named by `config.name` ('mlp' or 'cnn').
+  """Builds the model named by `config.name` ('mlp', 'cnn' or 'lm').
 
   Args:
     config: the `model` block of a training config.
@@ -70,7 +70,19 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modu
     return MLP(features=tuple(config.features), num_classes=num_classes)
   if config.name == 'cnn':
     return CNN(features=tuple(config.features), dense=config.dense, num_classes=num_classes)
-  raise ValueError(f"model.name={config.name!r}: unknown model; use 'mlp' or 'cnn'.")
+  if config.name == 'lm':
+    from jaxprune_train._lm import DecoderLM, check_shape
+
+    check_shape(config)
+    return DecoderLM(
+      num_layers=config.num_layers,
+      d_model=config.d_model,
+      num_heads=config.num_heads,
+      num_kv_heads=config.num_kv_heads,
+      mlp_dim=config.mlp_dim,
+      compute_dtype=config.compute_dtype,
+    )
+  raise ValueError(f"model.name={config.name!r}: unknown model; use 'mlp', 'cnn' or 'lm'.")
 
 
 def init_params(model: nn.Module, input_shape: Sequence[int], seed: int) -> dict:

@@ -1,4 +1,5 @@
-"""PNG plots of a run: sparsity and accuracy over steps, final sparsity per leaf.
+"""PNG plots of a run: sparsity and accuracy over steps, final sparsity per leaf, and a
+language model's bits per byte over steps.
 
 Figures are drawn on their own Agg canvas, never through pyplot: no display
 is needed, and a notebook that imports jaxprune keeps its own backend. Each
@@ -21,6 +22,7 @@ from jaxprune_train._report import LeafReport
 SPARSITY_PNG = 'sparsity.png'
 ACCURACY_PNG = 'accuracy.png'
 LAYERS_PNG = 'layer_sparsity.png'
+BITS_PNG = 'bits_per_byte.png'
 
 
 def _figure(width: float, height: float) -> tuple[Figure, Any]:
@@ -74,6 +76,24 @@ def plot_accuracy(history: Sequence[Mapping[str, Any]], path: str) -> Figure:
   return fig
 
 
+def plot_bits_per_byte(history: Sequence[Mapping[str, Any]], path: str) -> Figure:
+  """Plots a language model's train and held-out bits per byte over steps; returns the figure."""
+  fig, ax = _figure(6, 4)
+  ax.plot(*_series(history, 'bits_per_byte'), alpha=0.5, label='train batch')
+  ax.plot(*_series(history, 'test_bits_per_byte'), 'o-', label='held-out')
+  steps, dense = _series(history, 'dense_test_bits_per_byte')
+  if dense:
+    ax.plot(steps, dense, 'k*', markersize=12, label='held-out, dense at start of pruning')
+  ax.set_xlabel('step')
+  ax.set_ylabel('bits per byte')
+  ax.set_title('Next-byte loss over training')
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  _save(fig, path)
+  return fig
+
+
 def plot_layer_sparsity(leaves: Sequence[LeafReport], path: str) -> Figure:
   """Plots the final sparsity per pruned leaf, target marked, to `path`; returns the figure."""
   fig, ax = _figure(6, 1.5 + 0.4 * max(len(leaves), 1))
@@ -107,5 +127,8 @@ def save_plots(
   plot_accuracy(history, paths[1])
   if leaves:
     paths.append(os.path.join(workdir, LAYERS_PNG))
-    plot_layer_sparsity(leaves, paths[2])
+    plot_layer_sparsity(leaves, paths[-1])
+  if any('test_bits_per_byte' in record for record in history):
+    paths.append(os.path.join(workdir, BITS_PNG))
+    plot_bits_per_byte(history, paths[-1])
   return paths

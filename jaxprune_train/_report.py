@@ -60,6 +60,9 @@ class RunReport(NamedTuple):
       (one threshold across them), else None.
     channels: with channel pruning, the report's lines on the channel groups
       and the shrunk model (`jaxprune_train._channels.ChannelResult.lines`).
+    bits_per_byte: a language model's final held-out loss in bits per byte
+      (None for other models).
+    dense_bits_per_byte: the same at `dense_step`, before pruning (None if not measured).
   """
 
   leaves: Sequence[LeafReport]
@@ -71,6 +74,8 @@ class RunReport(NamedTuple):
   final_step: int
   global_target: float | None = None
   channels: Sequence[str] = ()
+  bits_per_byte: float | None = None
+  dense_bits_per_byte: float | None = None
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -151,4 +156,17 @@ def format_report(report: RunReport) -> str:
       f'test accuracy: dense at start of pruning (step {report.dense_step}) '
       f'{report.dense_accuracy:.2%}, {final} ({change:+.2f} points)'
     )
+  if report.bits_per_byte is not None:
+    lines.append(_bits_line(report))
   return '\n'.join(lines)
+
+
+def _bits_line(report: RunReport) -> str:
+  final = f'final (step {report.final_step}) {report.bits_per_byte:.4f}'
+  if report.dense_bits_per_byte is None:
+    return f'held-out bits per byte: {final}'
+  ratio = report.bits_per_byte / report.dense_bits_per_byte
+  return (
+    f'held-out bits per byte: dense at start of pruning (step {report.dense_step}) '
+    f'{report.dense_bits_per_byte:.4f}, {final} ({ratio:.3f}x)'
+  )

@@ -43,16 +43,26 @@ def pruning_scalars(
   if hparams is None:
     return {}
   # .item() keeps integer summaries (the last update step) integers.
-  scalars = {
-    k: np.asarray(v).item()
-    for k, v in jax.device_get(jaxprune.summaries(state.opt_state, hparams)).items()
-  }
+  scalars = {}
+  for key, value in jax.device_get(jaxprune.summaries(state.opt_state, hparams)).items():
+    value = np.asarray(value)
+    if value.ndim == 0:
+      scalars[key] = value.item()
+      continue
+    # A stacked leaf's threshold has one entry per layer: 'layers/q/kernel[1]/threshold'.
+    leaf, _, what = key.rpartition('/')
+    for index in np.ndindex(value.shape):
+      scalars[f'{leaf}{_layer_suffix(index)}/{what}'] = value[index].item()
   scalars['target_sparsity'] = scalars[f'{hparams.name}/sparsity']
   leaves = pruned_params(state).values()
   size = sum(leaf.size for leaf in leaves)
   zeros = sum(int(np.sum(leaf == 0)) for leaf in leaves)
   scalars['achieved_sparsity'] = zeros / size if size else 0.0
   return scalars
+
+
+def _layer_suffix(index: tuple[int, ...]) -> str:
+  return '[' + ','.join(map(str, index)) + ']'
 
 
 def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None) -> list[LeafReport]:
@@ -70,29 +80,34 @@ def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None) -
     if spec is not None
   }
   thresholds = {
-    k: float(v) for k, v in jax.device_get(jaxprune.get_thresholds(state.opt_state)).items()
+    k: np.asarray(v) for k, v in jax.device_get(jaxprune.get_thresholds(state.opt_state)).items()
   }
   reports = []
   for name, leaf in pruned_params(state).items():
     spec = specs[name]
-    nonzero = int(np.count_nonzero(leaf))
-    if spec.nm is not None:
-      # N:M keeps n of every m: no schedule, no threshold.
-      target, threshold = 1 - spec.nm[0] / spec.nm[1], None
-    else:
-      target, threshold = spec.target, thresholds[name]
-    reports.append(
-      LeafReport(
-        name=name,
-        shape=tuple(leaf.shape),
-        nonzero=nonzero,
-        target=target,
-        achieved=1 - nonzero / leaf.size,
-        threshold=threshold,
-        block=spec.block_dims,
-        nm=spec.nm,
+    # A stacked leaf (`layer_axes_map`) is pruned layer by layer: one row per layer.
+    positions = spec.layer_at or tuple(range(spec.layer_axes))
+    layers = np.moveaxis(leaf, positions, tuple(range(len(positions))))
+    for index in np.ndindex(layers.shape[: len(positions)]):
+      weight = layers[index]
+      nonzero = int(np.count_nonzero(weight))
+      if spec.nm is not None:
+        # N:M keeps n of every m: no schedule, no threshold.
+        target, threshold = 1 - spec.nm[0] / spec.nm[1], None
+      else:
+        target, threshold = spec.target, float(thresholds[name][index])
+      reports.append(
+        LeafReport(
+          name=f'{name}{_layer_suffix(index)}' if positions else name,
+          shape=tuple(weight.shape),
+          nonzero=nonzero,
+          target=target,
+          achieved=1 - nonzero / weight.size,
+          threshold=threshold,
+          block=spec.block_dims,
+          nm=spec.nm,
+        )
       )
-    )
   return reports
 
 

@@ -112,9 +112,13 @@ def make_evaluate(
 ) -> Callable[[PyTree, np.ndarray, np.ndarray], dict[str, float]]:
   """Returns `evaluate(params, x, y) -> {'loss', 'accuracy'}` over a whole split.
 
+  The loss and accuracy are means over every label: one per example, or one per
+  position for a language model's (n, seq_len) labels.
+
   Args:
     apply_fn: the Flax module's `apply`.
-    batch_size: examples per forward pass (bounds memory on large splits).
+    batch_size: examples per forward pass (bounds memory on large splits); a
+      language model's chunks hold 16 times as many labels.
 
   Returns:
     A host function that runs a jitted forward pass per chunk and averages.
@@ -127,12 +131,16 @@ def make_evaluate(
     return losses.sum(), jnp.sum(jnp.argmax(logits, -1) == y)
 
   def evaluate(params: PyTree, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    # A language model has a label per position: its chunks hold as many labels as
+    # `batch_size` examples of one label each (the mean is over labels either way).
+    per_example = max(1, y[0].size if len(y) else 1)
+    rows = batch_size if per_example == 1 else max(1, batch_size * 16 // per_example)
     loss, correct = 0.0, 0
-    for start in range(0, len(y), batch_size):
-      chunk = slice(start, start + batch_size)
+    for start in range(0, len(y), rows):
+      chunk = slice(start, start + rows)
       chunk_loss, chunk_correct = sums(params, x[chunk], y[chunk])
       loss += float(chunk_loss)
       correct += int(chunk_correct)
-    return {'loss': loss / len(y), 'accuracy': correct / len(y)}
+    return {'loss': loss / y.size, 'accuracy': correct / y.size}
 
   return evaluate

@@ -9,6 +9,7 @@ fix, instead of the tracebacks ml_collections and absl raise.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import errno
 import importlib.machinery
@@ -114,6 +115,7 @@ def help_text(doc: str, flag_lines: Sequence[str], argv: Sequence[str]) -> str:
     'Flags:',
     *flag_lines,
     '',
+    *bundled_configs(),
     f'Config fields, with the values of {source}{note}:',
   ]
   lines += [
@@ -128,6 +130,32 @@ def help_text(doc: str, flag_lines: Sequence[str], argv: Sequence[str]) -> str:
     if name.startswith('pruning.')
   ]
   return '\n'.join(lines)
+
+
+def bundled_configs() -> list[str]:
+  """Lines of `--help` naming each config of the clone's `configs/` with its docstring's first
+  line (none for an install without the folder)."""
+  folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+  try:
+    names = sorted(n for n in os.listdir(folder) if n.endswith('.py') and not n.startswith('_'))
+  except OSError:
+    return []
+  relative = os.path.relpath(folder)
+  shown = folder if relative.startswith('..') else relative
+  rows = []
+  for name in names:
+    try:
+      with open(os.path.join(folder, name), encoding='utf-8') as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ''
+    except (OSError, SyntaxError, ValueError):
+      doc = ''
+    rows.append((os.path.join(shown, name), doc.strip().split('\n')[0]))
+  width = max(len(path) for path, _ in rows) if rows else 0
+  return [
+    'Bundled configs (--config PATH; any field can then be overridden):',
+    *[f'  {path.ljust(width)}  {doc}'.rstrip() for path, doc in rows],
+    '',
+  ]
 
 
 def _shown(name: str, value: Any) -> str:

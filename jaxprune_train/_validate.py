@@ -52,11 +52,13 @@ _EVERY = _int_in(1)
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
   'name': ((lambda v: isinstance(v, str) and v.strip() != ''), 'must be a non-empty string'),
   'seed': _int_in(0),
-  'data.name': _one_of('digits', 'npz'),
+  'data.name': _one_of('digits', 'npz', 'text'),
   'data.path': _STRING,
   'data.test_fraction': ((lambda v: _is_number(v) and 0 < v < 1), 'must be a number in (0, 1)'),
   'data.seed': _int_in(0),
-  'model.name': _one_of('mlp', 'cnn'),
+  'data.seq_len': _int_in(1, 2**20),
+  'data.test_windows': _int_in(1, 2**24),
+  'model.name': _one_of('mlp', 'cnn', 'lm'),
   'model.features': (
     (
       lambda v: (
@@ -68,6 +70,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     'must be a non-empty tuple of positive integers',
   ),
   'model.dense': _int_in(1),
+  'model.num_layers': _int_in(1, 4096),
+  'model.d_model': _int_in(2, 2**20),
+  'model.num_heads': _int_in(1, 4096),
+  'model.num_kv_heads': _int_in(1, 4096),
+  'model.mlp_dim': _int_in(1, 2**20),
+  'model.compute_dtype': _one_of('bfloat16', 'float32'),
   'optimizer.name': _one_of('adam', 'adamw', 'sgd'),
   'optimizer.learning_rate': ((lambda v: _is_number(v) and v > 0), 'must be a finite number > 0'),
   'optimizer.momentum': (
@@ -151,6 +159,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       'config.channels.enabled=True prunes whole channels, but config.prune='
       'False trains the dense model only; set one of them the other way.'
     )
+  _check_model_data(fields)
   if 'pruning' not in config:
     raise ConfigError(
       'config.pruning is missing; start the config from '
@@ -212,3 +221,20 @@ def schedule_shortfall(config: ml_collections.ConfigDict) -> str | None:
     f'(reached at sparsity_function_end_step={end}, by the update at step {needed}); '
     f'set {fix}, or end the schedule earlier.'
   )
+
+
+def _check_model_data(fields: Mapping[str, Any]) -> None:
+  """The language model reads text and only text; channel pruning is for the MLP and CNN."""
+  lm, text = fields['model.name'] == 'lm', fields['data.name'] == 'text'
+  if lm != text:
+    given = 'model.name' if lm else 'data.name'
+    raise ConfigError(
+      f'config.{given}={fields[given]!r} needs config.{"data.name" if lm else "model.name"}='
+      f'{"text" if lm else "lm"!r}: the language model reads text (bytes) and only it '
+      'reads text; start from configs/lm.py, or set both.'
+    )
+  if lm and fields['channels.enabled']:
+    raise ConfigError(
+      "config.channels.enabled=True prunes channels of the MLP and CNN, not model.name='lm'; "
+      'set it to False (the language model is pruned weight by weight, layer by layer).'
+    )

@@ -445,3 +445,34 @@ def test_recurrentgemma_griffin():
     for name in weights.reasons
   )
   gradual_run(fn, params, (tokens, positions), weights)
+
+
+@pytest.mark.slow
+def test_the_gradual_guides_cells_prune_the_kernels_and_leave_the_rest_dense(capsys):
+  from docs_blocks import code_cells
+
+  [setup] = code_cells('guides/gradual.md', end='## The schedule')
+  cells = code_cells(
+    'guides/gradual.md', '## Choosing the weights from the model', '## Per-leaf settings'
+  )
+  scope = {}
+  for cell in [setup, *cells]:
+    exec(cell, scope)  # noqa: S102 - the page's own code
+  out = capsys.readouterr().out.splitlines()
+  kernels = [f'layers_{i}/kernel' for i in (0, 2, 4)]
+  biases = [f'layers_{i}/bias' for i in (0, 2, 4)]
+  assert out[:6] == [f'{k}  pruned' for k in kernels] + [
+    f'{b}    dense: read by add, not only as a matmul weight' for b in biases
+  ]
+  # The kernels alone are pruned, to 0.8 within the default histogram thresholds' error.
+  sparsity = eval(out[6])  # noqa: S307 - the dict the page prints
+  assert sparsity.keys() == set(kernels) and all(abs(s - 0.8) <= 0.002 for s in sparsity.values())
+  table = dict(line.split(maxsplit=1) for line in out[7:])
+  assert {name for name, what in table.items() if what == 'pruned'} == {
+    'Dense_0/kernel',
+    'Dense_1/kernel',
+  }
+  assert table['Embed_0/embedding'] == (
+    'dense: read by a gather, as an embedding lookup is, and elsewhere as a matmul weight'
+  )
+  assert table['LayerNorm_0/scale'] == 'dense: read by mul, not only as a matmul weight'
