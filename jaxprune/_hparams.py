@@ -197,6 +197,24 @@ _RENAMED = {
 }
 
 
+# Other libraries' names for our fields (tfmot, torch.nn.utils.prune, jaxpruner): spelling
+# alone would point elsewhere (difflib takes `sparsity` for `nm_sparsity`).
+_ALIASES = {
+  'sparsity': 'target_sparsity',
+  'amount': 'target_sparsity',
+  'target': 'target_sparsity',
+  'final_sparsity': 'target_sparsity',
+  'end_step': 'sparsity_function_end_step',
+  'begin_step': 'sparsity_function_begin_step',
+  'start_step': 'sparsity_function_begin_step',
+  'update_freq': 'pruning_frequency',
+  'power': 'sparsity_function_exponent',
+  'exponent': 'sparsity_function_exponent',
+  'sparsity_map': 'weight_sparsity_map',
+  'regex': 'weight_name_regex',
+}
+
+
 class PruningConfig(ml_collections.ConfigDict):
   """A ConfigDict of pruning fields that records which fields were assigned (`given_fields`).
 
@@ -277,7 +295,7 @@ def get_pruning_hparams() -> ml_collections.ConfigDict:
 def _unknown(name: str) -> ValueError:
   if name in _RENAMED:
     return ValueError(f'{name}: {_RENAMED[name]}.')
-  close = difflib.get_close_matches(name, _DEFAULTS, n=1)
+  close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, _DEFAULTS, n=1)
   hint = f'did you mean {close[0]!r}? ' if close else ''
   return ValueError(f'unknown hyperparameter {name!r}: {hint}known names: {sorted(_DEFAULTS)}.')
 

@@ -77,6 +77,7 @@ def _entries(field: str, values: Any) -> list[tuple[str, str]]:
       raise ValueError(f'{field} entry {entry!r}: expected "regex:value".')
     regex, value = entry.rsplit(':', 1)
     check_regex(f'{field} entry {entry!r}', regex)
+    _check_not_empty(field, entry, regex, value.strip())
     entries.append((regex, value.strip()))
   return entries
 
@@ -146,6 +147,28 @@ def warn_unmatched(
     )
 
 
+# What to write instead of a map entry for every leaf: the field that sets all of them.
+_FOR_EVERY_LEAF = {
+  'weight_sparsity_map': 'target_sparsity={}'.format,
+  'block_dims_map': lambda dims: 'block_height={},block_width={}'.format(
+    *(dims.lower().split('x') + ['W'])[:2]
+  ),
+  'nm_sparsity_map': "nm_sparsity='{}'".format,
+}
+
+
+def _check_not_empty(field: str, entry: str, regex: str, value: str) -> None:
+  """ValueError for an entry whose regex is empty: it matches every leaf, which is almost
+  always a name left out, and what a plain field says more plainly."""
+  if regex.strip():
+    return
+  every = _FOR_EVERY_LEAF.get(field, "'.*:{}'".format)(value)
+  raise ValueError(
+    f'{field} entry {entry!r}: the regex before the value is empty, which matches every '
+    f"leaf; name the leaves (e.g. 'conv1:{value}'), or for every leaf write {every}."
+  )
+
+
 def check_regex(where: str, regex: str) -> None:
   """ValueError naming `where` when `regex` does not compile."""
   try:
@@ -207,6 +230,7 @@ def nm_map(hparams: Any) -> list[tuple[str, tuple[int, int]]]:
         '(keep 2 of every 4).'
       )
     check_regex(f'nm_sparsity_map entry {entry!r}', pieces[0])
+    _check_not_empty('nm_sparsity_map', entry, pieces[0], f'{pieces[1]}:{pieces[2]}'.strip())
     try:
       parsed.append((pieces[0], nm.parse_nm(f'{pieces[1]}:{pieces[2]}')))
     except ValueError as err:

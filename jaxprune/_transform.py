@@ -337,6 +337,21 @@ def pruning(
   return optax.GradientTransformation(engine.init, update_fn)
 
 
+def _refuse_pruning_inside(optimizer_state: Any) -> None:
+  """ValueError when `pruned`'s optimizer holds a `pruning` of its own: the params would
+  be pruned twice, the inner target silently winning wherever it is the higher."""
+
+  def is_state(x: Any) -> bool:
+    return isinstance(x, PruningState)
+
+  if any(is_state(x) for x in jax.tree.leaves(optimizer_state, is_leaf=is_state)):
+    raise ValueError(
+      'jaxprune.pruned: the optimizer already holds a jaxprune.pruning(...), so the params '
+      'would be pruned twice; give the optimizer alone, e.g. jaxprune.pruned(optax.adam(1e-3), '
+      'target_sparsity=0.9), or keep the chain without pruned.'
+    )
+
+
 def pruned(
   optimizer: optax.GradientTransformation,
   hparams: ml_collections.ConfigDict | hparams_lib.HParams | str | None = None,
@@ -377,7 +392,9 @@ def pruned(
   engine = _Engine(hparams_lib.with_fields(hparams, fields), sparsity_fn, prune_filter, mask_rule)
 
   def init_fn(params):
-    return optimizer.init(params), engine.init(params, stacklevel=3)
+    inner = optimizer.init(params)
+    _refuse_pruning_inside(inner)
+    return inner, engine.init(params, stacklevel=3)
 
   def update_fn(grads, state, params=None, **extra_args):
     params = need_params(params, 'jaxprune.pruned')

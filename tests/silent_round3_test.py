@@ -1,14 +1,18 @@
 """Nothing falls short in silence (issue 55, round 3): each case gives the right result or
 one line naming the fix."""
 
+import re
 import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
+from oneshot_references import conv_patches, sparsegpt_reference
 
 import jaxprune
+from jaxprune import oneshot
 
 
 def _updates_at_0_10_20(**extra):
@@ -63,3 +67,117 @@ def test_all_equal_weights_are_named_as_ties_in_the_shortfall_warning():
   assert float(jnp.mean(jaxprune.get_masks(state)['dense']['kernel'])) == 1.0
   with pytest.warns(UserWarning, match=r'dense/kernel.*tied.*equal'):
     jaxprune.summaries(state)
+
+
+def _depthwise_conv(channels=6, seed=0):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.normal(size=(4, 6, 6, channels)), jnp.float32)
+  params = {'k': jnp.asarray(rng.normal(size=(3, 3, 1, channels)), jnp.float32)}
+
+  def fn(p, x):
+    return jax.lax.conv_general_dilated(
+      x,
+      p['k'],
+      (1, 1),
+      'SAME',
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      feature_group_count=channels,
+    )
+
+  return fn, params, [x[:2], x[2:]]
+
+
+@pytest.mark.parametrize('method', ['magnitude', 'wanda', 'sparsegpt'])
+def test_every_method_reaches_50_percent_on_a_depthwise_3x3_conv(method):
+  # 6 rows of 9 inputs: 50% is 27 weights, 4 or 5 a row (4 each would be 24: 44.4%).
+  fn, params, batches = _depthwise_conv()
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    new, masks, report = oneshot.prune_with_report(
+      fn, params, batches, method=method, sparsity=0.5, per_row=method == 'magnitude'
+    )
+  pruned = ~np.asarray(masks['k']).reshape(9, 6)
+  assert int(pruned.sum()) == 27
+  assert sorted(pruned.sum(axis=0).tolist()) == [4, 4, 4, 5, 5, 5]
+  assert report.short == ()
+  assert int(np.sum(np.asarray(new['k']) == 0)) == 27
+
+
+def test_sparsegpt_on_a_depthwise_conv_gives_the_extra_weight_to_the_least_salient_groups():
+  # By the numpy reference: each channel's Hessian from its own patches; the 3 channels
+  # whose 5th-lowest w^2 H_jj is least prune 5 of 9, the others 4, each by Algorithm 1.
+  fn, params, batches = _depthwise_conv()
+  new, masks = oneshot.prune(fn, params, batches, method='sparsegpt', sparsity=0.5)
+  x = np.concatenate([np.asarray(b) for b in batches])
+  patches = conv_patches(x, (3, 3), 1, ((1, 1), (1, 1)), 1, 6)  # (6, tokens, 9)
+  kernel = np.asarray(params['k'], np.float64).reshape(9, 6).T  # row c: channel c's 9
+  hessians = [2 * p.T @ p / p.shape[0] for p in patches]
+  fifth = [np.sort(kernel[c] ** 2 * np.diag(hessians[c]))[4] for c in range(6)]
+  extra = set(np.argsort(fifth, kind='stable')[:3].tolist())
+  for c in range(6):
+    share = (5 if c in extra else 4) / 9
+    want_w, want_mask = sparsegpt_reference(kernel[c : c + 1], hessians[c], share, None, 9, 0.01)
+    np.testing.assert_array_equal(np.asarray(masks['k'])[..., 0, c].reshape(9), want_mask[0])
+    np.testing.assert_allclose(
+      np.asarray(new['k'])[..., 0, c].reshape(9), want_w[0], rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize('method', ['magnitude', 'wanda', 'sparsegpt', 'ria'])
+def test_every_oneshot_method_refuses_a_nan_weight_naming_the_layer(method):
+  rng = np.random.default_rng(0)
+  head = rng.normal(size=(4, 2)).astype(np.float32)
+  head[2, 1] = np.nan
+  params = {'fc1': {'kernel': jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)}}
+  params['head'] = {'kernel': jnp.asarray(head)}
+  batches = [jnp.asarray(rng.normal(size=(16, 8)), jnp.float32)]
+
+  def fn(p, x):
+    return (x @ p['fc1']['kernel']) @ p['head']['kernel']
+
+  message = r"layer 'head/kernel' holds 1 NaN or Inf weight.*overrides=\{'head/kernel': None\}"
+  with pytest.raises(ValueError, match=message):
+    oneshot.prune(fn, params, batches, method=method, sparsity=0.5)
+  # The way out it names: that layer dense, the other pruned.
+  _, masks = oneshot.prune(
+    fn, params, batches, method=method, sparsity=0.5, overrides={'head/kernel': None}
+  )
+  assert masks['head']['kernel'] is None
+  assert int(jnp.sum(~masks['fc1']['kernel'])) == 16
+
+
+@pytest.mark.parametrize(
+  ('text', 'fix'),
+  [
+    ('weight_sparsity_map=[:0.999]', 'target_sparsity=0.999'),
+    ('block_dims_map=[:4x4]', 'block_height=4,block_width=4'),
+    ('nm_sparsity_map=[:2:4]', "nm_sparsity='2:4'"),
+    ('layer_axes_map=[:1]', "'.*:1'"),
+  ],
+)
+def test_a_map_entry_with_an_empty_regex_is_refused_naming_the_fix(text, fix):
+  entry = text.split('[')[1].rstrip(']')
+  with pytest.raises(ValueError, match='entry ' + re.escape(repr(entry)) + '.*' + re.escape(fix)):
+    jaxprune.pruning(jaxprune.parse_hparams(text))
+
+
+def test_pruning_inside_pruned_is_refused():
+  inner = optax.chain(optax.adam(1e-3), jaxprune.pruning(target_sparsity=0.9))
+  tx = jaxprune.pruned(inner, target_sparsity=0.5)
+  with pytest.raises(ValueError, match=r'already holds a jaxprune\.pruning.*pruned twice'):
+    tx.init({'dense': {'kernel': jnp.ones((4, 4))}})
+
+
+@pytest.mark.parametrize(
+  ('name', 'meant'),
+  [
+    ('sparsity', 'target_sparsity'),  # spelling alone suggested nm_sparsity
+    ('amount', 'target_sparsity'),
+    ('target', 'target_sparsity'),
+    ('end_step', 'sparsity_function_end_step'),
+    ('sparsity_map', 'weight_sparsity_map'),  # spelling alone suggested nm_sparsity_map
+  ],
+)
+def test_other_libraries_field_names_suggest_ours(name, meant):
+  with pytest.raises(ValueError, match=rf"unknown hyperparameter '{name}': did you mean '{meant}'"):
+    jaxprune.pruning(**{name: 0.9})

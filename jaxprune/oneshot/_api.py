@@ -119,7 +119,8 @@ def prune(
       an N:M pattern that does not divide a layer's inputs (a convolution's
       input features), a bad override, no layer found, or a singular Hessian
       with `percdamp=0`, `owl` with `nm` or a `lam` outside [0, min(sparsity,
-      1 - sparsity)]. Nothing is changed.
+      1 - sparsity)], or a layer to prune holding NaN or Inf weights. Nothing is
+      changed.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -343,6 +344,8 @@ def _run(
           f'for N:M (layer {layer.name!r}).'
         )
   chosen = [layer for layer in layers if targets[inputs.layer_key(layer)] is not None]
+  for layer in chosen:
+    _check_finite(layer, layer_prune.weight(layer, leaves[layer.leaf]))
   outliers: dict[tuple, float] = {}
   if owl is not None:
     # The layers that take the default (an override's target is a new tuple, never it).
@@ -430,6 +433,18 @@ def _run(
     jax.tree.unflatten(treedef, masks),
     Report(tuple(records), tuple(skipped), tuple(short)),
   )
+
+
+def _check_finite(layer: Layer, weight: jax.Array) -> None:
+  """A ValueError when the layer's weight holds NaN or Inf: no rule can rank those (each
+  method would keep or drop them by accident), so every method refuses them alike."""
+  bad = int(jnp.sum(~jnp.isfinite(weight)))
+  if bad:
+    raise ValueError(
+      f'oneshot.prune: layer {layer.name!r} holds {bad} NaN or Inf weight(s), which no '
+      'method can rank; replace them (e.g. jax.tree.map(jnp.nan_to_num, params)) or leave '
+      f'the layer dense with overrides={{{layer.name!r}: None}}.'
+    )
 
 
 def _check_inputs_seen(layer: Layer, stat: Any, method: str) -> None:

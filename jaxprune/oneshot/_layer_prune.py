@@ -139,7 +139,12 @@ def _prune_leaf(
     if groups == 1:
       new, mask, finite = solve(grouped[0], h[0])
     else:
-      new, mask, finite = jax.vmap(solve)(grouped, h)
+      # Each group's share of the layer's target, where rounding each alone falls short.
+      counts = None if nm is not None else solvers.group_counts(grouped, h, sparsity)
+      if counts is None:
+        new, mask, finite = jax.vmap(solve)(grouped, h)
+      else:
+        new, mask, finite = jax.vmap(lambda w, h, c: solve(w, h, count=c))(grouped, h, counts)
       new, mask, finite = new.reshape(w.shape), mask.reshape(w.shape), jnp.all(finite)
   if dsnot is not None:
     mean = per_row_stat('sum') / rows

@@ -132,6 +132,7 @@ def sparsegpt(
   nm: tuple[int, int] | None,
   blocksize: int,
   percdamp: float,
+  count: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """SparseGPT (Frantar & Alistarh 2023, arXiv 2301.00774, Algorithm 1) on one layer.
 
@@ -151,6 +152,9 @@ def sparsegpt(
     nm: (n, m) to keep n of every m inputs per row, or None.
     blocksize: columns per block, a multiple of m for N:M.
     percdamp: dampening, as a share of the mean diagonal of H added to it.
+    count: how many entries to prune in all, in place of `round(sparsity * w.size)`
+      (an int32 scalar, traced: a feature group's share of its layer's target, see
+      `group_counts`); the blocks share it in proportion to their columns.
 
   Returns:
     (the updated weights, zero where pruned; the mask; whether H^-1 was finite).
@@ -165,8 +169,13 @@ def sparsegpt(
     if nm is None:
       scores = w1**2 / jnp.diag(u1)[None, :] ** 2
       # Rounded as the blocks so far together, so the layer prunes round(s * size) in all.
-      count = round(sparsity * w.shape[0] * i2) - round(sparsity * w.shape[0] * i1)
-      prune1 = ranking.lowest_k_stable(scores, count)
+      if count is None:
+        block_count = round(sparsity * w.shape[0] * i2) - round(sparsity * w.shape[0] * i1)
+      else:
+        # round(count * i / inputs) in integers, the count traced.
+        block_count = (2 * count * i2 + inputs) // (2 * inputs)
+        block_count -= (2 * count * i1 + inputs) // (2 * inputs)
+      prune1 = ranking.lowest_k_stable(scores, block_count)
     else:
       prune1 = jnp.zeros(w1.shape, bool)
 
@@ -188,6 +197,29 @@ def sparsegpt(
     w = w.at[:, i2:].add(-jnp.matmul(err1, u[i1:i2, i2:], precision=_HIGHEST))
     masks.append(~prune1)
   return w, jnp.concatenate(masks, axis=1), jnp.all(jnp.isfinite(u))
+
+
+def group_counts(w: jax.Array, h: jax.Array, sparsity: float) -> jax.Array | None:
+  """How many entries each feature group of a grouped layer prunes for SparseGPT, or None
+  where each group's own `round(sparsity * size)` already adds up to the layer's. As
+  `_row_counts`: `floor` of the layer's count per group, and one more in the groups whose
+  next candidate has the least OBS saliency `w^2 [H]_jj` (a depthwise 3x3 convolution,
+  a group of 9 inputs, would otherwise prune 4 of 9: 44.4% of a 50% target).
+
+  Args:
+    w: float32 (groups, outputs per group, inputs).
+    h: float32 (groups, inputs, inputs), each group's Hessian.
+    sparsity: the layer's target.
+
+  Returns:
+    int32 (groups,), or None.
+  """
+  groups = w.shape[0]
+  total = round(sparsity * w.size)
+  if total % groups == 0:
+    return None
+  saliency = w**2 * jnp.diagonal(h, axis1=1, axis2=2)[:, None, :]
+  return jnp.reshape(_row_counts(saliency.reshape(groups, -1), sparsity), (groups,))
 
 
 def relative_error(w: jax.Array, new: jax.Array, gram: jax.Array) -> jax.Array:
