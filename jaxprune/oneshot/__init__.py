@@ -3,14 +3,16 @@
 unstructured or N:M, with OWL's layer-wise sparsities (Yin et al. 2023) and DSnoT's mask
 fix-up (Zhang et al. 2023), of matmul and convolution weights, also those stacked under a
 `lax.scan`; `prune_with_report` also reports each layer's sparsity and reconstruction
-error."""
+error; `matmul_weights` gives those weights to the gradual transform as its `prune_filter`."""
 
 from jaxprune._attributes import suggesting_getattr
-from jaxprune.oneshot._api import METHODS, prune, prune_with_report
+from jaxprune.oneshot._api import METHODS, permute_channels, prune, prune_with_report
 from jaxprune.oneshot._dsnot import DSnoT
 from jaxprune.oneshot._layers import Layer, Site, Stack, find_layers
 from jaxprune.oneshot._owl import OWL
+from jaxprune.oneshot._permute import Permutation
 from jaxprune.oneshot._report import LayerReport, Report
+from jaxprune.oneshot._weights import MatmulWeights, matmul_weights
 
 __all__ = [
   'METHODS',
@@ -18,10 +20,14 @@ __all__ = [
   'DSnoT',
   'Layer',
   'LayerReport',
+  'MatmulWeights',
+  'Permutation',
   'Report',
   'Site',
   'Stack',
   'find_layers',
+  'matmul_weights',
+  'permute_channels',
   'prune',
   'prune_with_report',
 ]

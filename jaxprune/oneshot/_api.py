@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -15,6 +16,8 @@ from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _dsnot, _owl
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _layer_prune as layer_prune
+from jaxprune.oneshot import _permute as permutation
+from jaxprune.oneshot import _solvers as solvers
 from jaxprune.oneshot._dsnot import DSnoT
 from jaxprune.oneshot._layers import Layer, layers_and_reasons
 from jaxprune.oneshot._owl import OWL
@@ -41,6 +44,7 @@ def prune(
   sequential: bool = True,
   owl: bool | OWL = False,
   dsnot: bool | DSnoT = False,
+  permute: bool | str = False,
 ) -> tuple[PyTree, PyTree]:
   """Prunes a trained model once, from calibration batches.
 
@@ -67,7 +71,8 @@ def prune(
   `m` times its mean gets a lower sparsity, the layers spread over `2 * lam`, the share of
   all their weights pruned `sparsity`. `dsnot` (Zhang et al. 2023, arXiv 2310.08915)
   then swaps pruned and kept weights within each output row to bring the row's expected
-  output back towards the dense one's (docs/guides/oneshot.md).
+  output back towards the dense one's. `permute` reorders channels before N:M pruning
+  (docs/guides/oneshot.md).
 
   A convolution is the matmul of its kernel with the unfolded input patches
   (inputs ordered as the kernel's spatial axes, then its input features, so
@@ -105,6 +110,11 @@ def prune(
       layers that take `sparsity` (not those `overrides` sets); not with `nm`.
     dsnot: True or `oneshot.DSnoT(max_cycle=50, threshold=5e-5)`: DSnoT's mask fix-up
       after the method, each row keeping its count of zeros.
+    permute: True (every N:M layer) or a regex (the N:M layers whose name it matches):
+      first reorder each such layer's input channels to keep more of its score under
+      N:M, and the same channels in every other weight that holds them (the producer's
+      outputs, biases, norms' scales: `oneshot.permute_channels`), so the model computes
+      the same function. The params returned are in the new order.
 
   Returns:
     (params with pruned entries zero (and, for SparseGPT, the kept ones
@@ -146,6 +156,7 @@ def prune(
     sequential=sequential,
     owl=owl,
     dsnot=dsnot,
+    permute=permute,
     report=False,
   )
   return pruned, masks
@@ -166,6 +177,7 @@ def prune_with_report(
   sequential: bool = True,
   owl: bool | OWL = False,
   dsnot: bool | DSnoT = False,
+  permute: bool | str = False,
 ) -> tuple[PyTree, PyTree, Report]:
   """`prune`, and a `Report` of what it did: each pruned layer in order (its target, the
   share of its weights now zero, and its reconstruction error
@@ -200,8 +212,83 @@ def prune_with_report(
     sequential=sequential,
     owl=owl,
     dsnot=dsnot,
+    permute=permute,
     report=True,
   )
+
+
+def permute_channels(
+  fn: Callable[[PyTree, Any], Any],
+  params: PyTree,
+  calibration_batches: Iterable[Any],
+  *,
+  nm: str | tuple[int, int],
+  method: str = 'wanda',
+  layers: bool | str = True,
+) -> tuple[PyTree, tuple[permutation.Permutation, ...]]:
+  """Reorders the input channels of layers so that N:M keeps more of their score, and the
+  same channels in every weight that holds them, so that `fn` computes the same function.
+
+  The channels a layer reads, and every parameter axis indexed by them (the producer's
+  output axis and bias, a norm's scale and bias, the other layers reading them), are one
+  channel group of `jaxprune.structured.trace(fn, params, batch, norms='exact')`. The new
+  order starts from RIA's channel reallocation (Zhang et al., ICLR 2024) or the identity,
+  whichever keeps more, then swaps channels between groups of M while a swap keeps more
+  (NVIDIA ASP's channel swaps, Pool & Yu 2021); the kept score never falls. `prune(...,
+  permute=...)` runs this before pruning.
+
+  Args:
+    fn: the model, as `prune` takes it.
+    params: the trained parameters.
+    calibration_batches: the batches the scores' input norms are measured on (the first
+      is also the one the outputs are checked on).
+    nm: the N:M pattern the layers will be pruned to ('2:4' or (2, 4)).
+    method: whose score to keep: 'magnitude' (|W|), 'wanda' and 'sparsegpt'
+      (|W_ij| * ||X_j||_2), 'ria' (RIA's).
+    layers: True for every layer, or a regex of the layer names to reorder the inputs of.
+
+  Returns:
+    (params with the channels reordered, a `Permutation` per channel group reordered).
+
+  Raises:
+    ValueError: one line naming a selected layer whose inputs cannot be reordered and
+      why: they reach the model's input or output, they are a reshape into heads or a
+      concatenation, the layer is a slice of a scanned stack, or `fn` captures a
+      per-channel constant (the outputs changed).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxprune import oneshot
+    >>> params = {'up': jax.random.normal(jax.random.key(0), (4, 8)),
+    ...           'down': jax.random.normal(jax.random.key(1), (8, 4))}
+    >>> fn = lambda p, x: jax.nn.relu(x @ p['up']) @ p['down']
+    >>> x = jax.random.normal(jax.random.key(2), (16, 4))
+    >>> new, done = oneshot.permute_channels(fn, params, [x], nm='2:4', layers='down')
+    >>> bool(jnp.allclose(fn(new, x), fn(params, x), rtol=1e-5, atol=1e-5))
+    True
+    >>> done[0].kept_after >= done[0].kept_before
+    True
+  """
+  if method not in METHODS:
+    raise ValueError(f'method={method!r}: choose one of {METHODS}.')
+  default = inputs.parse_target('permute_channels', None, nm)
+  fn = inputs.model_function(fn, params)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  leaves = [leaf for _, leaf in flat]
+  names = [names_lib.leaf_name(path) for path, _ in flat]
+  closed, batches = inputs.read_batches(fn, params, calibration_batches)
+  found, _ = layers_and_reasons(closed, names)
+  targets = {
+    inputs.layer_key(layer): default
+    if layers is True or (isinstance(layers, str) and re.search(layers, layer.name))
+    else None
+    for layer in found
+  }
+  inputs.check_nm(found, leaves, targets)
+  _check_conv_nm(found, leaves, targets)
+  chosen = [layer for layer in found if targets[inputs.layer_key(layer)] is not None]
+  new, done = _permuted(fn, params, leaves, names, closed, batches, chosen, targets, method, layers)
+  return jax.tree.unflatten(treedef, new), done
 
 
 def _skipped(
@@ -281,6 +368,7 @@ def _run(
   sequential,
   owl,
   dsnot,
+  permute,
   report,
 ) -> tuple[PyTree, PyTree, Report]:
   """`prune_with_report`; with `report=False` the error is not measured (NaN)."""
@@ -346,6 +434,12 @@ def _run(
   chosen = [layer for layer in layers if targets[inputs.layer_key(layer)] is not None]
   for layer in chosen:
     _check_finite(layer, layer_prune.weight(layer, leaves[layer.leaf]))
+  permutations: tuple = ()
+  if permute is not False and permute is not None:
+    leaves, permutations = _permuted(
+      fn, params, leaves, names, closed, batches, chosen, targets, method, permute
+    )
+    params = jax.tree.unflatten(treedef, leaves)
   outliers: dict[tuple, float] = {}
   if owl is not None:
     # The layers that take the default (an override's target is a new tuple, never it).
@@ -431,7 +525,7 @@ def _run(
   return (
     jax.tree.unflatten(treedef, current),
     jax.tree.unflatten(treedef, masks),
-    Report(tuple(records), tuple(skipped), tuple(short)),
+    Report(tuple(records), tuple(skipped), tuple(short), permutations),
   )
 
 
@@ -489,3 +583,54 @@ def _outlier_ratios(
       sqnorm = jnp.repeat(stats[layer.leaf][0]['sqnorm'], w.shape[0] // layer.groups, axis=0)
       ratios[inputs.layer_key(layer)] = float(_owl.outlier_ratio(w, sqnorm, m=float(m)))
   return ratios
+
+
+def _score_matrices(
+  closed: Any, layers: list[Layer], leaves: list[Any], batches: list[Any], method: str
+) -> dict[str, np.ndarray]:
+  """Each layer's score (outputs, inputs) on the dense model, as its method ranks weights
+  (SparseGPT's, which depends on the order it visits the columns in, as Wanda's)."""
+  stats = {}
+  if method != 'magnitude':
+    stats = capture.collector(closed, layers, ('sqnorm',))(leaves, batches)
+  out = {}
+  for layer in layers:
+    w = layer_prune.weight_matrix(layer, leaves[layer.leaf])
+    if method == 'magnitude':
+      out[layer.name] = np.abs(np.asarray(w))
+      continue
+    sqnorm = stats[layer.leaf][0]['sqnorm']
+    if method == 'ria':
+      scores = solvers.ria_scores(
+        w, jnp.repeat(sqnorm, w.shape[0] // layer.groups, axis=0), groups=layer.groups
+      )
+    else:
+      scores = jnp.abs(w) * jnp.sqrt(jnp.repeat(sqnorm, w.shape[0] // layer.groups, axis=0))
+    out[layer.name] = np.asarray(scores)
+  return out
+
+
+def _permuted(fn, params, leaves, names, closed, batches, chosen, targets, method, permute):
+  """`permute`'s leaves and permutations for the N:M layers it selects."""
+  if not isinstance(permute, (bool, str)):
+    raise ValueError(
+      f'permute={permute!r}: give True (every N:M layer), a regex of layer names, or False.'
+    )
+  selected = [
+    layer
+    for layer in chosen
+    if targets[inputs.layer_key(layer)][1] is not None
+    and (permute is True or re.search(permute, layer.name))
+  ]
+  if not selected:
+    raise ValueError(
+      f'permute={permute!r}: no layer with an N:M target'
+      + ('' if permute is True else ' matches it')
+      + '; channel permutation only helps N:M (give nm=..., or leave out permute).'
+    )
+  permutation.check_unstacked(selected)
+  nm = {layer.name: targets[inputs.layer_key(layer)][1] for layer in selected}
+  scores = _score_matrices(closed, selected, leaves, batches, method)
+  return permutation.permute(
+    fn, params, batches[0], leaves, names, selected, nm, lambda layer: scores[layer.name]
+  )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +46,14 @@ class Report:
     short: `(name, sparsity, target)` of each layer whose zeros are not the
       `round(target * size)` its target asks, as `prune` warns; empty when every layer
       reached its target.
+    permutations: with `permute=`, a `oneshot.Permutation` per channel group reordered
+      (the layers reading it, the weights reordered, the N:M kept score before and after).
   """
 
   layers: tuple[LayerReport, ...]
   skipped: tuple[tuple[str, str], ...]
   short: tuple[tuple[str, float, str], ...] = ()
+  permutations: tuple[Any, ...] = ()
 
   def __str__(self) -> str:
     """A table: one line per layer (name, shape, target, sparsity, error, and OWL's outlier
@@ -72,6 +76,11 @@ class Report:
     lines += [
       f'short of target: {name} {sparsity:.1%} (target {target})'
       for name, sparsity, target in self.short
+    ]
+    lines += [
+      f'permuted the inputs of {", ".join(p.layers)}: N:M kept score {p.kept_before:.4g} -> '
+      f'{p.kept_after:.4g}'
+      for p in self.permutations
     ]
     return '\n'.join(lines)
 
