@@ -12,7 +12,7 @@ are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -104,6 +104,9 @@ def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> No
   masks = jax.tree_util.tree_flatten_with_path(state.masks, is_leaf=is_none)[0]
   for what, tree in (('params', params), ('updates', updates)):
     if jax.tree.structure(tree) != jax.tree.structure(state.masks, is_leaf=is_none):
+      wrapped = _one_level_apart(what, tree, state.masks)
+      if wrapped:
+        raise ValueError(f'jaxprune.pruning: {wrapped}')
       raise ValueError(
         f'jaxprune.pruning: the {what} tree has another structure than the params given to '
         f'init: {jax.tree.structure(tree)} vs {jax.tree.structure(state.masks, is_leaf=is_none)}.'
@@ -115,6 +118,30 @@ def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> No
           f'jaxprune.pruning: {what} leaf {leaf_name(path)!r} has shape {leaf.shape}, but '
           f'its mask from init has shape {mask.shape}. Call init again with the new params.'
         )
+
+
+def _one_level_apart(what: str, tree: PyTree, masks: PyTree) -> str | None:
+  """The error's text when `tree` is init's params wrapped one level deeper
+  (`{'params': ...}`, as `jax.grad` of a function of Flax's variables gives) or one level
+  less deep; None otherwise."""
+  ref = jax.tree.structure(masks, is_leaf=_is_none)
+  label, var = ('updates (the grads)', 'grads') if what == 'updates' else (what, what)
+  if isinstance(tree, Mapping) and len(tree) == 1:
+    [(key, inner)] = tree.items()
+    if jax.tree.structure(inner) == ref:
+      return (
+        f'the {label} are wrapped in {{{key!r}: ...}}, one level deeper than the params '
+        f'given to init; unwrap them ({var}[{key!r}]) or give init params wrapped the same '
+        'way.'
+      )
+  if isinstance(masks, Mapping) and len(masks) == 1:
+    [(key, inner)] = masks.items()
+    if jax.tree.structure(tree) == jax.tree.structure(inner, is_leaf=_is_none):
+      return (
+        f'the params given to init are wrapped in {{{key!r}: ...}}, one level deeper than '
+        f'the {what}; give init params[{key!r}], or wrap the {what} the same way.'
+      )
+  return None
 
 
 def _new_masks_on_any_mesh(compute, operands, state, sparsities):

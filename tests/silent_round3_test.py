@@ -181,3 +181,25 @@ def test_pruning_inside_pruned_is_refused():
 def test_other_libraries_field_names_suggest_ours(name, meant):
   with pytest.raises(ValueError, match=rf"unknown hyperparameter '{name}': did you mean '{meant}'"):
     jaxprune.pruning(**{name: 0.9})
+
+
+@pytest.mark.parametrize('form', ['pruning', 'pruned'])
+def test_grads_wrapped_in_params_are_named_with_the_fix(form):
+  params = {'dense': {'kernel': jnp.ones((4, 4)), 'bias': jnp.ones(4)}}
+  tx = {
+    'pruning': lambda: optax.chain(optax.sgd(1e-3), jaxprune.pruning(target_sparsity=0.5)),
+    'pruned': lambda: jaxprune.pruned(optax.adam(1e-3), target_sparsity=0.5),
+  }[form]()
+  state = tx.init(params)
+  message = r"wrapped in \{'params': \.\.\.\}.*unwrap them \(grads\['params'\]\)"
+  with pytest.raises(ValueError, match=message) as error:
+    tx.update({'params': params}, state, params)
+  assert 'init again' not in str(error.value) and 'PyTreeDef' not in str(error.value)
+
+
+def test_params_given_to_init_wrapped_and_not_to_update_are_named():
+  params = {'dense': {'kernel': jnp.ones((4, 4))}}
+  tx = jaxprune.pruning(target_sparsity=0.5)
+  state = tx.init({'params': params})
+  with pytest.raises(ValueError, match=r"params given to init are wrapped in \{'params'"):
+    tx.update(params, state, params)
