@@ -3,8 +3,6 @@
 The public API (docs/api/index.md lists every name):
   * the core engine (TF model_pruning semantics): get_pruning_hparams, parse_hparams,
     sparsity_at, update_mask, pruning, PruningState and the accessors;
-  * matmul_weights: the prune_filter of a model's matmul and convolution weights, read
-    from its jaxpr;
   * N:M masks, export (strip, BCOO, size report), sharding helpers;
   * namespaces loaded on first use, so that `import jaxprune` needs only jax, optax, numpy
     and ml_collections: jaxprune.functional and jaxprune.methods (torch.nn.utils.prune
@@ -32,7 +30,6 @@ from jaxprune._export import (
 )
 from jaxprune._hparams import HParams, get_pruning_hparams, parse_hparams
 from jaxprune._masks import update_mask
-from jaxprune._matmul_weights import MatmulWeights, matmul_weights
 from jaxprune._names import leaf_name, named_leaves, tree_names
 from jaxprune._nm import is_nm_sparse, nm_mask, parse_nm
 from jaxprune._schedule import sparsity_at
@@ -63,7 +60,6 @@ except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not i
 __all__ = [
   'HParams',
   'MaskRule',
-  'MatmulWeights',
   'OutputMismatchError',
   'PruningState',
   'SizeReport',
@@ -78,7 +74,6 @@ __all__ = [
   'get_weight_sparsity',
   'is_nm_sparse',
   'leaf_name',
-  'matmul_weights',
   'named_leaves',
   'nm_mask',
   'parse_hparams',

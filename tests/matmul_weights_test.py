@@ -1,4 +1,4 @@
-"""jaxprune.matmul_weights: the prune_filter of a model's matmul weights, read from its jaxpr.
+"""jaxprune.oneshot.matmul_weights: the prune_filter of a model's matmul weights, from its jaxpr.
 
 Each model is built from its library's own modules (tiny configs, random weights); the
 expected names are written out from each architecture (which of its leaves are matmul
@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 import jaxprune
+from jaxprune import oneshot
 
 TARGET = 0.5
 
@@ -71,7 +72,7 @@ def test_selects_the_matmul_weight_and_says_why_the_others_are_left_out():
     x = p['emb'][tokens] * p['scale']
     return x @ p['w'] + p['b'] + p['steps']
 
-  weights = jaxprune.matmul_weights(fn, params, jnp.zeros((2,), jnp.int32))
+  weights = oneshot.matmul_weights(fn, params, jnp.zeros((2,), jnp.int32))
   assert weights.names == ('w',)
   assert weights.reasons == {
     'b': 'read by add, not only as a matmul weight',
@@ -87,7 +88,7 @@ def test_selects_the_matmul_weight_and_says_why_the_others_are_left_out():
 
 def test_a_tied_embedding_is_left_dense_and_the_reason_says_it_is_also_a_matmul_weight():
   params = {'emb': jnp.ones((10, 4)), 'w': jnp.ones((4, 4))}
-  weights = jaxprune.matmul_weights(
+  weights = oneshot.matmul_weights(
     lambda p, t: (p['emb'][t] @ p['w']) @ p['emb'].T, params, jnp.zeros(3, jnp.int32)
   )
   assert weights.names == ('w',)
@@ -121,7 +122,7 @@ def test_follows_jit_remat_custom_jvp_custom_vjp_and_convolutions():
 
   params = {k: jnp.ones((16, 16)) for k in ('jit', 'remat', 'vjp', 'jvp')}
   params['conv'] = jnp.ones((3, 3, 1, 2))
-  weights = jaxprune.matmul_weights(fn, params, jnp.ones((1, 16)))
+  weights = oneshot.matmul_weights(fn, params, jnp.ones((1, 16)))
   assert set(weights.names) == {'jit', 'remat', 'vjp', 'jvp', 'conv'}
   assert weights.reasons == {}
 
@@ -134,7 +135,7 @@ def test_a_block_diagonal_weight_is_selected_and_an_elementwise_einsum_is_not():
     h = jnp.einsum('bhi,hij->bhj', x.reshape(-1, 2, 4), p['blocks']).reshape(-1, 8)
     return jnp.einsum('bd,d->bd', h, p['scale'])
 
-  weights = jaxprune.matmul_weights(fn, params, jnp.ones((3, 8)))
+  weights = oneshot.matmul_weights(fn, params, jnp.ones((3, 8)))
   assert weights.names == ('blocks',)
   assert weights.reasons['scale'].startswith('multiplied elementwise')
 
@@ -144,21 +145,23 @@ def test_no_weight_found_is_one_line_naming_the_fix():
   params = model.init(jax.random.key(0), jnp.ones((1, 3)))['params']
   closed_over = {'Dense_0': jax.tree.map(jnp.zeros_like, params)}
   with pytest.raises(ValueError, match='did you pass the params the function uses') as err:
-    jaxprune.matmul_weights(
+    oneshot.matmul_weights(
       lambda p, x: model.apply({'params': params}, x), closed_over, jnp.ones((1, 3))
     )
   assert '\n' not in str(err.value) and 'reads none of the 2 params leaves' in str(err.value)
   with pytest.raises(ValueError, match=r"as a matmul or convolution weight \('b': read by add"):
-    jaxprune.matmul_weights(lambda p, x: x + p['b'], {'b': jnp.ones(3)}, jnp.ones(3))
-  with pytest.raises(ValueError, match=r'^matmul_weights: fn\(params, \*example_args\) raised'):
-    jaxprune.matmul_weights(lambda p, x: x @ p['w'], {'w': jnp.ones((3, 4))}, jnp.ones(5))
+    oneshot.matmul_weights(lambda p, x: x + p['b'], {'b': jnp.ones(3)}, jnp.ones(3))
+  with pytest.raises(
+    ValueError, match=r'^oneshot.matmul_weights: fn\(params, \*example_args\) raised'
+  ):
+    oneshot.matmul_weights(lambda p, x: x @ p['w'], {'w': jnp.ones((3, 4))}, jnp.ones(5))
 
 
 @pytest.mark.slow
 def test_the_filter_serves_one_collection_of_the_variables_it_read():
   model = nn.Sequential([nn.Dense(4), nn.LayerNorm(), nn.Dense(2)])
   variables = model.init(jax.random.key(0), jnp.ones((1, 3)))
-  weights = jaxprune.matmul_weights(model.apply, variables, jnp.ones((1, 3)))
+  weights = oneshot.matmul_weights(model.apply, variables, jnp.ones((1, 3)))
   assert weights.names == ('params/layers_0/kernel', 'params/layers_2/kernel')
   # The optimizer of variables['params'] names its leaves without the collection.
   assert weights('layers_0/kernel', None) and not weights('layers_1/scale', None)
@@ -166,7 +169,7 @@ def test_the_filter_serves_one_collection_of_the_variables_it_read():
     weights('Dense_7/kernel', None)
   # A Linen module's apply given the 'params' collection itself: called on {'params': p}.
   params = variables['params']
-  direct = jaxprune.matmul_weights(model.apply, params, jnp.ones((1, 3)))
+  direct = oneshot.matmul_weights(model.apply, params, jnp.ones((1, 3)))
   assert direct.names == ('layers_0/kernel', 'layers_2/kernel')
   gradual_run(lambda p, x: model.apply({'params': p}, x), params, (jnp.ones((2, 3)),), direct)
 
@@ -234,7 +237,7 @@ def test_maxtext_style_linen_decoder_scanned_on_axis_1():
   tokens = jnp.arange(12).reshape(2, 6) % 64
   params = jax.jit(model.init)(jax.random.key(0), tokens)['params']
   assert params['layers']['query']['kernel'].shape == (16, 3, 2, 8)  # (embed, layers, ...)
-  weights = jaxprune.matmul_weights(model.apply, params, tokens)
+  weights = oneshot.matmul_weights(model.apply, params, tokens)
   stacked = [f'layers/{n}/kernel' for n in ('key', 'out', 'query', 'value', 'wi_0', 'wi_1', 'wo')]
   assert set(weights.names) == {'logits_dense/kernel', *stacked}
   assert weights.stacked_axes == dict.fromkeys(stacked, 1)
@@ -286,7 +289,7 @@ def test_flax_nnx_transformer_with_a_tied_lm_head():
   def fn(p, t):
     return nnx.merge(graphdef, p, rest)(t)
 
-  weights = jaxprune.matmul_weights(fn, params, tokens)
+  weights = oneshot.matmul_weights(fn, params, tokens)
   kernels = ('attn/key', 'attn/out', 'attn/query', 'attn/value', 'down', 'up')
   assert set(weights.names) == {f'blocks/{i}/{k}/kernel' for i in (0, 1) for k in kernels}
   biases = ('attn/key', 'attn/out', 'attn/query', 'attn/value', 'ln1', 'up')
@@ -332,7 +335,7 @@ def test_penzai_llamalike_transformer(layer_stack):
   def fn(p, t):
     return pz.bind_variables(unbound, p.values())(t).unwrap('batch', 'seq', 'vocabulary')
 
-  weights = jaxprune.matmul_weights(fn, params, tokens)
+  weights = oneshot.matmul_weights(fn, params, tokens)
   blocks = ['blocks'] if layer_stack else ['block_0', 'block_1']
   linears = [
     *(f'attention/{n}' for n in ('key', 'output', 'query', 'value')),
@@ -382,7 +385,7 @@ def test_keras_hub_llama_causal_lm_with_reverse_embeddings():
   def fn(p, x):
     return lm.stateless_call([p[v.path] for v in variables], others, x)[0]
 
-  weights = jaxprune.matmul_weights(fn, params, inputs)
+  weights = oneshot.matmul_weights(fn, params, inputs)
   layer = [
     *(f'self_attention/{n}/kernel' for n in ('query', 'key', 'value', 'attention_output')),
     *(f'feedforward_{n}_dense/kernel' for n in ('intermediate', 'gate', 'output')),
@@ -428,7 +431,7 @@ def test_recurrentgemma_griffin():
   def fn(p, t, s):
     return model.apply({'params': p}, t, s)[0]
 
-  weights = jaxprune.matmul_weights(fn, params, tokens, positions)
+  weights = oneshot.matmul_weights(fn, params, tokens, positions)
   recurrent = ['linear_out/kernel', 'linear_x/kernel', 'linear_y/kernel']
   recurrent += ['rg_lru/a_gate/w', 'rg_lru/input_gate/w']  # block-diagonal, per head
   attention = [f'proj_{n}/kernel' for n in ('final', 'k', 'q', 'v')]

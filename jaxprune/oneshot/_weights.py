@@ -1,7 +1,7 @@
 """Which params leaves are matmul weights, read from the model's jaxpr: a `prune_filter`.
 
-The rule is one-shot pruning's (`jaxprune.oneshot.find_layers`, whose walk of the
-jaxpr this module calls): a leaf is a weight when every use of it, after
+The rule is one-shot pruning's (`find_layers`, whose walk of the jaxpr this module
+calls): a leaf is a weight when every use of it, after
 relayouts and inside `jit`, remat and custom-derivative bodies, is one operand
 of a `dot_general` with no batch dimensions or the kernel of a convolution; a
 leaf a `lax.scan` takes as a scanned-over operand (Flax's `nn.scan`, penzai's
@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune._names import leaf_name
+from jaxprune.oneshot import _inputs
+from jaxprune.oneshot._layers import layers_and_reasons
 
 PyTree = Any
 _NOT_READ = 'not read by fn on the example arguments'
@@ -29,8 +31,8 @@ _SHOWN = 3  # reasons quoted in the error for a model with no weight
 
 @dataclasses.dataclass(frozen=True)
 class MatmulWeights:
-  """The matmul and convolution weights of a model: a `prune_filter` for `pruned`,
-  `pruning` and `jaxprune.sparse`, made by `matmul_weights`.
+  """The matmul and convolution weights of a model: a `prune_filter` for
+  `jaxprune.pruned`, `jaxprune.pruning` and `jaxprune.sparse`, made by `matmul_weights`.
 
   Called as `(name, leaf) -> bool`, it is True for the leaves in `names`. A name
   it did not read is matched to the one name it read that ends with `'/' + name`,
@@ -60,7 +62,7 @@ class MatmulWeights:
       return ends[0] in selected
     known = (*self.names, *self.reasons)[:_SHOWN]
     raise ValueError(
-      f'prune_filter: leaf {name!r} is not in the params that matmul_weights read (whose '
+      f'prune_filter: leaf {name!r} is not in the params that oneshot.matmul_weights read (whose '
       f'leaves are named like {list(known)}); pass matmul_weights the params tree the '
       'optimizer updates.'
     )
@@ -80,7 +82,7 @@ def matmul_weights(fn: Callable[..., Any], params: PyTree, *example_args: Any) -
   no batch dimensions or as a convolution kernel: after casts and transposes,
   inside `jit`, remat and custom_jvp/custom_vjp bodies, and, for a leaf a
   `lax.scan` slices per step (Flax's `nn.scan` over layers, on any axis), each
-  step's slice. This is the rule of `jaxprune.oneshot` (docs/guides/oneshot.md),
+  step's slice. This is the rule of one-shot pruning (docs/guides/oneshot.md),
   so the weights do not depend on what a library names them (`kernel`, `w`,
   `gating_einsum`, `weights/data_array`, `reverse_embeddings`). Left out, each
   with its reason in `.reasons`: leaves read by a gather (embeddings; a tied
@@ -100,23 +102,21 @@ def matmul_weights(fn: Callable[..., Any], params: PyTree, *example_args: Any) -
   Returns:
     A `MatmulWeights`: pass it as `prune_filter`, e.g.
     `jaxprune.pruned(optax.adam(1e-3), target_sparsity=0.5,
-    prune_filter=jaxprune.matmul_weights(model.apply, params, batch))`;
+    prune_filter=jaxprune.oneshot.matmul_weights(model.apply, params, batch))`;
     `print` it for a table of every leaf, pruned or dense and why.
 
   Raises:
     ValueError: when `fn` fails on these arguments, or reads no leaf as a weight.
 
   Example:
-    >>> import jax.numpy as jnp, jaxprune
+    >>> import jax.numpy as jnp
+    >>> from jaxprune import oneshot
     >>> params = {'w': jnp.ones((4, 3)), 'b': jnp.ones(3), 'scale': jnp.ones(4)}
-    >>> weights = jaxprune.matmul_weights(
+    >>> weights = oneshot.matmul_weights(
     ...   lambda p, x: (x * p['scale']) @ p['w'] + p['b'], params, jnp.ones((2, 4)))
     >>> weights.names, weights.reasons['b']
     (('w',), 'read by add, not only as a matmul weight')
   """
-  from jaxprune.oneshot import _inputs
-  from jaxprune.oneshot._layers import layers_and_reasons
-
   call = _inputs.model_function(fn, params)
   flat, _ = jax.tree_util.tree_flatten_with_path(params)
   names = [leaf_name(path) for path, _ in flat]
@@ -125,7 +125,7 @@ def matmul_weights(fn: Callable[..., Any], params: PyTree, *example_args: Any) -
   except Exception as err:  # the user's model failed on these arguments
     first = (str(err).strip().splitlines() or [''])[0]
     raise ValueError(
-      f'matmul_weights: fn(params, *example_args) raised {type(err).__name__}: '
+      f'oneshot.matmul_weights: fn(params, *example_args) raised {type(err).__name__}: '
       f'{first[:300]}. fn must run the model on the params given and one batch, e.g. '
       "matmul_weights(lambda p, x: model.apply({'params': p}, x), params, x)."
     ) from err
@@ -157,13 +157,13 @@ def _nothing_found(names: list[str], reasons: Mapping[str, str]) -> str:
   read = [(name, why) for name, why in reasons.items() if why != _NOT_READ]
   if not read:
     return (
-      f'matmul_weights: fn reads none of the {len(names)} params leaves: did you pass the '
+      f'oneshot.matmul_weights: fn reads none of the {len(names)} params leaves: did you pass the '
       'params the function uses? fn(params, *example_args) must compute with them, e.g. '
       "lambda p, x: model.apply({'params': p}, x), not with a model's own variables."
     )
   shown = '; '.join(f'{name!r}: {why}' for name, why in read[:_SHOWN])
   return (
-    f'matmul_weights: fn reads none of the {len(names)} params leaves as a matmul or '
+    f'oneshot.matmul_weights: fn reads none of the {len(names)} params leaves as a matmul or '
     f'convolution weight ({shown}): did you pass the params the function uses? Else '
     'choose the leaves by name with prune_filter=lambda name, leaf: ...'
   )
