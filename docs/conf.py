@@ -130,6 +130,16 @@ def _write_api_pages() -> None:
 _write_api_pages()
 
 
+# `docs/explanation/semantics.md#schedule` in a docstring (where GitHub readers and
+# `help()` see a path): on the site, a link to the page and the section's name.
+_DOCS_PATH = re.compile(r'docs/([\w/-]+)\.md(?:#([\w-]+))?')
+
+
+def _doc_link(match: re.Match) -> str:
+  link = f':doc:`/{match[1]}`'
+  return f'{link} (section "{match[2].replace("-", " ")}")' if match[2] else link
+
+
 _BARS = re.compile(r'(?<![\\|])\|(?![|])')  # |w| is a magnitude, not a substitution
 _STAR = re.compile(r'(?<![*\\])\*(?![*\s])')  # *args is not emphasis
 
@@ -148,7 +158,7 @@ def _rst_safe(text: str) -> str:
   if len(parts) % 2 == 0:
     return text  # an unpaired backtick: leave it to the warning
   for i in range(0, len(parts), 2):
-    parts[i] = _STAR.sub(r'\\*', _BARS.sub(r'\\|', parts[i]))
+    parts[i] = _DOCS_PATH.sub(_doc_link, _STAR.sub(r'\\*', _BARS.sub(r'\\|', parts[i])))
   for i in range(1, len(parts), 2):
     after = parts[i + 1][:1]
     parts[i] = f'``{parts[i]}``' + ('\\ ' if after.isalnum() else '')  # ``Struct``\ s
