@@ -6,6 +6,7 @@ weights), not taken from the function under test.
 """
 
 import os
+import re
 
 os.environ.setdefault('KERAS_BACKEND', 'jax')
 
@@ -248,6 +249,87 @@ def test_maxtext_style_linen_decoder_scanned_on_axis_1():
     'token_embedder/embedding',
   }
   assert weights.reasons['token_embedder/embedding'].startswith('read by a gather')
+  gradual_run(lambda p, t: model.apply({'params': p}, t), params, (tokens,), weights)
+
+
+# --- gemma's layout: Einsum modules whose weight is `w`, `gating_einsum`, `linear` ---------
+# gemma (gemma.gm.nn) imports kauldron, whose dependencies (xmanager, google-cloud-*,
+# tensorflow-datasets; protobuf 7 -> 6) are not installed here: its modules' parameter
+# names and einsums (gm/nn/_layers.py, _modules.py) are written out below.
+
+
+class Einsum(nn.Module):
+  shape: tuple[int, ...]
+  weight_name: str = 'w'
+
+  @nn.compact
+  def __call__(self, eqn, x):
+    return jnp.einsum(eqn, x, self.param(self.weight_name, nn.initializers.normal(), self.shape))
+
+
+class GemmaRMSNorm(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param('scale', nn.initializers.zeros_init(), (x.shape[-1],))
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * (1 + scale)
+
+
+class GemmaBlock(nn.Module):
+  heads: int = 2
+  kv_heads: int = 1
+  head_dim: int = 8
+  hidden: int = 32
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    h = GemmaRMSNorm(name='pre_attention_norm')(x)
+    q = Einsum((self.heads, d, self.head_dim), name='q_einsum')('BTD,NDH->BTNH', h)
+    k, v = Einsum((2, self.kv_heads, d, self.head_dim), name='kv_einsum')('BSD,CKDH->CBSKH', h)
+    k, v = (jnp.repeat(a, self.heads // self.kv_heads, axis=2) for a in (k, v))
+    probs = jax.nn.softmax(jnp.einsum('BTNH,BSNH->BTNS', q, k), axis=-1)
+    attended = jnp.einsum('BTNS,BSNH->BTNH', probs, v)
+    x = x + Einsum((self.heads, self.head_dim, d), name='attn_vec_einsum')(
+      'BTNH,NHD->BTD', attended
+    )
+    h = GemmaRMSNorm(name='pre_ffw_norm')(x)
+    gate = Einsum((2, d, self.hidden), 'gating_einsum', name='mlp')('...F,NFH->...NH', h)
+    up = nn.gelu(gate[..., 0, :]) * gate[..., 1, :]
+    return x + Einsum((self.hidden, d), 'linear', name='mlp_out')('...H,HF->...F', up)
+
+
+class GemmaLM(nn.Module):
+  vocab: int = 64
+  d: int = 16
+
+  @nn.compact
+  def __call__(self, tokens):
+    table = self.param('input_embedding_table', nn.initializers.normal(), (self.vocab, self.d))
+    x = table[tokens] * jnp.sqrt(self.d)
+    for i in range(2):
+      x = GemmaBlock(name=f'layer_{i}')(x)
+    return GemmaRMSNorm(name='final_norm')(x) @ table.T  # the LM head: the tied table
+
+
+@pytest.mark.slow
+def test_gemma_layout_none_of_whose_weights_the_default_regex_matches():
+  model = GemmaLM()
+  tokens = jnp.arange(12).reshape(2, 6) % 64
+  params = jax.jit(model.init)(jax.random.key(0), tokens)['params']
+  default = jaxprune.get_pruning_hparams().weight_name_regex
+  assert [name for name, _ in jaxprune.named_leaves(params) if re.search(default, name)] == []
+  weights = oneshot.matmul_weights(model.apply, params, tokens)
+  einsums = (
+    'q_einsum/w',
+    'kv_einsum/w',
+    'attn_vec_einsum/w',
+    'mlp/gating_einsum',
+    'mlp_out/linear',
+  )
+  assert set(weights.names) == {f'layer_{i}/{n}' for i in (0, 1) for n in einsums}
+  norms = [f'layer_{i}/{n}/scale' for i in (0, 1) for n in ('pre_attention_norm', 'pre_ffw_norm')]
+  assert set(weights.reasons) == {'input_embedding_table', 'final_norm/scale', *norms}
+  assert weights.reasons['input_embedding_table'].endswith('and elsewhere as a matmul weight')
   gradual_run(lambda p, t: model.apply({'params': p}, t), params, (tokens,), weights)
 
 
