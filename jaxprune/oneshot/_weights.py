@@ -29,7 +29,7 @@ _NOT_READ = 'not read by fn on the example arguments'
 _SHOWN = 3  # reasons quoted in the error for a model with no weight
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: its fields are dicts
 class MatmulWeights:
   """The matmul and convolution weights of a model: a `prune_filter` for
   `jaxprune.pruned`, `jaxprune.pruning` and `jaxprune.sparse`, made by `matmul_weights`.
