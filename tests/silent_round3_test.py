@@ -203,3 +203,37 @@ def test_params_given_to_init_wrapped_and_not_to_update_are_named():
   state = tx.init({'params': params})
   with pytest.raises(ValueError, match=r"params given to init are wrapped in \{'params'"):
     tx.update(params, state, params)
+
+
+def test_ste_with_nan_gradients_counts_its_skips_and_warns():
+  from jaxprune import sparse
+
+  params = {
+    'a': {'kernel': jnp.arange(16.0).reshape(4, 4)},
+    'b': {'kernel': jnp.arange(8.0).reshape(2, 4), 'bias': jnp.zeros(4)},
+  }
+  tx = sparse.ste(optax.sgd(0.1), sparsity=0.5)
+  state = tx.init(params)
+  nan_grads = jax.tree.map(lambda p: jnp.full_like(p, jnp.nan), params)
+  update = jax.jit(tx.update)
+  for _ in range(3):
+    updates, state = update(nan_grads, state, params)
+    params = optax.apply_updates(params, updates)
+  # Each of 3 steps finds both kernels' dense weights NaN: 2 skips a step, masks as at init.
+  assert int(state.nonfinite_skips) == 6
+  with pytest.warns(UserWarning, match=r'6 leaf mask update\(s\) were skipped.*NaN'):
+    masks = sparse.get_masks(state)
+  assert bool(jnp.all(masks['a']['kernel'])) and bool(jnp.all(masks['b']['kernel']))
+
+
+def test_ste_with_finite_gradients_stays_quiet():
+  from jaxprune import sparse
+
+  params = {'a': {'kernel': jnp.arange(16.0).reshape(4, 4)}}
+  tx = sparse.ste(optax.sgd(0.1), sparsity=0.5)
+  state = tx.init(params)
+  _, state = jax.jit(tx.update)(jax.tree.map(jnp.ones_like, params), state, params)
+  assert int(state.nonfinite_skips) == 0
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    assert int(jnp.sum(sparse.get_masks(state)['a']['kernel'])) == 8

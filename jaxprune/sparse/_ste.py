@@ -43,12 +43,16 @@ class STEState(NamedTuple):
     dense: the dense weights of the sparse leaves (None elsewhere); the params
       hold `where(mask, dense, 0)`.
     inner_state: the wrapped optimizer's state (its moments follow the dense weights).
+    nonfinite_skips: int32, how many leaf mask updates were skipped because the leaf's
+      dense weights held NaN or Inf (the leaf kept its mask); `sparse.get_masks` warns
+      when it is nonzero.
   """
 
   step: Array
   masks: PyTree
   dense: PyTree
   inner_state: PyTree
+  nonfinite_skips: Array
 
 
 def ste(
@@ -131,6 +135,7 @@ def ste(
       masks=jax.tree.unflatten(treedef, masks),
       dense=jax.tree.unflatten(treedef, dense),
       inner_state=inner.init(params),
+      nonfinite_skips=jnp.zeros((), jnp.int32),
     )
 
   def update_fn(grads, state, params=None):
@@ -157,12 +162,13 @@ def ste(
     due = state.step % update_freq == 0
 
     def recompute(weights):
-      # A leaf with NaN or Inf weights keeps its mask (its count would break).
-      return [
+      # A leaf with NaN or Inf weights keeps its mask (its count would break), counted.
+      finite = [None if w is None else jnp.all(jnp.isfinite(w)) for w in weights]
+      masks = [
         None
         if w is None
         else jnp.where(
-          jnp.all(jnp.isfinite(w)),
+          ok,
           on_any_mesh(
             functools.partial(new_mask, n, target=targets[n]),
             sharded_like(w),
@@ -170,10 +176,12 @@ def ste(
           ),
           m,
         )
-        for n, w, m in zip(names, weights, old, strict=True)
+        for n, w, m, ok in zip(names, weights, old, finite, strict=True)
       ]
+      skips = sum((~ok).astype(jnp.int32) for ok in finite if ok is not None)
+      return masks, jnp.int32(skips)
 
-    new = lax.cond(due, recompute, lambda _: old, new_dense)
+    new, skips = lax.cond(due, recompute, lambda _: (old, jnp.int32(0)), new_dense)
     # Kept before and after: params == dense, so adding `u` stores exactly the new dense
     # weight; newly kept: params are 0, and 0 + w is w.
     out = [
@@ -185,6 +193,7 @@ def ste(
       masks=jax.tree.unflatten(treedef, new),
       dense=jax.tree.unflatten(treedef, new_dense),
       inner_state=inner_state,
+      nonfinite_skips=state.nonfinite_skips + skips,
     )
 
   return optax.GradientTransformation(init_fn, update_fn)

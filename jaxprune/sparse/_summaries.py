@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from jaxprune import _summaries as summaries
@@ -47,10 +48,27 @@ def get_masks(opt_state: PyTree) -> PyTree:
     >>> masks['Dense_0']['bias'] is None, int(masks['Dense_0']['kernel'].sum())
     (True, 4)
   """
-  return find_state(opt_state).masks
+  return _checked(opt_state).masks
 
 
 def apply_masks(params: PyTree, opt_state: PyTree) -> PyTree:
   """`params` with the entries outside the masks set to zero (e.g. right after `init`):
   `jaxprune.apply_masks` with the masks of the sparse state."""
-  return summaries.apply_masks(params, find_state(opt_state).masks)
+  return summaries.apply_masks(params, _checked(opt_state).masks)
+
+
+def _checked(opt_state: PyTree) -> SparseState | STEState:
+  """`find_state`, warning when STE's mask updates skipped leaves for NaN or Inf weights:
+  those leaves keep their old masks (all kept, from init, when the first step was NaN)."""
+  state = find_state(opt_state)
+  skips = int(getattr(state, 'nonfinite_skips', 0))
+  if skips:
+    warnings.warn(
+      f'jaxprune.sparse.ste: {skips} leaf mask update(s) were skipped because the dense '
+      'weights held NaN or Inf (NaN gradients?), so those leaves kept their old masks '
+      '(dense from init, if from the first step); find the NaN (jax.config.update('
+      "'jax_debug_nans', True)) or skip such steps (optax.apply_if_finite).",
+      UserWarning,
+      stacklevel=3,
+    )
+  return state
