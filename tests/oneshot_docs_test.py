@@ -16,14 +16,15 @@ def test_docs_oneshot_example():
   with contextlib.redirect_stdout(out):
     exec(compile(blocks[0], 'docs/guides/oneshot.md', 'exec'), {})
   printed = out.getvalue().strip().splitlines()
-  assert printed[:3] == [
+  assert printed[:4] == [
     'magnitude: relative output error 0.109',
     'wanda: relative output error 0.092',
     'sparsegpt: relative output error 0.033',
+    'ria: relative output error 0.077',
   ]
-  errors = [float(line.split()[-1]) for line in printed[:3]]
+  errors = [float(line.split()[-1]) for line in printed[:4]]
   assert errors[2] < errors[1] < errors[0]  # SparseGPT < Wanda < magnitude here
-  assert printed[3:] == ['True', 'None']
+  assert printed[4:] == ['True', 'None']
 
 
 def test_docs_oneshot_report_example():

@@ -57,10 +57,6 @@ def kept_score(scores: np.ndarray, n: int, m: int) -> float:
   return float(blocks[..., m - n :].sum())
 
 
-def _top_sum(x: np.ndarray, n: int) -> np.ndarray:
-  return np.sort(x, axis=-1)[..., x.shape[-1] - n :].sum(-1)
-
-
 def reallocation(scores: np.ndarray, m: int) -> np.ndarray:
   """RIA's heuristic channel reallocation: the order of the columns."""
   c = scores.shape[1]
@@ -82,40 +78,56 @@ def best_order(scores: np.ndarray, n: int, m: int, passes: int = _PASSES) -> np.
   if kept_score(scores[:, heuristic], n, m) > kept_score(scores, n, m):
     order = heuristic
   groups = c // m
-  if groups < 2:
+  if groups < 2 or n >= m:
     return order
   tolerance = 1e-9 * max(kept_score(scores, n, m), 1e-30)
+  t = scores[:, order].reshape(scores.shape[0], groups, m).transpose(1, 0, 2).copy()  # (G, R, m)
+  p, q, old = _summaries(t, n)
   for _ in range(passes):
     improved = False
     for a in range(groups):
-      t = scores[:, order].reshape(scores.shape[0], groups, m).transpose(1, 0, 2)  # (G, R, m)
-      old = _top_sum(t, n).sum(-1)  # (G,)
-      gain, swap = _best_swap(t, a, old, n)
+      gain, (i, b, j) = _best_swap(t, p, q, old, a)
       if gain > tolerance:
-        i, b, j = swap
         order[[a * m + i, b * m + j]] = order[[b * m + j, a * m + i]]
+        t[a, :, i], t[b, :, j] = t[b, :, j].copy(), t[a, :, i].copy()
+        for g in (a, b):
+          p[g], q[g], old[g] = (x[0] for x in _summaries(t[g : g + 1], n))
         improved = True
     if not improved:
       break
   return order
 
 
-def _best_swap(t: np.ndarray, a: int, old: np.ndarray, n: int) -> tuple[float, tuple]:
+def _summaries(t: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Per group (t: (G, R, m)) and channel i: P (G, m), the n - 1 largest of the group's
+  other scores summed over the rows; Q (G, R, m), the n-th largest of them; and the
+  group's kept score (G,)."""
+  m = t.shape[2]
+  others = np.stack([np.delete(t, i, axis=2) for i in range(m)], axis=2)  # (G, R, m, m-1)
+  others = -np.sort(-others, axis=3)  # descending
+  kept = np.sort(t, axis=2)[..., m - n :].sum((1, 2))
+  return others[..., : n - 1].sum(3).sum(1), others[..., n - 1], kept
+
+
+def _best_swap(
+  t: np.ndarray, p: np.ndarray, q: np.ndarray, old: np.ndarray, a: int
+) -> tuple[float, tuple[int, int, int]]:
   """The largest gain of swapping a channel of group `a` with one of another group:
-  (gain, (i, b, j)) for channel i of a and channel j of b."""
+  (gain, (i, b, j)) for channel i of a and channel j of b.
+
+  A group that loses channel i and takes a value y keeps, per row, `P_i + max(y, Q_i)`
+  (`_summaries`): y is among the kept n exactly when it beats Q_i."""
   groups, rows, m = t.shape
-  step = max(1, _CHUNK // (m**3 * rows))
+  step = max(1, _CHUNK // (m * m * rows))
   best, where = -np.inf, (0, 0, 0)
+  ta, qa = t[a].T, q[a].T  # (m, R)
   for start in range(0, groups, step):
-    tb = t[start : start + step]  # (B, R, m)
-    # With a's channel i and b's channel j exchanged: group a, group b, (B, m_i, m_j, R, m).
-    new_a = np.broadcast_to(t[a][None, None, None], (len(tb), m, m, rows, m)).copy()
-    new_b = np.broadcast_to(tb[:, None, None], (len(tb), m, m, rows, m)).copy()
-    for i in range(m):
-      new_a[:, i, :, :, i] = tb.transpose(0, 2, 1)
-    for j in range(m):
-      new_b[:, :, j, :, j] = t[a][None, :, :].transpose(0, 2, 1)
-    gain = _top_sum(new_a, n).sum(-1) + _top_sum(new_b, n).sum(-1)
+    tb = t[start : start + step].transpose(0, 2, 1)  # (B, m_j, R)
+    qb = q[start : start + step].transpose(0, 2, 1)
+    # Group a takes b's channel j in place of its i; group b takes a's channel i for its j.
+    into_a = np.maximum(tb[:, None, :, :], qa[None, :, None, :]).sum(-1)  # (B, m_i, m_j)
+    into_b = np.maximum(ta[None, :, None, :], qb[:, None, :, :]).sum(-1)
+    gain = into_a + into_b + p[a][None, :, None] + p[start : start + step][:, None, :]
     gain -= old[a] + old[start : start + step, None, None]
     if start <= a < start + step:
       gain[a - start] = -np.inf
