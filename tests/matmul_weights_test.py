@@ -23,7 +23,7 @@ from jaxprune import oneshot
 TARGET = 0.5
 
 
-def gradual_run(fn, params, args, weights, steps=4):
+def gradual_run(fn, params, args, weights, steps=4, **fields):
   """A few steps of `pruned(adam)` on a loss of the model's output: each selected leaf
   reaches TARGET (exact thresholds, full target from step 2), the others get no mask."""
   tx = jaxprune.pruned(
@@ -33,6 +33,7 @@ def gradual_run(fn, params, args, weights, steps=4):
     pruning_frequency=1,
     threshold_method='exact',
     prune_filter=weights,
+    **fields,
   )
   state = tx.init(params)
 
@@ -249,7 +250,18 @@ def test_maxtext_style_linen_decoder_scanned_on_axis_1():
     'token_embedder/embedding',
   }
   assert weights.reasons['token_embedder/embedding'].startswith('read by a gather')
-  gradual_run(lambda p, t: model.apply({'params': p}, t), params, (tokens,), weights)
+  assert weights.layer_axes_map == [f'^{n}$:@1' for n in stacked]
+  pruned = gradual_run(
+    lambda p, t: model.apply({'params': p}, t),
+    params,
+    (tokens,),
+    weights,
+    layer_axes_map=weights.layer_axes_map,
+  )
+  for name in ('query', 'wi_0', 'wo'):  # each of the 3 layers at TARGET on its own
+    kernel = pruned['layers'][name]['kernel']
+    per_layer = jnp.moveaxis(kernel == 0, 1, 0).reshape(3, -1).mean(axis=1)
+    assert per_layer.tolist() == [TARGET] * 3, name
 
 
 # --- gemma's layout: Einsum modules whose weight is `w`, `gating_einsum`, `linear` ---------

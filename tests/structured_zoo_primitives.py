@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 
 def _params(**shapes):
@@ -125,7 +126,30 @@ def psum():
   return fn, _params(w1=(5, 8), w2=(8, 3)), (_x(2, 5),), 'psum over a vmap axis (batch mean)'
 
 
+def identities():
+  """What JAX LLM code wraps activations in (MaxText's `checkpoint_name`, barriers, copies):
+  identities, so channels pass as if they were not there."""
+
+  def fn(p, x):
+    h = checkpoint_name(x @ p['w1'], 'mlpwi')
+    h = jnp.copy(jax.lax.optimization_barrier(h))
+    return jnp.tanh(h) @ p['w2']
+
+  return fn, _params(w1=(5, 8), w2=(8, 3)), (_x(2, 5),), 'checkpoint_name, barrier and copy'
+
+
 CASES = {
   f.__name__: f
-  for f in (rev, iota, dynamic_update_slice, reduce_window, bitcast, top_k, argmax, unstack, psum)
+  for f in (
+    rev,
+    iota,
+    dynamic_update_slice,
+    reduce_window,
+    bitcast,
+    top_k,
+    argmax,
+    unstack,
+    psum,
+    identities,
+  )
 }

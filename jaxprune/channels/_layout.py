@@ -14,6 +14,7 @@ import dataclasses
 import warnings
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from jaxprune.structured import Constraint, DependencyGraph
@@ -172,7 +173,7 @@ def build(
       {
         m.leaf
         for m in weights
-        if m.leaf in names and not np.issubdtype(np.dtype(dtypes[m.leaf]), np.floating)
+        if m.leaf in names and not jnp.issubdtype(np.dtype(dtypes[m.leaf]), jnp.floating)
       }
     )
     if outside:

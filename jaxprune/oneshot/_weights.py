@@ -13,6 +13,7 @@ first such use is its reason.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,7 +45,8 @@ class MatmulWeights:
     reasons: each other leaf's name and why it is left out, e.g.
       `{'embed/embedding': 'read by a gather, as an embedding lookup is'}`.
     stacked_axes: for each selected leaf stacked along a scan (one layer per
-      step), the leaf's axis that indexes the layers.
+      step), the leaf's axis that indexes the layers (`layer_axes_map` gives them
+      to the transform).
   """
 
   names: tuple[str, ...]
@@ -66,6 +68,13 @@ class MatmulWeights:
       f'leaves are named like {list(known)}); pass matmul_weights the params tree the '
       'optimizer updates.'
     )
+
+  @property
+  def layer_axes_map(self) -> list[str]:
+    """`layer_axes_map` entries (`'^name$:@axis'`) that give each layer of the stacked
+    weights its own threshold and target, as if it were a leaf of its own:
+    `jaxprune.pruned(..., prune_filter=weights, layer_axes_map=weights.layer_axes_map)`."""
+    return [f'^{re.escape(name)}$:@{axis}' for name, axis in self.stacked_axes.items()]
 
   def __str__(self) -> str:
     width = max(map(len, (*self.names, *self.reasons)), default=0)

@@ -30,12 +30,17 @@ class Plan:
       applies only to the graph whose ids it uses.
     notes: what the selector could not do as asked (rounding that kept more
       channels, nothing removed); `summary()` prints them.
+    shortfall: None when the plan removes what its target asked for; else one
+      line saying what was asked, what the plan removes and why (no prunable
+      group, the constraint, a target out of reach). `verify` and `prune`'s
+      result carry it.
   """
 
   removed: Mapping[int, np.ndarray]
   sizes: Mapping[int, int]
   keys: Mapping[int, identity.GroupKey] = dataclasses.field(default_factory=dict)
   notes: tuple[str, ...] = ()
+  shortfall: str | None = None
 
   def kept(self, group_id: int) -> np.ndarray:
     """Sorted indices of the channels that stay in a group."""
@@ -59,7 +64,8 @@ class Plan:
       f'removed {self.num_removed} of {total} channels'
       + (' (nothing removed)' if not self.num_removed else '')
     )
-    return '\n'.join(lines + list(self.notes))
+    shortfall = [] if self.shortfall is None else [f'SHORT OF THE TARGET: {self.shortfall}']
+    return '\n'.join(lines + shortfall + list(self.notes))
 
 
 def _channel_indices(gid: int, size: int, channels: Any) -> np.ndarray:

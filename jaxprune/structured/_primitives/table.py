@@ -88,10 +88,14 @@ TABLE: dict[str, Primitive] = {
   **_same(
     rules.reduce_window, 'reduce_window_sum reduce_window_max reduce_window_min reduce_window'
   ),
+  # Identities: placement, scheduling and naming change no value. `name` is
+  # `jax.ad_checkpoint.checkpoint_name`, which MaxText puts on every activation; `pvary`
+  # and the `*_cast_p` casts mark a value's replication inside `shard_map`.
   **_same(
     rules.identity_pairs,
-    'optimization_barrier sharding_constraint layout_constraint '
-    'with_memory_space_constraint reshard device_put',
+    'name optimization_barrier sharding_constraint layout_constraint '
+    'with_memory_space_constraint reshard device_put random_clone pvary '
+    'reduced_vary_cast_p vary_unreduced_cast_p',
   ),
   **_same(rules.no_values, 'debug_print debug_callback'),
   'bitcast_convert_type': Primitive(rules.bitcast),

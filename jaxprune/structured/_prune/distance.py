@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # A change is large when the outputs move by more than a tenth of their size or more than
@@ -80,10 +81,13 @@ class DenseDistance:
     return f'{text}; a large change: {WHAT_TO_DO}.' if self.large else text
 
 
+def _is_float(x: Any) -> bool:
+  # jnp's issubdtype: numpy's says bfloat16 and the float8 types are not floating.
+  return jnp.issubdtype(np.asarray(x).dtype, jnp.floating)
+
+
 def _logits_like(x: Any) -> bool:
-  return (
-    np.issubdtype(np.asarray(x).dtype, np.floating) and np.ndim(x) in (2, 3) and np.shape(x)[-1] > 1
-  )
+  return _is_float(x) and np.ndim(x) in (2, 3) and np.shape(x)[-1] > 1
 
 
 def distance(
@@ -106,7 +110,7 @@ def distance(
     dense_leaves, pruned_leaves = jax.tree.leaves(dense), jax.tree.leaves(pruned)
     for i, (d, p) in enumerate(zip(dense_leaves, pruned_leaves, strict=True)):
       d, p = np.asarray(d), np.asarray(p)
-      if d.shape != p.shape or not np.issubdtype(d.dtype, np.floating):
+      if d.shape != p.shape or not _is_float(d):
         continue
       d, p = d.astype(np.float64), p.astype(np.float64)
       sums = squared.setdefault(i, [0.0, 0.0])
@@ -117,7 +121,8 @@ def distance(
     if first[0] is not None and np.ndim(first[0]):
       examples += int(np.shape(first[0])[0])
     if logits and np.shape(first[0]) == np.shape(first[1]):
-      agree += int(np.sum(np.argmax(first[0], -1) == np.argmax(first[1], -1)))
+      top = [np.argmax(np.asarray(x, np.float32), -1) for x in first]
+      agree += int(np.sum(top[0] == top[1]))
       positions += int(np.prod(np.shape(first[0])[:-1]))
   errors = [  # NaN or Inf outputs: an infinite error
     math.sqrt(diff / norm)

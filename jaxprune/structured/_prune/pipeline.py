@@ -79,6 +79,10 @@ class PruneResult(FlopsReport):
       logits, top-1 agreement, on the calibration batches (the first 8) or else
       the example inputs (None when `check=False`). When `.large`, fine-tuning
       or re-calibration is expected.
+    shortfall: None when the plan removes what `ratio` or `flops_target` asked
+      for; else what was asked, what was removed and why (`plan.shortfall`;
+      e.g. no prunable group). `complete` is False then; `repr` starts with
+      it, `summary()` has a line for it, and both checks carry it.
   """
 
   model: Any
@@ -91,6 +95,12 @@ class PruneResult(FlopsReport):
   check: VerifyReport | None
   model_check: VerifyReport | None = None
   dense_distance: DenseDistance | None = None
+  shortfall: str | None = None
+
+  @property
+  def complete(self) -> bool:
+    """The prune removed what its target asked for (`shortfall` is None)."""
+    return self.shortfall is None
 
   def apply(self, variables: PyTree, *args: Any, **kwargs: Any) -> Any:
     """Runs a pruned Linen module (`model.apply` at the sizes of `variables`)."""
@@ -113,8 +123,9 @@ class PruneResult(FlopsReport):
     if dense is not None:
       check += f', vs the dense model: {dense.measured()}'
       check += ' (a large change: fine-tune or recalibrate)' if dense.large else ''
+    short = '' if self.shortfall is None else f'SHORT OF THE TARGET: {self.shortfall}; '
     return (
-      f'PruneResult(channels removed from {len(self.plan.removed)} of '
+      f'PruneResult({short}channels removed from {len(self.plan.removed)} of '
       f'{len(self.graph.groups)} channel groups, {sum(sizes):,} values left in '
       f'{len(sizes)} arrays, {self.flops_line()}, {check}; see .summary(), .model, '
       '.variables, .pruned_fn)'
@@ -136,7 +147,7 @@ class PruneResult(FlopsReport):
     ]
     if self.dense_distance is not None:
       lines.append(self.dense_distance.line())
-    return '\n'.join(lines)
+    return '\n'.join(lines)  # the plan's summary already names any shortfall
 
 
 def _check_group(keyword: str, value: Any, cls: type) -> None:
@@ -378,7 +389,9 @@ def prune(
   check_fn, model_check, dense_outputs = None, None, None
   if check:
     reports = _verified(graph, variables, plan, example_args, runs)
-    check_fn, model_check = reports[0], reports[-1]
+    check_fn, model_check = (
+      dataclasses.replace(report, shortfall=plan.shortfall) for report in (reports[0], reports[-1])
+    )
     input_sets, described = distance.input_sets(
       example_args, calibration.batches, calibration.inputs
     )
@@ -404,4 +417,5 @@ def prune(
     check_fn,
     model_check,
     dense_distance,
+    plan.shortfall,
   )

@@ -26,6 +26,7 @@ from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan, check_variables, make_plan
 from jaxprune.structured._primitives import cost as cost_lib
 from jaxprune.structured._select import importance as importance_lib
+from jaxprune.structured._select import shortfall as shortfall_lib
 from jaxprune.structured._select.targets import check_ratio, check_target
 
 PyTree = Any
@@ -113,7 +114,19 @@ def uniform(
     group_ratio = ratio.get(g.kind, 0.0) if isinstance(ratio, Mapping) else ratio
     asked[g.id] = int(np.floor(group_ratio * g.size + 1e-9))  # never more than the ratio
     counts[g.id] = g.size - constraint.keep_up(g.size, g.size - asked[g.id])
-  return _plan_from_counts(graph, scores, counts, _rounding_notes(graph, asked, counts, constraint))
+  plan = _plan_from_counts(graph, scores, counts, _rounding_notes(graph, asked, counts, constraint))
+  positive = any(r > 0 for r in ratio.values()) if isinstance(ratio, Mapping) else ratio > 0
+  if not positive:
+    return plan
+  shortfall = shortfall_lib.message(
+    graph,
+    _candidates(graph, scores, constraint),
+    constraint,
+    f'ratio={ratio!r}',
+    plan.num_removed,
+    sum(asked.values()),
+  )
+  return dataclasses.replace(plan, shortfall=shortfall)
 
 
 class _GlobalOrder:
@@ -152,23 +165,24 @@ class _GlobalOrder:
         hi = mid - 1
     return self.plan(lo)
 
-  def smallest_prefix(self, ok: Callable[[Plan], bool]) -> Plan:
-    """The plan of the shortest prefix for which `ok(plan)` holds (monotone in k)."""
+  def smallest_prefix(self, ok: Callable[[Plan], bool]) -> tuple[Plan, bool]:
+    """The plan of the shortest prefix for which `ok(plan)` holds (monotone in k), and
+    whether any does (else the plan of every candidate channel)."""
     lo, hi = 0, self.total
     if not ok(self.plan(hi)):
       warnings.warn(
         'the target cannot be reached within the constraints; removing as many '
         'channels as they allow.',
-        stacklevel=3,
+        stacklevel=4,  # the caller of select or by_cost
       )
-      return self.plan(hi)
+      return self.plan(hi), False
     while lo < hi:
       mid = (lo + hi) // 2
       if ok(self.plan(mid)):
         hi = mid
       else:
         lo = mid + 1
-    return self.plan(lo)
+    return self.plan(lo), True
 
 
 def global_(
@@ -213,6 +227,12 @@ def global_(
       plan,
       notes=(f'{why} removed {plan.num_removed} of the {target} channels asked for (never more)',),
     )
+  if amount > 0:
+    asked = f'amount={amount!r} ({target} of {order.total} candidate channels)'
+    shortfall = shortfall_lib.message(
+      graph, order.groups, order.constraint, asked, plan.num_removed, target
+    )
+    plan = dataclasses.replace(plan, shortfall=shortfall)
   return plan
 
 
@@ -288,18 +308,41 @@ def by_cost(
       meets the target).
 
   Returns:
-    The plan; with a warning and the most the constraints allow if the target
-    is out of reach.
+    The plan; with a warning, the most the constraints allow and a
+    `shortfall` if the target is out of reach.
   """
-  constraint = constraint or Constraint()
+  return _by_cost(
+    graph,
+    scores,
+    cost_fn,
+    target,
+    constraint or Constraint(),
+    search,
+    f'the cost target {target:.4g}',
+    lambda cost: f'leaves a cost of {cost:.4g}',
+  )
+
+
+def _by_cost(graph, scores, cost_fn, target, constraint, search, asked, reached_cost) -> Plan:
+  """`by_cost`; `asked` names the target and `reached_cost(cost)` says what the plan
+  reaches, in the plan's shortfall when the target is out of reach."""
   if search == 'greedy':
-    return _GlobalOrder(graph, scores, constraint).smallest_prefix(
+    plan, reached = _GlobalOrder(graph, scores, constraint).smallest_prefix(
       lambda plan: cost_fn(plan) <= target
     )
+    if reached:
+      return plan
+    shortfall = (
+      shortfall_lib.message(graph, _candidates(graph, scores, constraint), constraint, asked, 0, 0)
+      if not plan.num_removed
+      else f'{asked} is out of reach within the constraints: removing every channel they '
+      f'allow ({plan.num_removed}) {reached_cost(cost_fn(plan))}'
+    )
+    return dataclasses.replace(plan, shortfall=shortfall)
   if search == 'knapsack':
     plan = _knapsack(graph, scores, constraint, cost_fn, target)
     if plan is None:
-      return by_cost(graph, scores, cost_fn, target, constraint, 'greedy')
+      return _by_cost(graph, scores, cost_fn, target, constraint, 'greedy', asked, reached_cost)
     return plan
   raise ValueError(f"search={search!r}: use 'greedy' or 'knapsack'.")
 
@@ -370,12 +413,15 @@ def select(
   if n_channels is not None:
     return global_(graph, scores, int(n_channels), constraint)
   if flops_target is not None:
-    return by_cost(
+    total = graph.total_flops
+    return _by_cost(
       graph,
       scores,
       lambda plan: cost_lib.plan_flops(graph, plan),
-      flops_target * graph.total_flops,
+      flops_target * total,
       constraint,
       search,
+      f'flops_target={flops_target!r}',
+      lambda flops: f'keeps {flops / total if total else 1.0:.1%} of the FLOPs',
     )
   return by_cost(graph, scores, latency_fn, latency_target, constraint, search)

@@ -174,11 +174,12 @@ def _resize_linen(module: nn.Module, sub: PyTree, args: tuple) -> None:
   elif isinstance(module, nn.Dense) and 'kernel' in sub:
     _set(module, features=_shape(sub['kernel'])[-1])
   elif isinstance(module, nn.DenseGeneral) and 'kernel' in sub:
-    axes = module.axis if isinstance(module.axis, tuple) else (module.axis,)
-    features = _shape(sub['kernel'])[len(axes) :]
-    _set(module, features=features if isinstance(module.features, tuple) else features[0])
+    # The trailing axes: under `nn.scan` the params carry the layer axis in front.
+    tupled = isinstance(module.features, tuple)
+    features = _shape(sub['kernel'])[-len(module.features) if tupled else -1 :]
+    _set(module, features=features if tupled else features[0])
   elif isinstance(module, nn.Embed) and 'embedding' in sub:
-    num, features = _shape(sub['embedding'])
+    num, features = _shape(sub['embedding'])[-2:]
     _set(module, num_embeddings=num, features=features)
   elif isinstance(module, nn.MultiHeadDotProductAttention) and 'query' in sub:
     query, out = _shape(sub['query']['kernel']), _shape(sub['out']['kernel'])

@@ -44,6 +44,10 @@ class VerifyReport:
       changes taken from the zeroed dense model: everything but the
       statistics must then agree to the exact tolerance.
     bound: the tolerance `max_rel_diff` was held to for approximate groups.
+    shortfall: the plan's `shortfall`: None when it removes what its target asked
+      for (or was made by hand); else what was asked and what it removes. `ok`
+      says the channels it removes were cut out exactly; this says whether
+      enough went.
   """
 
   ok: bool
@@ -54,9 +58,25 @@ class VerifyReport:
   approximate: tuple[int, ...] = ()
   frozen_rel_diff: float | None = None
   bound: float | None = None
+  shortfall: str | None = None
 
   def __bool__(self) -> bool:
     return self.ok
+
+  @property
+  def complete(self) -> bool:
+    """The plan removed what its target asked for (`shortfall` is None)."""
+    return self.shortfall is None
+
+  def summary(self) -> str:
+    """One line: passed or FAILED, the largest difference, and any shortfall."""
+    verdict = 'passed' if self.ok else 'FAILED'
+    line = f'verify {verdict}: largest difference {self.max_rel_diff:.2g} of the output scale'
+    if self.approximate:
+      line += f' (approximate groups, bound {self.bound}; frozen {self.frozen_rel_diff:.2g})'
+    if self.shortfall is not None:
+      line += f'; SHORT OF THE TARGET: {self.shortfall}'
+    return line
 
 
 # Differences that summing in another order (channels absent instead of
@@ -120,7 +140,7 @@ def checked_callable(graph: DependencyGraph, plan: Plan, pruned_fn: Callable) ->
 def default_rtol(dtype: Any) -> float:
   """The default relative tolerance of `verify` for outputs of `dtype` (0 for ints)."""
   dtype = np.dtype(dtype)
-  if not np.issubdtype(dtype, np.inexact):
+  if not jnp.issubdtype(dtype, jnp.inexact):  # numpy's says bfloat16 is not inexact
     return 0.0
   return _RTOL.get(dtype, 1e-4)
 
@@ -268,9 +288,11 @@ def verify(
       measured; see its comment).
 
   Returns:
-    A `VerifyReport`; truthy when the pruned outputs match.
+    A `VerifyReport`; truthy when the pruned outputs match. Its `shortfall` is
+    the plan's: a plan that removes less than its target asked for (or
+    nothing) passes when what it removes is cut out exactly, and says so there.
   """
-  return _verify(
+  report = _verify(
     graph,
     variables,
     as_plan(graph, plan),
@@ -282,6 +304,7 @@ def verify(
     jit,
     approximate_rtol,
   )
+  return dataclasses.replace(report, shortfall=getattr(plan, 'shortfall', None))
 
 
 def _verify(
