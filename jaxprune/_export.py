@@ -327,8 +327,8 @@ def check_sparse_outputs(
       are already pruned.
     *args: example inputs.
     rtol: relative tolerance (summation order differs between the sparse and
-      the dense product). None: 1e-5, or for an output of lower precision than
-      float32 (bfloat16, float16) `_LOW_PRECISION_ULPS` of its rounding unit.
+      the dense product). None: 1e-5, or for an output narrower than float32
+      (bfloat16, float16) 4 units of its rounding (4 times its dtype's eps).
     atol: absolute tolerance. None: 1e-5, or for a lower-precision output the same
       units of its rounding times its largest |value| (one rounding of a sum of
       large terms can land on a small output).
