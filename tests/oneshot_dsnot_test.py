@@ -2,10 +2,11 @@
 the official code's rule (github.com/zyxxmu/DSnoT, `prune_DSnoT`), and its guarantees: each
 row keeps its count of zeros, N:M stays N:M, no row reconstructs worse."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from oneshot_references import wanda_mask
+from oneshot_references import conv_patches, wanda_mask
 
 import jaxprune
 from jaxprune import oneshot
@@ -150,3 +151,66 @@ def test_bad_dsnot_arguments_are_one_line_errors(dsnot, match):
       _linear, {'w': jnp.asarray(w)}, batches, method='wanda', sparsity=0.5, dsnot=dsnot
     )
   assert '\n' not in str(info.value)
+
+
+def test_grouped_convolution_rows_use_their_groups_inputs():
+  rng = np.random.default_rng(6)
+  x = rng.normal(size=(4, 6, 6, 8)) + rng.normal(size=8)  # NHWC, uneven channel means
+  kernel = rng.normal(size=(3, 3, 4, 6)).astype(np.float32)  # HWIO, 2 groups of 4 inputs
+
+  def conv(params, x):
+    return jax.lax.conv_general_dilated(
+      x,
+      params['k'],
+      (1, 1),
+      'VALID',
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      feature_group_count=2,
+    )
+
+  batches = [jnp.asarray(x, jnp.float32)]
+  params = {'k': jnp.asarray(kernel)}
+  plain, plain_masks = oneshot.prune(conv, params, batches, method='magnitude', sparsity=0.5)
+  fixed, masks = oneshot.prune(conv, params, batches, method='magnitude', sparsity=0.5, dsnot=True)
+  patches = conv_patches(x, (3, 3), 1, ((0, 0), (0, 0)), 1, 2)  # (groups, tokens, 36)
+
+  def row_errors(k):
+    w = np.transpose(np.asarray(k, np.float64), (3, 0, 1, 2)).reshape(6, 36)
+    d = np.transpose(kernel.astype(np.float64), (3, 0, 1, 2)).reshape(6, 36) - w
+    return np.concatenate([((patches[g] @ d[3 * g : 3 * g + 3].T) ** 2).sum(0) for g in (0, 1)])
+
+  before, after = row_errors(plain['k']), row_errors(fixed['k'])
+  assert np.all(after <= before * (1 + 1e-5)) and after.sum() < before.sum()
+  np.testing.assert_array_equal(
+    np.asarray(masks['k']).sum((0, 1, 2)), np.asarray(plain_masks['k']).sum((0, 1, 2))
+  )
+
+
+def test_a_scanned_stack_gets_what_the_unrolled_layers_get():
+  rng = np.random.default_rng(7)
+  stack = jnp.asarray(rng.normal(size=(3, 16, 16)) / 4, jnp.float32)
+  batches = [jnp.asarray(rng.normal(size=(64, 16)) + 1, jnp.float32)]
+
+  def scanned(p, x):
+    return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w) + 0.5, None), x, p['w'])[0]
+
+  def unrolled(p, x):
+    for i in range(3):
+      x = jnp.tanh(x @ p[f'w{i}']) + 0.5
+    return x
+
+  _, stacked = oneshot.prune(
+    scanned, {'w': stack}, batches, method='wanda', sparsity=0.5, dsnot=True
+  )
+  _, separate = oneshot.prune(
+    unrolled,
+    {f'w{i}': stack[i] for i in range(3)},
+    batches,
+    method='wanda',
+    sparsity=0.5,
+    dsnot=True,
+  )
+  for i in range(3):
+    np.testing.assert_array_equal(np.asarray(stacked['w'][i]), np.asarray(separate[f'w{i}']))
+  plain, _ = oneshot.prune(scanned, {'w': stack}, batches, method='wanda', sparsity=0.5)
+  assert (np.asarray(plain['w']) != np.asarray(stacked['w'])).any()  # DSnoT swapped some
