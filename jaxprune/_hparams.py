@@ -22,7 +22,7 @@ import dataclasses
 import difflib
 import functools
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ml_collections
@@ -226,11 +226,19 @@ class PruningConfig(ml_collections.ConfigDict):
   `ml_collections.ConfigDict(config)` does not (every field it holds counts as given).
   """
 
-  def __init__(self, initial_dictionary: Any = None, *args: Any, **kwargs: Any) -> None:
+  def __init__(
+    self,
+    initial_dictionary: Any = None,
+    *args: Any,
+    given: Iterable[str] = (),
+    **kwargs: Any,
+  ) -> None:
+    """Args: as ConfigDict's, and `given`, the fields that count as set from the start."""
     # ConfigDict's own __setattr__ makes fields; the record is a plain attribute.
     object.__setattr__(self, '_given', set())
     super().__init__(initial_dictionary, *args, **kwargs)
     self._given.clear()
+    self._given.update(given)
 
   def __setitem__(self, key: str, value: Any) -> None:
     super().__setitem__(key, value)
@@ -268,7 +276,10 @@ def given_fields(hparams: Any) -> frozenset[str]:
 
 
 def get_pruning_hparams() -> ml_collections.ConfigDict:
-  """Returns the default hyperparameters (docs/explanation/semantics.md#hyperparameters).
+  """The default pruning hyperparameters, as a ConfigDict to change and pass on.
+
+  Each field, its default and its meaning are in the Semantics page's table of
+  hyperparameters (in TF's names: `target_sparsity`, `pruning_frequency`, ...).
 
   Returns:
     A locked ConfigDict (a `PruningConfig`, which records the fields assigned

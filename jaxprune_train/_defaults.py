@@ -28,7 +28,8 @@ def pruning_config(
     **overrides: field values to set.
 
   Returns:
-    A new, validated ConfigDict.
+    A new, validated ConfigDict (a `PruningConfig`) whose given fields are `base`'s and
+    the overrides'; ml_collections' command-line overrides add theirs.
   """
   values = (base if base is not None else jaxprune.get_pruning_hparams()).to_dict()
   unknown = sorted(set(overrides) - set(values))
@@ -38,7 +39,8 @@ def pruning_config(
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
   # An empty map given as "[]" is stored as the default one, so that the two compare equal.
   values.update({k: ('',) for k, v in values.items() if k.endswith('_map') and v == ()})
-  hparams = ml_collections.ConfigDict(values)
+  given = set(overrides) | (hparams_lib.given_fields(base) if base is not None else set())
+  hparams = hparams_lib.PruningConfig(values, given=given)
   hparams_lib.freeze(hparams)
   return hparams
 
@@ -55,7 +57,10 @@ def parse_pruning_flag(text: str, base: ml_collections.ConfigDict) -> ml_collect
   """
   # parse_hparams takes list-typed map fields, as jaxprune's defaults have.
   as_lists = {k: list(v) if isinstance(v, tuple) else v for k, v in base.to_dict().items()}
-  return pruning_config(jaxprune.parse_hparams(text, base=ml_collections.ConfigDict(as_lists)))
+  given = hparams_lib.given_fields(base)
+  return pruning_config(
+    jaxprune.parse_hparams(text, base=hparams_lib.PruningConfig(as_lists, given=given))
+  )
 
 
 # What each field of the job's config means: shown by `jaxprune-train --help`

@@ -26,13 +26,15 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxprune import _hparams as hparams_lib
+from jaxprune._maps import split_top_level
 from jaxprune_train import _defaults as defaults
 from jaxprune_train import _errors as errors
 from jaxprune_train import _interrupts as interrupts
@@ -203,7 +205,9 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   from jaxprune_train._metrics import METRICS_FILE
 
   config = defined.config.value
-  problem = _resolve_pruning(config, defined.pruning_hparams.value)
+  problem = _resolve_pruning(
+    config, _pruning_set_by_flags(defined.config), defined.pruning_hparams.value
+  )
   workdir = defined.workdir.value or os.path.join('runs', str(config.get('name', 'run')))
   job_flags = {
     'num_processes': defined.num_processes.value,
@@ -252,9 +256,25 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   print(f'\nOutputs in {os.path.abspath(workdir)}: {", ".join(outputs)}')
 
 
-def _resolve_pruning(config: ml_collections.ConfigDict, hparams_text: str) -> str | None:
-  """Applies --pruning_hparams to `config.pruning`; what is wrong with them, or None."""
-  ignored = usage.pruning_flags(sys.argv[1:])
+def _pruning_set_by_flags(config: flags.FlagHolder) -> dict[str, Any]:
+  """The pruning fields the `--config.pruning.<field>` flags set, with their values."""
+  overrides = config_flags.get_override_values(flags.FLAGS[config.name])
+  prefix = 'pruning.'
+  return {k[len(prefix) :]: v for k, v in overrides.items() if k.startswith(prefix)}
+
+
+def _resolve_pruning(
+  config: ml_collections.ConfigDict, by_flags: Mapping[str, Any], hparams_text: str
+) -> str | None:
+  """Applies --pruning_hparams to `config.pruning`; what is wrong with them, or None.
+
+  Args:
+    config: the job's config, with the `--config.*` flags applied.
+    by_flags: the pruning fields that `--config.pruning.*` flags set (`_pruning_set_by_flags`).
+    hparams_text: the `--pruning_hparams` flag, applied last.
+  """
+  ignored = [f'--config.pruning.{name}={value}' for name, value in by_flags.items()]
+  ignored += [f'--pruning_hparams={hparams_text}'] if hparams_text else []
   if config.get('prune') is False and ignored:
     return (
       f'{ignored[0]} has no effect: config.prune=False trains the dense model only; '
@@ -263,7 +283,11 @@ def _resolve_pruning(config: ml_collections.ConfigDict, hparams_text: str) -> st
   # A config without a pruning block is reported by train(), with the other fields.
   if isinstance(config.get('pruning'), ml_collections.ConfigDict):
     try:
-      pruning = _nm_in_place_of_target(config.pruning, hparams_text)
+      by_text = {
+        name.strip(): value.strip()
+        for name, _, value in (item.partition('=') for item in split_top_level(hparams_text))
+      }
+      pruning = _nm_in_place_of_target(config.pruning, {**by_flags, **by_text})
       config.pruning = (
         defaults.parse_pruning_flag(hparams_text, pruning)
         if hparams_text
@@ -275,25 +299,25 @@ def _resolve_pruning(config: ml_collections.ConfigDict, hparams_text: str) -> st
 
 
 def _nm_in_place_of_target(
-  pruning: ml_collections.ConfigDict, hparams_text: str
+  pruning: ml_collections.ConfigDict, command_line: Mapping[str, Any]
 ) -> ml_collections.ConfigDict:
-  """`pruning`, with its target_sparsity back at the field's default (which N:M takes
-  without a word) when the command line sets an N:M pattern and no target.
+  """`pruning`, with its target_sparsity back at the field's default and no longer given
+  when the command line sets an N:M pattern and no target.
 
-  N:M beside a target is refused (the target would be dropped), but the config's
-  target (the default's 0.9) is not one the user gave: `--config.pruning.nm_sparsity=2:4`
-  asks for 2:4 in its place. A target on the command line as well is still refused.
+  N:M beside a target is refused (the target would be dropped), but the config file's
+  target (the default config's 0.9) is not one the command line gave:
+  `--config.pruning.nm_sparsity=2:4` asks for 2:4 in its place. A target on the command
+  line as well is still refused, whatever its value.
+
+  Args:
+    pruning: the config's pruning block.
+    command_line: the pruning fields the command line sets, with their values.
   """
-  given = usage.pruning_fields_given(sys.argv[1:], hparams_text)
-  if 'nm_sparsity' not in given or 'target_sparsity' in given:
-    return pruning
-  nm = given['nm_sparsity']
-  if not (pruning.get('nm_sparsity') if nm is None else nm):
-    return pruning  # N:M set to '' (none): the target stays
-  from jaxprune import _hparams as hparams_lib
-
-  return ml_collections.ConfigDict(
-    {**pruning.to_dict(), 'target_sparsity': hparams_lib.HParams.target_sparsity}
+  if 'target_sparsity' in command_line or not command_line.get('nm_sparsity'):
+    return pruning  # no N:M on the command line, or N:M set to '' (none): the target stays
+  return hparams_lib.PruningConfig(
+    {**pruning.to_dict(), 'target_sparsity': hparams_lib.HParams.target_sparsity},
+    given=hparams_lib.given_fields(pruning) - {'target_sparsity'},
   )
 
 

@@ -22,7 +22,6 @@ from typing import Any
 import ml_collections
 
 from jaxprune._hparams import FIELD_DOCS
-from jaxprune._maps import split_top_level
 from jaxprune_train import _defaults as defaults
 
 HELP_FLAGS = frozenset({'--help', '-help', '-h', '-?', '--helpshort', '-helpshort'})
@@ -191,32 +190,6 @@ def describe_config_error(path: str, err: BaseException) -> str:
     f'--config={path}: loading it failed ({reason}); a config file defines '
     'get_config() returning an ml_collections.ConfigDict'
   )
-
-
-def pruning_flags(argv: Sequence[str]) -> list[str]:
-  """The flags of `argv` that set pruning hparams (`--config.pruning.*`, `--pruning_hparams`)."""
-  return [
-    arg for arg in argv if re.match(r'--?(?:no)?(?:config\.pruning\.|pruning_hparams(?:=|$))', arg)
-  ]
-
-
-def pruning_fields_given(argv: Sequence[str], hparams_text: str) -> dict[str, str | None]:
-  """The pruning fields that the command line sets: each `--config.pruning.<field>` (None:
-  ml_collections has put its value in the config) and each field of `--pruning_hparams`
-  (its text, which is applied last).
-
-  Raises:
-    ValueError: `hparams_text` has unbalanced brackets (parse_hparams' own message).
-  """
-  given: dict[str, str | None] = {}
-  for arg in argv:
-    match = re.match(r'--?(?:no)?config\.pruning\.(\w+)', arg)
-    if match:
-      given[match.group(1)] = None
-  for item in split_top_level(hparams_text):
-    name, _, value = item.partition('=')
-    given[name.strip()] = value.strip()
-  return given
 
 
 def _missing_field(config: Any, dotted: str) -> str | None:

@@ -3,6 +3,7 @@ to its default: by keyword, in TF's text, assigned in a config, or by a command-
 
 import copy
 import pickle
+import sys
 
 import ml_collections
 import optax
@@ -153,3 +154,38 @@ def test_given_is_not_part_of_the_settings_equality():
 def test_an_unknown_given_field_is_named():
   with pytest.raises(ValueError, match="unknown hyperparameter 'target_sparisty'"):
     hparams_lib.HParams(given=frozenset({'target_sparisty'}))
+
+
+def test_the_job_reads_what_the_flags_set_from_them_not_from_sys_argv(monkeypatch):
+  from jaxprune_train import _defaults, _main
+
+  monkeypatch.setattr(sys, 'argv', ['jaxprune-train'])
+  # As the flags --config.pruning.target_sparsity=0.5 --config.pruning.nm_sparsity=2:4 do.
+  config = _defaults.get_config()
+  config.pruning.target_sparsity = 0.5
+  config.pruning.nm_sparsity = '2:4'
+  by_flags = {'target_sparsity': 0.5, 'nm_sparsity': '2:4'}
+  assert _main._resolve_pruning(config, by_flags, '') == (
+    "nm_sparsity='2:4' keeps 2 of every 4 weights of each pruned leaf (50% sparse), so "
+    'target_sparsity=0.5 would be dropped: give a target or nm_sparsity, not both '
+    '(nm_sparsity_map=[regex:2:4] puts N:M on some leaves and leaves the target to the others).'
+  )
+  # N:M alone on the command line takes the place of the config file's target (0.9).
+  config = _defaults.get_config()
+  config.pruning.nm_sparsity = '2:4'
+  assert _main._resolve_pruning(config, {'nm_sparsity': '2:4'}, '') is None
+  assert config.pruning.target_sparsity == 0.5
+  assert 'target_sparsity' not in hparams_lib.given_fields(config.pruning)
+  assert hparams_lib.freeze(config.pruning).nm == (2, 4)
+  # The same through --pruning_hparams.
+  config = _defaults.get_config()
+  assert _main._resolve_pruning(config, {}, 'nm_sparsity=2:4') is None
+  assert hparams_lib.freeze(config.pruning).given == {
+    'begin_pruning_step',
+    'end_pruning_step',
+    'pruning_frequency',
+    'sparsity_function_begin_step',
+    'sparsity_function_end_step',
+    'threshold_method',
+    'nm_sparsity',
+  }

@@ -280,6 +280,21 @@ def test_bad_values_are_clear_errors(tmp_path):
       'others).',
     ),
     (
+      # A target on the command line at the field's default's value is a target all the same.
+      ['--config.pruning.target_sparsity=0.5', '--config.pruning.nm_sparsity=2:4'],
+      "nm_sparsity='2:4' keeps 2 of every 4 weights of each pruned leaf (50% sparse), so "
+      'target_sparsity=0.5 would be dropped: give a target or nm_sparsity, not both '
+      '(nm_sparsity_map=[regex:2:4] puts N:M on some leaves and leaves the target to the '
+      'others).',
+    ),
+    (
+      ['--pruning_hparams=target_sparsity=0.5,nm_sparsity=2:4'],
+      "nm_sparsity='2:4' keeps 2 of every 4 weights of each pruned leaf (50% sparse), so "
+      'target_sparsity=0.5 would be dropped: give a target or nm_sparsity, not both '
+      '(nm_sparsity_map=[regex:2:4] puts N:M on some leaves and leaves the target to the '
+      'others).',
+    ),
+    (
       ['--config.pruning.nm_sparsity=1:4', '--pruning_hparams=target_sparsity=0.9'],
       "nm_sparsity='1:4' keeps 1 of every 4 weights of each pruned leaf (75% sparse), so "
       'target_sparsity=0.9 would be dropped: give a target or nm_sparsity, not both '
