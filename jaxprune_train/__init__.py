@@ -62,6 +62,10 @@ def __getattr__(name: str) -> Any:
   """Imports the module that defines `name` on first use (PEP 562)."""
   if name in _MODULES:
     return getattr(importlib.import_module(f'{__name__}.{_MODULES[name]}'), name)
+  if name.startswith('_'):
+    # `from jaxprune_train import _process` asks here before importing the submodule:
+    # the message's suggestions would import JAX before the entry's Ctrl-C handler.
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
   from jaxprune._attributes import no_attribute  # only on a miss: it imports JAX
 
   raise no_attribute(__name__, name, __all__)

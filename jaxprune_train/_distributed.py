@@ -23,7 +23,7 @@ line. Those in a collective with it fail at once (its connections close) and
 exit with status 1; JAX's coordination service aborts the rest itself, at once
 when process 0 (the service) died, else once the dead process has missed its
 heartbeats for `--heartbeat_timeout_seconds`, and the job's line replaces
-JAX's message and stack trace (`_stderr.py`).
+JAX's message and stack trace (`_process.py`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxprune_train import _data as data
 from jaxprune_train import _files as files
-from jaxprune_train import _stderr as stderr
+from jaxprune_train import _process as process
 from jaxprune_train._entry import PROGRAM
 from jaxprune_train._errors import ConfigError, RunError, WorkdirBusyError, one_line
 
@@ -64,7 +64,7 @@ def lost_line(reason: str) -> str:
 def stop_lost(reason: str) -> NoReturn:
   """Prints the lost-process line and ends this process at once (no shutdown barrier)."""
   # A normal exit would wait for the dead process at JAX's shutdown barrier.
-  stderr.stop(lost_line(reason), 1)
+  process.stop(lost_line(reason), 1)
 
 
 def is_primary() -> bool:
@@ -217,15 +217,13 @@ def guarded(fn: Callable[..., Any], *args: Any) -> Any:
   except RunError:
     raise
   except KeyboardInterrupt:
-    sys.stdout.flush()
-    print(
-      f'\n{PROGRAM}: process {jax.process_index()} interrupted; the other processes stop '
+    os.write(2, b'\n')  # off the progress bar's line
+    process.stop(
+      f'{PROGRAM}: process {jax.process_index()} interrupted; the other processes stop '
       f'too. Launch the same {jax.process_count()} commands again to resume from the '
       'newest checkpoint.',
-      file=sys.stderr,
-      flush=True,
+      130,
     )
-    os._exit(130)
   except Exception as err:  # noqa: BLE001 -- see the docstring
     if isinstance(err, jax.errors.JaxRuntimeError) and any(s in str(err) for s in _LOST_SIGNS):
       stop_lost(str(err))

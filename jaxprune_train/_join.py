@@ -2,7 +2,7 @@
 
 `initialize` checks the flags it can check alone (the address's form and
 port, process 0's port), then joins with `jax.distributed.initialize` under a
-watchdog: JAX's own timeout ends a process that cannot join with a fatal
+watchdog (`_process.watchdog`): JAX's own timeout ends a process that cannot join with a fatal
 error (SIGABRT), so the watchdog, a thread that runs while JAX waits, ends it
 first, with the job's line and status 1, `--initialization_timeout_seconds`
 after the process started. Ctrl-C while joining ends it at once (status 130).
@@ -10,23 +10,19 @@ after the process started. Ctrl-C while joining ends it at once (status 130).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import collections
 import ipaddress
 import os
 import re
-import select
-import signal
 import socket
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxprune_train import _stderr as stderr
+from jaxprune_train import _process as process
 from jaxprune_train._entry import PROGRAM
 from jaxprune_train._errors import ConfigError, one_line
 
@@ -90,6 +86,27 @@ def _check_port_free(address: str | None, process_id: int | None) -> None:
       ) from None
 
 
+def check_device_counts(devices: Sequence[Any]) -> None:
+  """ConfigError in every process when the processes expose different numbers of devices.
+
+  Read off `jax.devices()`, which lists every process's devices once joined, so no
+  collective runs (JAX's `process_allgather` and the mesh assume the same count in each
+  process and fail on a reshape).
+
+  Args:
+    devices: the job's devices (`jax.devices()`), each with its `process_index`.
+  """
+  counts = collections.Counter(device.process_index for device in devices)
+  if len(set(counts.values())) > 1:
+    seen = ', '.join(f'{counts[i]} in process {i}' for i in sorted(counts))
+    raise ConfigError(
+      f'the processes of this job expose different numbers of devices ({seen}); every '
+      'process must expose the same number: give each the same count (the same number of '
+      'GPUs in CUDA_VISIBLE_DEVICES, or the same XLA_FLAGS='
+      '--xla_force_host_platform_device_count on CPU) and start them all again.'
+    )
+
+
 def _check_sizes(num_processes: int | None, address: str | None) -> None:
   """ConfigError in every process when they were given different --num_processes.
 
@@ -118,73 +135,6 @@ def seconds_since_start() -> float:
     return max(0.0, uptime - started / os.sysconf('SC_CLK_TCK'))
   except (OSError, ValueError, IndexError):
     return 0.0
-
-
-@contextlib.contextmanager
-def _aborts_as_exit(status: int) -> Iterator[None]:
-  """Within the block, an abort (SIGABRT) ends the process with `status` instead.
-
-  JAX's client aborts the process when the service refuses it (an id out of
-  range for process 0's --num_processes, a duplicate one); the relay has printed
-  the job's line in place of JAX's message by then. The handler is C-level
-  (through ctypes): a Python one would only run after the abort.
-  """
-  try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-  except (OSError, AttributeError):
-    yield  # no C library to ask: JAX's abort stays an abort
-    return
-  handler = _SIGNAL_HANDLER(lambda signum: os._exit(status))
-  previous = libc.signal(signal.SIGABRT, ctypes.cast(handler, ctypes.c_void_p))
-  try:
-    yield
-  finally:
-    libc.signal(signal.SIGABRT, previous)
-
-
-_SIGNAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
-
-
-@contextlib.contextmanager
-def watchdog(seconds: float | None = None, line: str = '') -> Iterator[None]:
-  """Ends the process with `line` (status 1) after `seconds` (None: never), or at Ctrl-C
-  (status 130), unless the block is over first.
-
-  A thread: it runs while the main thread waits inside JAX (which holds no
-  lock there), where Python's own Ctrl-C handler would wait for JAX to return.
-  Signals reach it through `signal.set_wakeup_fd`.
-  """
-  wakeup_read, wakeup_write = os.pipe()
-  over_read, over_write = os.pipe()
-  os.set_blocking(wakeup_write, False)
-  in_main = threading.current_thread() is threading.main_thread()
-  previous = signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False) if in_main else -1
-  deadline = None if seconds is None else time.monotonic() + seconds
-
-  def watch() -> None:
-    while True:
-      wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-      ready = select.select([wakeup_read, over_read], [], [], wait)[0]
-      if over_read in ready:
-        return
-      if not ready:
-        stderr.stop(line, 1)
-      if signal.SIGINT in os.read(wakeup_read, 64):
-        stderr.stop(f'{PROGRAM}: interrupted while joining the job; nothing was written.', 130)
-
-  watcher = threading.Thread(target=watch, name='jaxprune-join-watchdog', daemon=True)
-  watcher.start()
-  try:
-    yield
-  finally:
-    os.write(over_write, b'.')
-    watcher.join()
-    if in_main:
-      signal.set_wakeup_fd(previous)
-    for fd in (wakeup_read, wakeup_write, over_read, over_write):
-      os.close(fd)
 
 
 def _detected_cluster() -> str | None:
@@ -239,7 +189,7 @@ def initialize(
   _check_port_free(coordinator_address, process_id)
   # CPU devices need a collectives library to reach other processes.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  stderr.guard()
+  process.guard()
   waited = max(1.0, initialization_timeout - seconds_since_start())
   last_id = num_processes - 1 if num_processes else 'N - 1'
   could_not = (
@@ -253,18 +203,19 @@ def initialize(
   )
   # JAX's service may end a process that cannot join (a duplicate --process_id)
   # from C++, with a stack trace: this line replaces them.
-  stderr.set_fatal_line(
+  process.set_fatal_line(
     f'{PROGRAM}: process {process_id} could not join the job at {coordinator_address}: '
     f"JAX's coordination service stopped it (a --process_id given twice, or a job of "
     f'another size). {fix}'
   )
+  interrupted = f'{PROGRAM}: interrupted while joining the job; nothing was written.'
   missing = (
     f'{could_not}: a process is missing (not started, or stopped by an error of its own), '
     f'a --process_id was given twice, or the processes were given different '
     f'--num_processes. {fix}'
   )
   try:
-    with watchdog(waited, missing), _aborts_as_exit(1):
+    with process.watchdog(waited, missing, interrupted), process.aborts_as_exit(1):
       jax.distributed.initialize(
         coordinator_address,
         num_processes,
@@ -280,8 +231,9 @@ def initialize(
       f'{one_line(str(err))[:300]}); give every process the same address of process 0 and '
       'number of processes, each its own id from 0, and start them together.'
     ) from err
+  check_device_counts(jax.devices())
   _check_sizes(num_processes, coordinator_address)
   from jaxprune_train import _distributed as distributed
 
-  stderr.set_fatal_line(distributed.lost_line("JAX's coordination service stopped this process"))
-  stderr.joined()
+  process.set_fatal_line(distributed.lost_line("JAX's coordination service stopped this process"))
+  process.joined()

@@ -22,16 +22,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
-import tqdm
 
 from jaxprune_train import _channels as channels
 from jaxprune_train import _checkpoints as checkpoints
 from jaxprune_train import _data as data
 from jaxprune_train import _distributed as distributed
 from jaxprune_train import _files as files
-from jaxprune_train import _interrupts as interrupts
 from jaxprune_train import _models as models
 from jaxprune_train import _plots as plots
+from jaxprune_train import _process as process
+from jaxprune_train import _progress as progress
 from jaxprune_train import _report as report
 from jaxprune_train import _sharding as sharding
 from jaxprune_train import _stats as stats
@@ -329,16 +329,10 @@ class _Run:
 
     measure_dense(start)
     completed = self.state  # the newest state whose step was fully logged
-    bar = tqdm.tqdm(
-      total=config.num_steps,
-      initial=start,
-      unit='step',
-      disable=(
-        not config.progress_bar or start >= config.num_steps or not distributed.is_primary()
-      ),
-      dynamic_ncols=True,
+    bar = progress.progress(
+      config.num_steps, start, config.progress_bar and distributed.is_primary()
     )
-    ctrl_c = interrupts.Interrupts.install()
+    ctrl_c = process.DeferredCtrlC.install()
     try:
       for step in range(start, config.num_steps):
         self.state, metrics = job.train_step(self.state, job.feed(step))

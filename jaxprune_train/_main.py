@@ -20,11 +20,8 @@ logs, evaluates and checkpoints).
 from __future__ import annotations
 
 import functools
-import inspect
-import io
 import os
 import sys
-import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
@@ -37,7 +34,7 @@ from jaxprune import _hparams as hparams_lib
 from jaxprune._maps import split_top_level
 from jaxprune_train import _defaults as defaults
 from jaxprune_train import _errors as errors
-from jaxprune_train import _interrupts as interrupts
+from jaxprune_train import _process as process
 from jaxprune_train import _usage as usage
 from jaxprune_train._entry import PROGRAM, STARTING
 
@@ -104,62 +101,10 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _route_warnings() -> None:
-  """Shows each warning as one line, less the coroutines a failed read or write leaves behind.
-
-  The job awaits no coroutine of its own; when a checkpoint write fails (a full disk),
-  orbax abandons its other writes, and each is reported as never awaited whenever it is
-  garbage-collected, beside the one line the job prints about the failure. When a
-  checkpoint cannot be read, the reads orbax abandoned fail again as they are collected
-  ('Exception ignored in: <coroutine object _read_array_index_and_device_put>', hundreds
-  of lines); the job's line has said why already.
-  """
+  """Shows each warning as one line, less the reports of the checkpoint reads and writes
+  orbax abandons when one of them fails (`_process.quiet_abandoned_io`)."""
   warnings.showwarning = _show_warning
-  warnings.filterwarnings(
-    'ignore', message="coroutine '.*' was never awaited", category=RuntimeWarning
-  )
-  sys.unraisablehook = _without_abandoned_coroutines(sys.unraisablehook)
-
-
-def _without_abandoned_coroutines(hook: Any) -> Any:
-  def unraisable(info: Any) -> None:
-    if not inspect.iscoroutine(info.object):
-      hook(info)
-
-  return unraisable
-
-
-class _WithoutClosedLoopTracebacks(io.TextIOBase):
-  """`sys.stderr` less the tracebacks of a checkpoint write that failed.
-
-  When a write fails (a full disk), orbax closes its event loop while
-  tensorstore's threads still finish the other writes; each then prints a
-  'RuntimeError: Event loop is closed' traceback, dozens in all, around the
-  one-line error the job prints. Everything else passes through.
-  """
-
-  _NOISE = 'RuntimeError: Event loop is closed'
-
-  def __init__(self, stream: Any):
-    super().__init__()
-    self._stream = stream
-    self._held = threading.local()  # a traceback being written, per thread
-
-  def write(self, text: str) -> int:
-    held = getattr(self._held, 'text', None)
-    if held is None and not text.startswith('Traceback (most recent call last):'):
-      return self._stream.write(text)
-    held = (held or '') + text
-    last = held.rstrip('\n').rsplit('\n', 1)[-1]
-    if held.endswith('\n') and last[:1] not in ('', ' ') and not last.startswith('Traceback'):
-      self._held.text = None  # the exception line closes the traceback
-      if last != self._NOISE:
-        self._stream.write(held)
-    else:
-      self._held.text = held
-    return len(text)
-
-  def flush(self) -> None:
-    self._stream.flush()
+  process.quiet_abandoned_io()
 
 
 def _parse_flags(argv: list[str], config: flags.FlagHolder) -> list[str]:
@@ -223,7 +168,7 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   except errors.RunError as err:
     _fail(str(err))
   num_steps = config.get('num_steps')
-  interrupts.end_at_once(lambda: _interrupted(workdir, num_steps))
+  process.end_at_once(lambda: f'{PROGRAM}: {_interrupted(workdir, num_steps)}')
   try:
     print(f'{PROGRAM}: config {config.get("name")!r}, workdir {workdir}')
     print(f'{PROGRAM}: {compilation_cache.enable(workdir)}')
@@ -233,7 +178,8 @@ def main(argv: Sequence[str], defined: _Flags) -> None:
   except KeyboardInterrupt:
     newest = _newest_checkpoint(workdir)
     if newest is None or newest >= num_steps:
-      interrupts.stop_now(_interrupted(workdir, num_steps))
+      os.write(2, b'\n')  # off the progress bar's line
+      process.stop(f'{PROGRAM}: {_interrupted(workdir, num_steps)}', 130)
     print(
       f'\nInterrupted; run the same command again to resume from the newest checkpoint '
       f'in {workdir} (training writes one when interrupted).',
@@ -387,7 +333,7 @@ def _interrupted(workdir: str, num_steps: Any) -> str:
 
 def run() -> None:
   """Console-script entry point (`jaxprune-train`)."""
-  interrupts.end_at_once(lambda: STARTING)
+  process.end_at_once(lambda: f'{PROGRAM}: {STARTING}')
   argv = sys.argv
   if any(arg in usage.HELP_FLAGS for arg in argv[1:]) or '--helpfull' in argv[1:]:
     print(usage.help_text(__doc__, [f'  --{name}: {text}' for name, text in _HELP.items()], argv))
@@ -401,7 +347,6 @@ def run() -> None:
     defined = _define_flags()
   except Exception as err:  # noqa: BLE001 -- every parse failure is described in one line
     _fail(usage.describe_flag_error(err, argv))
-  sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
   app.run(
     functools.partial(main, defined=defined),
     flags_parser=functools.partial(_parse_flags, config=defined.config),

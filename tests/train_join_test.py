@@ -1,11 +1,13 @@
-"""Joining a multi-process job: the address check, and the stderr relay that puts the job's
-line in place of JAX's (both without starting a job; tests/train_multiprocess_start_test.py
-starts real ones)."""
+"""Joining a multi-process job: the address check, the device-count check, and the stderr
+relay that puts the job's line in place of JAX's (all without starting a job;
+tests/train_multiprocess_start_test.py starts real ones)."""
+
+from typing import NamedTuple
 
 import pytest
 
 from jaxprune_train import _join as join
-from jaxprune_train import _stderr as stderr
+from jaxprune_train import _process as process
 
 EXAMPLE = 'the address of process 0 and a free port, e.g. 10.0.0.1:1234 or [::1]:1234.'
 
@@ -51,6 +53,25 @@ def test_well_formed_coordinator_addresses_pass(address):
   join.check_address(address)
 
 
+class Device(NamedTuple):
+  process_index: int
+
+
+def test_processes_exposing_different_device_counts_are_one_line():
+  """Process 0 with 4 devices, process 1 with 2: JAX's process_allgather failed with
+  'cannot reshape array of size 6 into shape (2,2)' and a 42-line traceback."""
+  devices = [Device(0)] * 4 + [Device(1)] * 2
+  with pytest.raises(join.ConfigError) as raised:
+    join.check_device_counts(devices)
+  assert str(raised.value) == (
+    'the processes of this job expose different numbers of devices (4 in process 0, 2 in '
+    'process 1); every process must expose the same number: give each the same count (the '
+    'same number of GPUs in CUDA_VISIBLE_DEVICES, or the same '
+    'XLA_FLAGS=--xla_force_host_platform_device_count on CPU) and start them all again.'
+  )
+  join.check_device_counts([Device(0)] * 4 + [Device(1)] * 4 + [Device(2)] * 4)  # passes
+
+
 FATAL = (
   b'F1129 00:15:40.087466    7624 client.h:80] Terminating process because the JAX '
   b'distributed service detected fatal errors. This most likely indicates that another '
@@ -64,7 +85,7 @@ RUNTIME_LOG = (
 
 def _relay():
   written = []
-  return stderr.Relay(written.append), written
+  return process.Relay(written.append), written
 
 
 def _marker(kind, text=''):
@@ -95,7 +116,7 @@ def test_runtime_logs_while_joining_are_dropped_and_after_joining_shown_late():
   relay.tick(100.0)  # not joined: held for as long as the join lasts
   assert written == [b'']
   relay.feed(_marker('joined'), 100.0)
-  relay.tick(100.0 + stderr.HOLD_SECONDS)  # joined: news after all, once no fatal followed
+  relay.tick(100.0 + process.HOLD_SECONDS)  # joined: news after all, once no fatal followed
   assert b''.join(written) == RUNTIME_LOG
   relay.feed(RUNTIME_LOG, 200.0)
   relay.end()

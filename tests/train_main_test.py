@@ -485,10 +485,10 @@ def test_default_run_with_no_flags_meets_the_goal(tmp_path):
 def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
   import io
 
-  from jaxprune_train import _main as main
+  from jaxprune_train import _process as process
 
   out = io.StringIO()
-  stderr = main._WithoutClosedLoopTracebacks(out)
+  stderr = process.WithoutClosedLoopTracebacks(out)
   # As tensorstore's threads print it, piece by piece, once per aborted write.
   for piece in (
     'Traceback (most recent call last):\n',
@@ -506,11 +506,15 @@ def test_stderr_drops_only_the_closed_loop_tracebacks_of_a_failed_write():
   assert out.getvalue() == 'jaxprune-train: cannot write the checkpoint\n' + bug
 
 
-def test_warnings_are_one_line_each_and_abandoned_writes_are_not_shown(capsys):
+def test_warnings_are_one_line_each_and_abandoned_writes_are_not_shown(capsys, monkeypatch):
   import gc
   import warnings
 
   from jaxprune_train import _main as main
+
+  # The job's hooks on the process, put back once the test is over.
+  monkeypatch.setattr(sys, 'stderr', sys.stderr)
+  monkeypatch.setattr(sys, 'unraisablehook', sys.unraisablehook)
 
   async def write_fragment():
     pass
@@ -536,6 +540,7 @@ def test_reads_abandoned_with_a_damaged_checkpoint_are_not_shown(monkeypatch):
 
   shown = []
   monkeypatch.setattr(sys, 'unraisablehook', lambda info: shown.append(info.object))
+  monkeypatch.setattr(sys, 'stderr', sys.stderr)
 
   class Pending:
     def __await__(self):

@@ -4,6 +4,7 @@ missing process, a coordinator port in use, and processes given different settin
 
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -224,3 +225,38 @@ def test_ctrl_c_while_waiting_for_the_others_is_one_line_at_once(tmp_path):
   assert mp.read(str(tmp_path), 'ctrl_c', 0).strip() == (
     'jaxprune-train: interrupted while joining the job; nothing was written.'
   )
+
+
+def test_processes_exposing_different_device_counts_stop_with_one_line(tmp_path):
+  """4 devices in process 0, 2 in process 1 (hosts with different GPU counts): both ended
+  in a 42-line traceback ('cannot reshape array of size 6 into shape (2,2)')."""
+  (tmp_path / 'tiny.py').write_text(CONFIG_FILE)
+  port = mp.free_port()
+  started = []
+  try:
+    for i, devices in enumerate((4, 2)):
+      with open(tmp_path / f'devices.{i}.err', 'w') as err:
+        started.append(
+          subprocess.Popen(
+            _command(tmp_path, port, 2, i),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=mp.env(devices),
+            cwd=tmp_path,
+          )
+        )
+    codes = mp.wait_all(started, TIMEOUT)
+  finally:
+    for process in started:
+      if process.poll() is None:
+        process.kill()
+      process.wait()
+  errs = [mp.read(str(tmp_path), 'devices', i).strip().splitlines() for i in range(2)]
+  assert codes == [1, 1], errs
+  line = (
+    'jaxprune-train: the processes of this job expose different numbers of devices (4 in '
+    'process 0, 2 in process 1); every process must expose the same number'
+  )
+  assert [len(err) for err in errs] == [1, 1], errs
+  assert [err[0][: len(line)] for err in errs] == [line, line], errs
+  assert not (tmp_path / 'run').exists()  # nothing written

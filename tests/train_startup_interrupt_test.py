@@ -16,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_ctrl_c_while_starting_is_one_line():
   script = (
     'import os, signal, time\n'
-    'from jaxprune_train import _interrupts\n'
-    "_interrupts.end_at_once(lambda: 'interrupted while starting; nothing was written.')\n"
+    'from jaxprune_train import _process\n'
+    "_process.end_at_once(lambda: 'jaxprune-train: interrupted while starting; nothing was "
+    "written.')\n"
     'os.kill(os.getpid(), signal.SIGINT)\n'
     'time.sleep(30)\n'
   )
