@@ -228,6 +228,8 @@ def test_stacks_patterns_and_targets_are_checked():
     oneshot.prune(
       fn, params, [xr], method='wanda', nm='2:4', overrides={'head': '4:8'}, permute='up|head'
     )
+  with pytest.raises(ValueError, match=r"permute: invalid regex '\('"):
+    oneshot.prune(fn, params, [xr], method='wanda', nm='2:4', permute='(')
   with pytest.raises(ValueError, match=r'permute=True: no layer with an N:M target'):
     oneshot.prune(fn, params, [xr], method='wanda', sparsity=0.5, permute=True)
   with pytest.raises(ValueError, match=r"nm=2:4: layer 'w' has 6 inputs, not divisible by M=4"):

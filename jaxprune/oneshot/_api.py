@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxprune import _maps as maps
 from jaxprune import _names as names_lib
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _dsnot, _owl
@@ -278,6 +279,8 @@ def permute_channels(
   names = [names_lib.leaf_name(path) for path, _ in flat]
   closed, batches = inputs.read_batches(fn, params, calibration_batches)
   found, _ = layers_and_reasons(closed, names)
+  if isinstance(layers, str):
+    maps.check_regex('layers', layers)
   targets = {
     inputs.layer_key(layer): default
     if layers is True or (isinstance(layers, str) and re.search(layers, layer.name))
@@ -616,6 +619,8 @@ def _permuted(fn, params, leaves, names, closed, batches, chosen, targets, metho
     raise ValueError(
       f'permute={permute!r}: give True (every N:M layer), a regex of layer names, or False.'
     )
+  if isinstance(permute, str):
+    maps.check_regex('permute', permute)
   selected = [
     layer
     for layer in chosen
