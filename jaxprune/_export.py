@@ -135,7 +135,9 @@ def _matching(where: str, names: str, candidates: list[str | None]) -> list[bool
   return chosen
 
 
-def _to_convert(params: PyTree, masks: Any, names: str | None) -> tuple[PyTree, list[bool]]:
+def _to_convert(
+  params: PyTree, masks: Any, names: str | None, where: str = 'to_bcoo'
+) -> tuple[PyTree, list[bool]]:
   """Stripped params and, per leaf, whether it becomes sparse."""
   leaves, _ = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_none)
   if masks is None:
@@ -146,7 +148,7 @@ def _to_convert(params: PyTree, masks: Any, names: str | None) -> tuple[PyTree, 
     convert = [mask is not None for mask in _mask_leaves(params, masks)]
   if names is not None:
     convert = _matching(
-      'to_bcoo',
+      where,
       names,
       [leaf_name(path) if c else None for c, (path, _) in zip(convert, leaves, strict=True)],
     )
@@ -175,9 +177,13 @@ def to_bcoo(
   Returns:
     A pytree like params with BCOO leaves in place of the converted ones.
   """
+  return _to_bcoo(params, masks, names, index_dtype, 'to_bcoo')
+
+
+def _to_bcoo(params: PyTree, masks: Any, names: str | None, index_dtype: Any, where: str):
   from jax.experimental import sparse
 
-  stripped, convert = _to_convert(params, masks, names)
+  stripped, convert = _to_convert(params, masks, names, where)
   leaves, treedef = jax.tree_util.tree_flatten(stripped, is_leaf=_is_none)
   out = [
     sparse.BCOO.fromdense(leaf, index_dtype=index_dtype) if c else leaf
@@ -223,7 +229,10 @@ def sparse_apply(fn: Callable[..., Any], *, names: str | None = None) -> Callabl
     if names is not None:
       candidates = [n if s else None for n, s in zip(names_of, stays, strict=True)]
       stays = _matching('sparse_apply', names, candidates)
-    convs = _conv_kernels(fn, treedef, leaves, args)
+    # A convolution's kernel has 3 or more axes: with none such, no trace is needed.
+    convs = set()
+    if any(s and leaf.ndim >= 3 for s, leaf in zip(stays, leaves, strict=True)):
+      convs = _conv_kernels(fn, treedef, leaves, args)
     dense_convs = [n for i, n in enumerate(names_of) if stays[i] and i in convs]
     _warn_dense_convs(dense_convs)
     stays = [s and i not in convs for i, s in enumerate(stays)]
@@ -245,8 +254,8 @@ def _warn_dense_convs(kernels: list[str]) -> None:
     _WARNED_CONVS.update(new)
     warnings.warn(
       'jaxprune.sparse_apply: jax.experimental.sparse has no rule for a convolution with a '
-      f'BCOO kernel, so these kernels run dense: {", ".join(new)} (the other BCOO leaves '
-      'run sparse; size_report counts them as stored).',
+      f'BCOO kernel, so these kernels run dense: {", ".join(new)} (stored as BCOO all the '
+      'same; the other BCOO leaves run sparse).',
       UserWarning,
       stacklevel=3,
     )
@@ -342,7 +351,9 @@ def check_sparse_outputs(
   """
   dense_params = params if masks is None else strip(params, masks)
   dense_out = fn(dense_params, *args)
-  sparse_out = sparse_apply(fn)(to_bcoo(params, masks, names=names), *args)
+  sparse_out = sparse_apply(fn)(
+    _to_bcoo(params, masks, names, jnp.int32, 'check_sparse_outputs'), *args
+  )
   worst = 0.0
   for d, s in zip(jax.tree.leaves(dense_out), jax.tree.leaves(sparse_out), strict=True):
     leaf_rtol, leaf_atol = _tolerances(np.asarray(d), rtol, atol)
@@ -495,7 +506,7 @@ def size_report(
   Returns:
     A `SizeReport`; `print(report)` shows a Markdown table.
   """
-  sparse_params = to_bcoo(params, masks, names=names, index_dtype=index_dtype)
+  sparse_params = _to_bcoo(params, masks, names, index_dtype, 'size_report')
   stripped = densify(sparse_params)
   flat_sparse, _ = jax.tree_util.tree_flatten_with_path(sparse_params, is_leaf=_is_bcoo)
   flat_dense = jax.tree.leaves(stripped)

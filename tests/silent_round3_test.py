@@ -4,14 +4,17 @@ one line naming the fix."""
 import re
 import warnings
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.experimental import sparse as jsparse
 from oneshot_references import conv_patches, sparsegpt_reference
 
 import jaxprune
+import jaxprune.structured as jps
 from jaxprune import oneshot
 
 
@@ -48,10 +51,10 @@ def test_a_1x1_kernel_pruned_last_is_not_called_moved():
   ('kept', 'value', 'moved'), [(True, 0.7, False), (False, 0.7, True), (False, 0.0, False)]
 )
 def test_one_element_moved_reduction(kept, value, moved):
-  from jaxprune import _order
+  from jaxprune import _moved
 
   masks, params = [jnp.full((1, 1), kept)], [jnp.full((1, 1), value)]
-  assert bool(jax.jit(_order.any_moved)(masks, params)) is moved
+  assert bool(jax.jit(_moved.any_moved)(masks, params)) is moved
 
 
 def test_all_equal_weights_are_named_as_ties_in_the_shortfall_warning():
@@ -237,3 +240,181 @@ def test_ste_with_finite_gradients_stays_quiet():
   with warnings.catch_warnings():
     warnings.simplefilter('error')
     assert int(jnp.sum(sparse.get_masks(state)['a']['kernel'])) == 8
+
+
+class _CNN(nn.Module):
+  """Four 3x3 convs of 8, 16, 16, 32 features and a head of 10 on 3 input channels."""
+
+  @nn.compact
+  def __call__(self, x):
+    for features in (8, 16, 16, 32):
+      x = nn.relu(nn.Conv(features, (3, 3))(x))
+    return nn.Dense(10)(x.mean(axis=(1, 2)))
+
+
+class _BNCNN(nn.Module):
+  train: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    for features in (8, 16):
+      x = nn.Conv(features, (3, 3))(x)
+      x = nn.relu(nn.BatchNorm(use_running_average=not self.train)(x))
+    return nn.Dense(10)(x.mean(axis=(1, 2)))
+
+
+class _Other(nn.Module):
+  train: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.BatchNorm(use_running_average=not self.train)(nn.Conv(8, (3, 3))(x)))
+    return nn.Dense(10)(x.mean(axis=(1, 2)))
+
+
+def _images(channels=3, seed=0):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=(4, 8, 8, channels)), jnp.float32)
+
+
+@pytest.fixture(scope='module')
+def cnn():
+  model = _CNN()
+  return model, model.init(jax.random.key(0), _images())
+
+
+def test_a_structured_result_counts_feature_channels_not_spatial_axes(cnn):
+  model, variables = cnn
+  result = jps.prune(model, variables, _images(), ratio=0.5, progress=False)
+  # By hand: the convs' 8 + 16 + 16 + 32 = 72 features are prunable, half of each goes
+  # (36); the 3 input channels and the 10 logits are channels too, not prunable: 85. The
+  # 3x3 kernels' spatial axes and the images' 8x8 positions are no channels.
+  assert result.summary().splitlines()[4] == 'removed 36 of 72 prunable channels (85 in all)'
+  assert 'channels removed from 4 of 6 channel groups' in repr(result)
+
+
+def test_bn_recalibration_is_advised_only_for_a_model_with_batch_norm(cnn):
+  model, variables = cnn
+  plain = jps.prune(model, variables, _images(), ratio=0.5, progress=False)
+  assert plain.dense_distance.large
+  assert 'BatchNorm' not in plain.summary() and 'recalibrate' not in repr(plain)
+  bn = _BNCNN()
+  bn_variables = bn.init(jax.random.key(0), _images())
+  with_bn = jps.prune(bn, bn_variables, _images(), ratio=0.5, progress=False)
+  assert with_bn.dense_distance.large
+  assert 'Calibration(batches, recalibrate_bn=True)' in with_bn.summary()
+  assert '(a large change: fine-tune or recalibrate)' in repr(with_bn)
+
+
+def test_structured_density_without_masks_on_dense_variables_is_refused(cnn):
+  model, variables = cnn
+  with pytest.raises(ValueError, match=r"importance='density'.*masks=jaxprune\.get_masks"):
+    jps.prune(model, variables, _images(), ratio=0.5, importance='density', progress=False)
+
+
+def test_structured_recalibrate_bn_must_be_a_bool():
+  with pytest.raises(TypeError, match=r"recalibrate_bn='yes': give True or False"):
+    jps.Calibration([_images()], recalibrate_bn='yes')
+
+
+def test_structured_train_model_of_another_architecture_is_refused():
+  model = _BNCNN()
+  variables = model.init(jax.random.key(0), _images())
+  calibration = jps.Calibration([_images(seed=1)], recalibrate_bn=True)
+  other = jps.LinenOptions(train_model=_Other(train=True), train_kwargs={})
+  with pytest.raises(ValueError, match=r'train_model \(_Other\) has other variables.*_BNCNN'):
+    jps.prune(model, variables, _images(), ratio=0.5, calibration=calibration, linen=other)
+  with pytest.raises(ValueError, match=r'train_model is read only when re-calibrating'):
+    jps.prune(model, variables, _images(), ratio=0.5, linen=other)
+  same = jps.LinenOptions(train_model=_BNCNN(train=True), train_kwargs={})
+  result = jps.prune(
+    model, variables, _images(), ratio=0.5, calibration=calibration, linen=same, progress=False
+  )
+  assert result.variables['batch_stats']['BatchNorm_0']['mean'].shape == (4,)
+
+
+def test_structured_taylor_batches_of_another_shape_name_the_batches(cnn):
+  model, variables = cnn
+  calibration = jps.Calibration([_images(channels=5)], loss_fn=lambda out, batch: out.mean())
+  with pytest.raises(ValueError, match=r'Calibration\.batches: the model inputs of a batch'):
+    jps.prune(model, variables, _images(), ratio=0.5, importance='taylor', calibration=calibration)
+
+
+def test_structured_prune_of_model_apply_with_bare_params_names_the_fix(cnn):
+  model, variables = cnn
+  with pytest.raises(TypeError, match=r"prune\(model\.apply, \{'params': params\}, x"):
+    jps.prune(model.apply, variables['params'], _images(), ratio=0.5)
+
+
+class _ExportCNN(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(4, (3, 3), name='conv_a')(x))
+    x = nn.relu(nn.Dense(8, name='fc1')(x.mean((1, 2))))
+    return nn.Dense(3, name='head')(x)
+
+
+def _export_cnn():
+  model = _ExportCNN()
+  x = jax.random.normal(jax.random.key(1), (2, 6, 6, 2))
+  params = model.init(jax.random.key(0), x)['params']
+  masks = jax.tree.map(
+    lambda w: jnp.abs(w) > jnp.median(jnp.abs(w)) if w.ndim >= 2 else None, params
+  )
+  return (lambda p, x: model.apply({'params': p}, x)), params, masks, x
+
+
+def test_sparse_outputs_of_a_cnn_run_its_conv_kernel_dense_and_say_so_once():
+  fn, params, masks, x = _export_cnn()
+  with pytest.warns(
+    UserWarning, match=r'no rule for a convolution.*run dense: conv_a/kernel \(stored'
+  ):
+    assert jaxprune.check_sparse_outputs(fn, params, masks, x) <= 1e-5
+  sparse_params = jaxprune.to_bcoo(params, masks)  # the conv kernel too: storage only
+  assert isinstance(sparse_params['conv_a']['kernel'], jsparse.BCOO)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')  # said once
+    out = jax.jit(jaxprune.sparse_apply(fn))(sparse_params, x)
+  np.testing.assert_allclose(out, fn(jaxprune.strip(params, masks), x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('function', ['to_bcoo', 'size_report', 'strip', 'check_sparse_outputs'])
+def test_an_export_names_regex_that_matches_no_leaf_is_refused(function):
+  fn, params, masks, x = _export_cnn()
+  call = {
+    'to_bcoo': lambda: jaxprune.to_bcoo(params, masks, names='Dense'),
+    'size_report': lambda: jaxprune.size_report(params, masks, names='Dense'),
+    'strip': lambda: jaxprune.strip(params, masks, names='Dense'),
+    'check_sparse_outputs': lambda: jaxprune.check_sparse_outputs(
+      fn, params, masks, x, names='Dense'
+    ),
+  }[function]
+  with pytest.raises(ValueError, match=rf"{function}: names='Dense' matches none.*'fc1/kernel'"):
+    call()
+
+
+def test_sparse_apply_names_restricts_what_runs_sparse():
+  fn, params, masks, x = _export_cnn()
+  sparse_params = jaxprune.to_bcoo(params, masks, names='fc1|head')
+  with pytest.raises(ValueError, match=r"sparse_apply: names='Dense' matches none"):
+    jaxprune.sparse_apply(fn, names='Dense')(sparse_params, x)
+  out = jaxprune.sparse_apply(fn, names='head')(sparse_params, x)
+  np.testing.assert_allclose(out, fn(jaxprune.strip(params, masks), x), rtol=1e-5, atol=1e-6)
+
+
+def test_export_names_choose_the_leaves_of_every_function():
+  _, params, masks, _ = _export_cnn()
+  report = jaxprune.size_report(params, masks, names='fc1|head')
+  stored = {leaf.name: leaf.sparse for leaf in report.leaves}
+  assert stored == {
+    'conv_a/bias': False,
+    'conv_a/kernel': False,
+    'fc1/bias': False,
+    'fc1/kernel': True,
+    'head/bias': False,
+    'head/kernel': True,
+  }
+  assert '**' not in report.table() and '| total ' in report.table()
+  stripped = jaxprune.strip(params, masks, names='fc1')
+  np.testing.assert_array_equal(stripped['head']['kernel'], params['head']['kernel'])
+  # fc1's 32 weights: the 16 at or below the median of |w| are zeroed.
+  assert int(jnp.sum(stripped['fc1']['kernel'] == 0)) == 16

@@ -224,6 +224,14 @@ class DependencyGraph:
     return [g for g in self.groups if g.prunable]
 
   @property
+  def channel_groups(self) -> list[ChannelGroup]:
+    """The groups of feature channels: those with a variables axis, less the spatial and
+    window axes of convolutions and pooling and the iteration axes of scans (groups of
+    positions, not channels). What results count as channels."""
+    positions = ('spatial axis', 'window axis', 'scan iteration axis')
+    return [g for g in self.groups if g.members and not (g.reason or '').startswith(positions)]
+
+  @property
   def approximate_groups(self) -> list[ChannelGroup]:
     """Prunable groups whose removal changes a norm's statistics (see `ChannelGroup`)."""
     return [g for g in self.groups if g.prunable and g.approximate]

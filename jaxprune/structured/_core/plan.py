@@ -52,16 +52,22 @@ class Plan:
   def num_removed(self) -> int:
     return int(sum(len(r) for r in self.removed.values()))
 
-  def summary(self) -> str:
-    """One line per group that loses channels: `group 3: 64 -> 32`."""
+  def summary(self, graph: DependencyGraph | None = None) -> str:
+    """One line per group that loses channels: `group 3: 64 -> 32`; then how many were
+    removed of all, counting with `graph` (its DependencyGraph) only feature channels
+    (`graph.channel_groups`: not a convolution's spatial axes)."""
     lines = [
       f'group {gid}: {self.sizes[gid]} -> {self.sizes[gid] - len(r)}'
       for gid, r in sorted(self.removed.items())
       if len(r)
     ]
-    total = sum(self.sizes.values())
+    total = f'{sum(self.sizes.values())} channels'
+    if graph is not None:
+      counted = graph.channel_groups
+      prunable = sum(g.size for g in counted if g.prunable)
+      total = f'{prunable} prunable channels ({sum(g.size for g in counted)} in all)'
     lines.append(
-      f'removed {self.num_removed} of {total} channels'
+      f'removed {self.num_removed} of {total}'
       + (' (nothing removed)' if not self.num_removed else '')
     )
     shortfall = [] if self.shortfall is None else [f'SHORT OF THE TARGET: {self.shortfall}']

@@ -38,6 +38,12 @@ WHAT_TO_DO = (
   'docs/guides/structured.md#after-pruning-fine-tune-or-recalibrate), '
   'and re-estimate BatchNorm statistics with Calibration(batches, recalibrate_bn=True)'
 )
+# The same for a model without BatchNorm: there are no statistics to re-estimate.
+FINE_TUNE = (
+  'fine-tuning is expected: train the pruned model a few hundred steps '
+  '(result.pruned_fn is differentiable; '
+  'docs/guides/structured.md#after-pruning-fine-tune-or-recalibrate)'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +59,15 @@ class DenseDistance:
       `(batch, positions, vocabulary)`); None otherwise.
     examples: the examples compared (rows of the first output).
     inputs: what they were: 'the example inputs' or 'N calibration batches'.
+    batch_norm: whether the model has BatchNorm statistics, which re-calibration
+      re-estimates (advised only then).
   """
 
   rel_error: float
   agreement: float | None
   examples: int
   inputs: str
+  batch_norm: bool = True
 
   @property
   def large(self) -> bool:
@@ -78,7 +87,8 @@ class DenseDistance:
   def line(self) -> str:
     """The summary's line: what was compared, on what, and what to do when it is large."""
     text = f'vs the dense model on {self.inputs} ({self.examples:,} examples): {self.measured()}'
-    return f'{text}; a large change: {WHAT_TO_DO}.' if self.large else text
+    advice = WHAT_TO_DO if self.batch_norm else FINE_TUNE
+    return f'{text}; a large change: {advice}.' if self.large else text
 
 
 def _is_float(x: Any) -> bool:

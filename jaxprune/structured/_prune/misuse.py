@@ -71,16 +71,27 @@ def variables_first(model: Any, variables: Any, example_args: tuple) -> None:
     )
 
 
+def _linen_apply_of(fn: Any) -> nn.Module | None:
+  """The Linen module whose `apply` `fn` is (`model.apply`, or a functools.partial of it)."""
+  fn = getattr(fn, 'func', fn)
+  module = getattr(fn, '__self__', None)
+  return module if isinstance(module, nn.Module) and fn.__name__ == 'apply' else None
+
+
 def linen_variables(model: Any, variables: Any) -> None:
-  """Refuses a Linen module's bare params (the dict inside `{'params': ...}`)."""
-  if not isinstance(model, nn.Module) or not isinstance(variables, Mapping):
+  """Refuses a Linen module's bare params (the dict inside `{'params': ...}`), given
+  with the module or with its `apply`."""
+  module = model if isinstance(model, nn.Module) else _linen_apply_of(model)
+  if module is None or not isinstance(variables, Mapping):
     return
   if 'params' not in variables:
     keys = ', '.join(repr(k) for k in list(variables)[:4])
+    call = 'model' if module is model else 'model.apply'
     raise TypeError(
       f"prune: the variables have no 'params' collection (their keys: {keys}): a Linen "
-      'module takes its variables as model.apply does; wrap the params, prune(model, '
-      "{'params': params}, x, ...), with 'batch_stats' too if the model has BatchNorm."
+      'module takes its variables as model.apply does; wrap the params, prune('
+      f"{call}, {{'params': params}}, x, ...), with 'batch_stats' too if the model has "
+      'BatchNorm.'
     )
 
 
@@ -134,7 +145,16 @@ def checked_loss(
   batch)`, a failure of `loss_fn` or a loss that is not a scalar told in one line."""
 
   def loss(variables: Any, batch: Any) -> Any:
-    outputs = fn(variables, *inputs(batch))
+    args = inputs(batch)
+    try:
+      outputs = fn(variables, *args)
+    except flax.errors.ScopeParamShapeError as e:
+      shapes = ', '.join(_shape(a) for a in jax.tree.leaves(args) if _is_array(a))
+      raise ValueError(
+        f'Calibration.batches: the model inputs of a batch ({shapes}) do not fit the '
+        f'variables ({_said(e)}); give batches shaped like the example inputs (the '
+        'channels too), or Calibration(inputs=...) that maps a batch to them.'
+      ) from e
     try:
       value = loss_fn(outputs, batch)
     except Exception as e:

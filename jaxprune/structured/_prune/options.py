@@ -17,6 +17,8 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from jaxprune.structured._prune.misuse import unknown_keywords
 
 
@@ -50,6 +52,8 @@ class Calibration:
   recalibrate_bn: bool = False
 
   def __post_init__(self) -> None:
+    if not isinstance(self.recalibrate_bn, (bool, np.bool_)):
+      raise TypeError(f'Calibration.recalibrate_bn={self.recalibrate_bn!r}: give True or False.')
     shape = getattr(self.batches, 'shape', None)
     if shape is not None:  # iterating one array would give single examples
       raise TypeError(

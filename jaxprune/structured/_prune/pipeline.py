@@ -22,10 +22,13 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
+import numpy as np
 from flax import nnx
 
 from jaxprune._flops import FlopsReport
+from jaxprune._names import named_leaves
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan
 from jaxprune.structured._primitives import cost
@@ -122,11 +125,12 @@ class PruneResult(FlopsReport):
     dense = self.dense_distance
     if dense is not None:
       check += f', vs the dense model: {dense.measured()}'
-      check += ' (a large change: fine-tune or recalibrate)' if dense.large else ''
+      advice = 'fine-tune or recalibrate' if dense.batch_norm else 'fine-tune'
+      check += f' (a large change: {advice})' if dense.large else ''
     short = '' if self.shortfall is None else f'SHORT OF THE TARGET: {self.shortfall}; '
     return (
       f'PruneResult({short}channels removed from {len(self.plan.removed)} of '
-      f'{len(self.graph.groups)} channel groups, {sum(sizes):,} values left in '
+      f'{len(self.graph.channel_groups)} channel groups, {sum(sizes):,} values left in '
       f'{len(sizes)} arrays, {self.flops_line()}, {check}; see .summary(), .model, '
       '.variables, .pruned_fn)'
     )
@@ -140,7 +144,7 @@ class PruneResult(FlopsReport):
       verdict = 'passed' if self.check.ok else 'FAILED'
       exact = f'{verdict}, largest difference {self.check.max_rel_diff:.2g} of the output scale'
     lines = [
-      self.plan.summary(),
+      self.plan.summary(self.graph),
       self.flops_line(),
       f'exactness check against the masked model (the dense model with the removed '
       f'channels zeroed): {exact}',
@@ -259,9 +263,65 @@ def _verified(graph, variables, plan, example_args, runs):
 
 def _scores(graph, variables, method, fn, calibration, progress, masks, seed):
   if method != 'taylor':
-    return importance_lib.score_channels(graph, variables, method, masks=masks, seed=seed)
+    scores = importance_lib.score_channels(graph, variables, method, masks=masks, seed=seed)
+    if method == 'density' and masks is None and _all_tied(graph, scores):
+      raise ValueError(
+        "prune: importance='density' ranks channels by their share of nonzero weights, and "
+        'without masks= every channel of each group has the same share in these variables '
+        '(nothing pruned yet), so the choice would be arbitrary; pass '
+        'masks=jaxprune.get_masks(state), or the variables after unstructured pruning, or '
+        "choose another importance ('l2')."
+      )
+    return scores
   loss = misuse.checked_loss(fn, calibration.loss_fn, calibration.inputs)
   return importance_lib.taylor_importance(graph, variables, loss, calibration.batches, progress)
+
+
+def _all_tied(graph: DependencyGraph, scores: Mapping[int, Any]) -> bool:
+  """Every prunable group's channels score the same: nothing to rank them by."""
+  tied = [np.ptp(np.asarray(scores[g.id])) == 0 for g in graph.prunable_groups if g.id in scores]
+  return bool(tied) and all(tied)
+
+
+def _has_batch_norm(model: Any, variables: PyTree) -> bool:
+  """Whether the model keeps BatchNorm statistics (Linen's `batch_stats`, NNX's
+  `BatchStat`, a leaf named so in a plain function's variables)."""
+  if isinstance(model, nnx.Module):
+    return bool(jax.tree.leaves(nnx.state(model, nnx.BatchStat)))
+  names = [name.lower().replace('_', '') for name, _ in named_leaves(variables)]
+  return any('batchstats' in name or 'batchnorm' in name for name in names)
+
+
+def _check_train_model(model, variables, example_args, linen, recalibrate_bn) -> None:
+  """`LinenOptions.train_model` / `train_kwargs` serve BatchNorm re-calibration only, and
+  the train-mode module must be the model's own architecture (its variables' shapes)."""
+  given = [name for name in ('train_model', 'train_kwargs') if getattr(linen, name) is not None]
+  if given and not recalibrate_bn:
+    raise ValueError(
+      f'prune: LinenOptions.{given[0]} is read only when re-calibrating BatchNorm; pass '
+      'calibration=jaxprune.structured.Calibration(batches, recalibrate_bn=True), or '
+      f'drop {given[0]}.'
+    )
+  train_model = linen.train_model
+  if train_model is None or not isinstance(model, nn.Module):
+    return
+  kwargs = {'train': True} if linen.train_kwargs is None else dict(linen.train_kwargs)
+  rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+  try:
+    shapes = jax.eval_shape(lambda: train_model.init(rngs, *example_args, **kwargs))
+    theirs = {n: tuple(x.shape) for n, x in named_leaves(shapes)}
+  except Exception as e:  # noqa: BLE001 - any failure says it is not this model
+    theirs = {'(init fails)': f'{type(e).__name__}: {str(e)[:120]}'}
+  ours = {n: tuple(np.shape(x)) for n, x in named_leaves(variables)}
+  ours = {n: s for n, s in ours.items() if n.split('/')[0] in ('params', 'batch_stats')}
+  theirs = {n: s for n, s in theirs.items() if n.split('/')[0] in ('params', 'batch_stats')}
+  if ours != theirs:
+    differ = sorted(set(ours.items()) ^ set(theirs.items()), key=str)[:1]
+    raise ValueError(
+      f'prune: LinenOptions.train_model ({type(train_model).__name__}) has other variables '
+      f'than the model ({type(model).__name__}): {differ[0] if differ else theirs}; give '
+      f'the same module in train mode, e.g. {type(model).__name__}(train=True).'
+    )
 
 
 @options.moved_arguments
@@ -366,6 +426,7 @@ def prune(
     norms,
     masks,
   )
+  _check_train_model(model, variables, example_args, linen, calibration.recalibrate_bn)
   fn, variables = adapted.traced()
   with misuse.explained_trace(model, variables, example_args):
     graph = trace(fn, variables, *example_args, norms=norms)
@@ -407,6 +468,9 @@ def prune(
   if dense_outputs is not None:
     pruned_outputs = [pruned_fn(new_variables, *args) for args in input_sets]
     dense_distance = distance.distance(dense_outputs, pruned_outputs, described)
+    dense_distance = dataclasses.replace(
+      dense_distance, batch_norm=_has_batch_norm(model, variables)
+    )
   return PruneResult(
     adapted.pruned_model(pruned_fn),
     new_variables,
