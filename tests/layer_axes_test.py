@@ -255,6 +255,18 @@ def test_summaries_hold_each_layer_to_its_target_and_name_it():
   assert jaxprune.get_thresholds(state)['decoder/mlp/kernel'].shape == ()
 
 
+def test_without_hparams_a_stack_with_its_layer_axis_inside_is_judged_whole():
+  """Without hparams the layer axis is not known: the leaf, not its embed rows, is named."""
+  w = _maxtext(8)
+  w[0, :, 0] = 1e4  # an outlier in every layer: the histogram prunes none
+  state = _run({'decoder': {'mlp': {'kernel': jnp.asarray(w)}}}, _hp('@1'))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    jaxprune.summaries(state)
+  (message,) = [str(c.message) for c in caught if 'far below' in str(c.message)]
+  assert 'target sparsity: decoder/mlp/kernel 0.0% (target 50.0%).' in message
+
+
 def test_a_layer_of_subnormal_weights_is_named_by_its_index():
   w = _maxtext(7)
   w[:, 2, :] *= np.float32(1e-40)
