@@ -7,6 +7,7 @@ groups are those of the same model without it, worked out by hand. A prune that 
 nothing, or less than asked, says so in its result and in `verify`.
 """
 
+import dataclasses
 import warnings
 
 import flax.linen as nn
@@ -318,3 +319,38 @@ def test_a_prune_that_removes_what_was_asked_has_no_shortfall():
     report = jps.verify(graph, params, plan, X)
     assert report.ok and report.complete
     assert 'SHORT' not in plan.summary() + report.summary()
+
+
+@pytest.mark.slow  # 6-14 s on CPU: penzai's two-block Llama traced, pruned, checked
+def test_a_penzai_llama_prunes_its_heads_head_dims_and_mlp():
+  pz = pytest.importorskip('penzai.pz')
+  llama = pytest.importorskip('penzai.models.transformer.variants.llamalike_common')
+  config = llama.LlamalikeTransformerConfig(
+    num_kv_heads=HEADS,
+    query_head_multiplier=1,
+    embedding_dim=EMB,
+    projection_dim=HEAD_DIM,
+    mlp_hidden_dim=MLP,
+    num_decoder_blocks=LAYERS,
+    vocab_size=VOCAB,
+    mlp_variant='swiglu',
+    tie_embedder_and_logits=False,
+  )
+  model = llama.build_llamalike_transformer(config, init_base_rng=jax.random.key(0))
+  unbound, params = pz.unbind_params(model, freeze=True)
+  values = {p.label: p.value for p in params}
+
+  def forward(values, tokens):  # penzai's model as a function of its parameters
+    bound = pz.bind_variables(
+      unbound, [dataclasses.replace(p, value=values[p.label]) for p in params]
+    )
+    return bound(pz.nx.wrap(tokens, 'batch', 'seq')).unwrap('batch', 'seq', 'vocabulary')
+
+  result = jps.prune(forward, values, TOKENS, ratio=0.25, progress=False)
+  # By hand, per block: 2 heads; the query/key head dim as 4 rotary pairs (dims j and
+  # j + 4 turn together); the value/output head dim, 8; the SwiGLU's 32 channels.
+  sizes = sorted(g.size for g in result.graph.prunable_groups)
+  assert sizes == sorted([HEADS, HEAD_DIM // 2, HEAD_DIM, MLP] * LAYERS)
+  # floor(0.25 * n): no head, 1 pair, 2 dims, 8 channels per block.
+  assert result.plan.num_removed == (0 + 1 + 2 + 8) * LAYERS
+  assert result.complete and result.check.ok
