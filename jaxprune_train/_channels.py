@@ -204,7 +204,8 @@ def finish(
       for i in range(0, len(x_test), 1024)
     ]
   )
-  vs_trained = dense_distance([trained], [logits], 'the test split')
+  # The job's models run on their params alone: no BatchNorm statistics to re-estimate.
+  vs_trained = dense_distance([trained], [logits], 'the test split', batch_norm=False)
   batch = jnp.asarray(np.resize(x_test, (TIMING_BATCH, *input_shape)))
   small = jax.jit(exported.call)
   seconds = _median_seconds(

@@ -35,6 +35,7 @@ from jaxprune.structured._shared import (
   checked_callable,
   compare,
   dense_distance,
+  has_batch_norm,
   traced_outputs,
 )
 
@@ -126,6 +127,7 @@ class Shrunk(FlopsReport):
     dense_distance: how far the shrunk model is from the model on the variables
       as given, masks not applied (the same when training kept the masked
       weights at zero; None when no inputs were given).
+    graph: the rule's DependencyGraph, whose feature channels `summary` counts.
   """
 
   variables: PyTree
@@ -135,11 +137,12 @@ class Shrunk(FlopsReport):
   flops_after: float
   check: VerifyReport | None
   dense_distance: DenseDistance | None = None
+  graph: Any = dataclasses.field(default=None, repr=False)
 
   def summary(self) -> str:
     """The plan's summary, the FLOPs line (`FlopsReport`), then both checks: against
     the masked model (exactness) and against the variables as given."""
-    lines = [self.plan.summary(), self.flops_line()]
+    lines = [self.plan.summary(self.graph), self.flops_line()]
     if self.check is not None:
       lines.append(
         'exactness check against the masked model (the variables with the masks '
@@ -177,7 +180,9 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
   if example_args:
     outputs = checked_callable(rule.graph, removal, pruned_fn)(new_variables, *example_args)
     dense = traced_outputs(rule.graph, removal, variables, *example_args)
-    distance = dense_distance([dense], [outputs], 'the example inputs')
+    distance = dense_distance(
+      [dense], [outputs], 'the example inputs', batch_norm=has_batch_norm(variables)
+    )
     report = compare(masked_outputs(rule, masked, removal, *example_args), outputs)
     if not report.ok:
       raise RuntimeError(
@@ -187,5 +192,12 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
       )
   flops_after = plan_flops(rule.graph, removal)
   return Shrunk(
-    new_variables, pruned_fn, removal, rule.graph.total_flops, flops_after, report, distance
+    new_variables,
+    pruned_fn,
+    removal,
+    rule.graph.total_flops,
+    flops_after,
+    report,
+    distance,
+    graph=rule.graph,
   )

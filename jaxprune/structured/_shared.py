@@ -13,6 +13,8 @@ convention of every result, `flops_kept`, is the core's: `jaxprune/_flops.py`.)
   compare          two output pytrees leaf by leaf, as `verify` does
   dense_distance   how far a pruned model's outputs are from the dense model's
                    (`DenseDistance`: relative output error, top-1 agreement)
+  has_batch_norm   whether variables hold BatchNorm statistics (the advice names
+                   their re-calibration only then)
   checked_callable  what a check runs for a pruned callable: the same replay
                    at full float32 precision where the backend rounds products
   count_flops      the one FLOPs counter (`plan_flops`), leaving out the
@@ -32,6 +34,7 @@ from jaxprune.structured._core.products import conv_axes, dot_axes
 from jaxprune.structured._primitives.cost import count_flops
 from jaxprune.structured._primitives.traversal import call_body
 from jaxprune.structured._prune.distance import distance as dense_distance
+from jaxprune.structured._prune.distance import has_batch_norm
 from jaxprune.structured._select.importance import is_weight
 from jaxprune.structured._shrink.verify import checked_callable, compare, traced_outputs
 from jaxprune.structured._trace.kinds import activation_products
@@ -44,6 +47,7 @@ __all__ = [
   'conv_axes',
   'count_flops',
   'dense_distance',
+  'has_batch_norm',
   'dot_axes',
   'is_weight',
   'scan_layout',

@@ -100,8 +100,20 @@ def _logits_like(x: Any) -> bool:
   return _is_float(x) and np.ndim(x) in (2, 3) and np.shape(x)[-1] > 1
 
 
+def has_batch_norm(variables: Any) -> bool:
+  """Whether variables hold BatchNorm statistics: a leaf under `batch_stats` (Linen) or
+  named for a batch norm (haiku, a plain function's own tree)."""
+  paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(variables)[0]]
+  names = [jax.tree_util.keystr(path).lower().replace('_', '') for path in paths]
+  return any('batchstats' in name or 'batchnorm' in name for name in names)
+
+
 def distance(
-  dense_outputs: Sequence[Any], pruned_outputs: Sequence[Any], inputs: str
+  dense_outputs: Sequence[Any],
+  pruned_outputs: Sequence[Any],
+  inputs: str,
+  *,
+  batch_norm: bool = True,
 ) -> DenseDistance:
   """The `DenseDistance` of the pruned model's outputs from the dense model's.
 
@@ -109,6 +121,8 @@ def distance(
     dense_outputs: the dense model's output pytree, one per input set.
     pruned_outputs: the pruned model's, on the same inputs.
     inputs: what the inputs were, for the report.
+    batch_norm: whether the model has BatchNorm statistics (see `has_batch_norm`): the
+      advice for a large change names their re-calibration only then.
 
   Returns:
     A `DenseDistance`. Outputs whose shapes differ between the models (state tied to
@@ -145,6 +159,7 @@ def distance(
     agree / positions if logits and positions else None,
     examples,
     inputs,
+    batch_norm,
   )
 
 

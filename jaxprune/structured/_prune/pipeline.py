@@ -288,8 +288,7 @@ def _has_batch_norm(model: Any, variables: PyTree) -> bool:
   `BatchStat`, a leaf named so in a plain function's variables)."""
   if isinstance(model, nnx.Module):
     return bool(jax.tree.leaves(nnx.state(model, nnx.BatchStat)))
-  names = [name.lower().replace('_', '') for name, _ in named_leaves(variables)]
-  return any('batchstats' in name or 'batchnorm' in name for name in names)
+  return distance.has_batch_norm(variables)
 
 
 def _check_train_model(model, variables, example_args, linen, recalibrate_bn) -> None:
@@ -467,9 +466,8 @@ def prune(
   dense_distance = None
   if dense_outputs is not None:
     pruned_outputs = [pruned_fn(new_variables, *args) for args in input_sets]
-    dense_distance = distance.distance(dense_outputs, pruned_outputs, described)
-    dense_distance = dataclasses.replace(
-      dense_distance, batch_norm=_has_batch_norm(model, variables)
+    dense_distance = distance.distance(
+      dense_outputs, pruned_outputs, described, batch_norm=_has_batch_norm(model, variables)
     )
   return PruneResult(
     adapted.pruned_model(pruned_fn),
