@@ -22,7 +22,8 @@ import jax
 import ml_collections
 
 from jaxprune_train import _distributed as distributed
-from jaxprune_train import _join as join
+from jaxprune_train import _process as process_lib
+from jaxprune_train._entry import PROGRAM
 from jaxprune_train._errors import ConfigError
 
 _KEY = 'jaxprune_train/settings'
@@ -112,7 +113,8 @@ def _exchange(mine: dict[str, Any], timeout_seconds: float) -> list[dict[str, An
   me = jax.process_index()
   client.key_value_set(f'{_KEY}/{me}', json.dumps(mine))
   everyone = []
-  with join.watchdog():  # Ctrl-C while JAX waits for the others: at once
+  interrupted = f'{PROGRAM}: interrupted while joining the job; nothing was written.'
+  with process_lib.watchdog(None, '', interrupted):  # Ctrl-C while JAX waits: at once
     for process in range(jax.process_count()):
       if process == me:
         everyone.append(mine)

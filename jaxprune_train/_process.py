@@ -29,12 +29,12 @@ when it can go.
   documented in https://github.com/jax-ml/jax/pull/39095), and nothing in the process
   runs after it, so a child forked before JAX starts relays stderr and puts the job's
   line in place of the message and what follows it; the runtime's log lines just before
-  it (which `TF_CPP_MIN_LOG_LEVEL` could hide only if set before JAX's import, and then
-  also hide every other runtime error, https://github.com/jax-ml/jax/pull/19012) are
-  held for a few seconds and shown only when no fatal message follows. Can go when
-  `jax.distributed.initialize` lets Python handle a lost process (XLA's client takes a
-  `missed_heartbeat_callback`, which JAX does not pass on; `jax_enable_recoverability`
-  keeps the others running, but not past process 0's loss).
+  it (which `TF_CPP_MIN_LOG_LEVEL` hides only when set before JAX is imported,
+  https://github.com/AI-Hypercomputer/maxtext/pull/3131, and then with every other
+  runtime error) are held for a few seconds and shown only when no fatal message
+  follows. Can go when `jax.distributed.initialize` lets Python handle a lost process
+  (XLA's client takes a `missed_heartbeat_callback`, which JAX does not pass on;
+  `jax_enable_recoverability` keeps the others running, but not past process 0's loss).
 * **JAX's abort while joining** (`aborts_as_exit`): the service refuses a process (an
   id given twice, a job of another size) by aborting it, the same `LOG(FATAL)`; the relay
   prints the job's line, and a C-level SIGABRT handler (a Python one would only run after
@@ -57,8 +57,6 @@ when it can go.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import inspect
 import io
 import math
 import os
@@ -68,6 +66,7 @@ import signal
 import sys
 import threading
 import time
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -391,12 +390,11 @@ def stop(line: str, status: int) -> NoReturn:
   os._exit(status)
 
 
-_SIGNAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
-
-
 @contextlib.contextmanager
 def aborts_as_exit(status: int) -> Iterator[None]:
   """Within the block, an abort (SIGABRT) ends the process with `status` instead."""
+  import ctypes  # not at the top: the entry imports this module before Ctrl-C is handled
+
   try:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.signal.restype = ctypes.c_void_p
@@ -404,7 +402,7 @@ def aborts_as_exit(status: int) -> Iterator[None]:
   except (OSError, AttributeError):
     yield  # no C library to ask: JAX's abort stays an abort
     return
-  handler = _SIGNAL_HANDLER(lambda signum: os._exit(status))
+  handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(lambda signum: os._exit(status))
   previous = libc.signal(signal.SIGABRT, ctypes.cast(handler, ctypes.c_void_p))
   try:
     yield
@@ -431,7 +429,7 @@ def quiet_abandoned_io() -> None:
 
 def _without_abandoned_coroutines(hook: Any) -> Any:
   def unraisable(info: Any) -> None:
-    if not inspect.iscoroutine(info.object):
+    if not isinstance(info.object, types.CoroutineType):
       hook(info)
 
   return unraisable
