@@ -6,11 +6,12 @@ fix-up (Zhang et al. 2023), of matmul and convolution weights, also those stacke
 error; `matmul_weights` gives those weights to the gradual transform as its `prune_filter`."""
 
 from jaxprune._attributes import suggesting_getattr
-from jaxprune.oneshot._api import METHODS, permute_channels, prune, prune_with_report
+from jaxprune.oneshot._api import METHODS, prune, prune_with_report
 from jaxprune.oneshot._dsnot import DSnoT
 from jaxprune.oneshot._layers import Layer, Site, Stack, find_layers
 from jaxprune.oneshot._owl import OWL
 from jaxprune.oneshot._permute import Permutation
+from jaxprune.oneshot._reorder import permute_channels
 from jaxprune.oneshot._report import LayerReport, Report
 from jaxprune.oneshot._weights import MatmulWeights, matmul_weights
 

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import _maps as maps
 from jaxprune import _names as names_lib
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _dsnot, _owl
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _layer_prune as layer_prune
-from jaxprune.oneshot import _permute as permutation
-from jaxprune.oneshot import _solvers as solvers
+from jaxprune.oneshot import _reorder as reorder
 from jaxprune.oneshot._dsnot import DSnoT
 from jaxprune.oneshot._layers import Layer, layers_and_reasons
 from jaxprune.oneshot._owl import OWL
@@ -26,7 +23,7 @@ from jaxprune.oneshot._report import LayerReport, Report, short_message
 
 PyTree = Any
 Target = inputs.Target
-METHODS = ('magnitude', 'wanda', 'sparsegpt', 'ria')
+METHODS = inputs.METHODS
 _SHARED_STATS_LIMIT = 2**26  # floats (256 MB in float32)
 
 
@@ -218,82 +215,6 @@ def prune_with_report(
   )
 
 
-def permute_channels(
-  fn: Callable[[PyTree, Any], Any],
-  params: PyTree,
-  calibration_batches: Iterable[Any],
-  *,
-  nm: str | tuple[int, int],
-  method: str = 'wanda',
-  layers: bool | str = True,
-) -> tuple[PyTree, tuple[permutation.Permutation, ...]]:
-  """Reorders the input channels of layers so that N:M keeps more of their score, and the
-  same channels in every weight that holds them, so that `fn` computes the same function.
-
-  The channels a layer reads, and every parameter axis indexed by them (the producer's
-  output axis and bias, a norm's scale and bias, the other layers reading them), are one
-  channel group of `jaxprune.structured.trace(fn, params, batch, norms='exact')`. The new
-  order starts from RIA's channel reallocation (Zhang et al., ICLR 2024) or the identity,
-  whichever keeps more, then swaps channels between groups of M while a swap keeps more
-  (NVIDIA ASP's channel swaps, Pool & Yu 2021); the kept score never falls. `prune(...,
-  permute=...)` runs this before pruning.
-
-  Args:
-    fn: the model, as `prune` takes it.
-    params: the trained parameters.
-    calibration_batches: the batches the scores' input norms are measured on (the first
-      is also the one the outputs are checked on).
-    nm: the N:M pattern the layers will be pruned to ('2:4' or (2, 4)).
-    method: whose score to keep: 'magnitude' (|W|), 'wanda' and 'sparsegpt'
-      (|W_ij| * ||X_j||_2), 'ria' (RIA's).
-    layers: True for every layer, or a regex of the layer names to reorder the inputs of.
-
-  Returns:
-    (params with the channels reordered, a `Permutation` per channel group reordered).
-
-  Raises:
-    ValueError: one line naming a selected layer whose inputs cannot be reordered and
-      why: they reach the model's input or output, they are a reshape into heads or a
-      concatenation, the layer is a slice of a scanned stack, or `fn` captures a
-      per-channel constant (the outputs changed).
-
-  Example:
-    >>> import jax, jax.numpy as jnp
-    >>> from jaxprune import oneshot
-    >>> params = {'up': jax.random.normal(jax.random.key(0), (4, 8)),
-    ...           'down': jax.random.normal(jax.random.key(1), (8, 4))}
-    >>> fn = lambda p, x: jax.nn.relu(x @ p['up']) @ p['down']
-    >>> x = jax.random.normal(jax.random.key(2), (16, 4))
-    >>> new, done = oneshot.permute_channels(fn, params, [x], nm='2:4', layers='down')
-    >>> bool(jnp.allclose(fn(new, x), fn(params, x), rtol=1e-5, atol=1e-5))
-    True
-    >>> done[0].kept_after >= done[0].kept_before
-    True
-  """
-  if method not in METHODS:
-    raise ValueError(f'method={method!r}: choose one of {METHODS}.')
-  default = inputs.parse_target('permute_channels', None, nm)
-  fn = inputs.model_function(fn, params)
-  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-  leaves = [leaf for _, leaf in flat]
-  names = [names_lib.leaf_name(path) for path, _ in flat]
-  closed, batches = inputs.read_batches(fn, params, calibration_batches)
-  found, _ = layers_and_reasons(closed, names)
-  if isinstance(layers, str):
-    maps.check_regex('layers', layers)
-  targets = {
-    inputs.layer_key(layer): default
-    if layers is True or (isinstance(layers, str) and re.search(layers, layer.name))
-    else None
-    for layer in found
-  }
-  inputs.check_nm(found, leaves, targets)
-  _check_conv_nm(found, leaves, targets)
-  chosen = [layer for layer in found if targets[inputs.layer_key(layer)] is not None]
-  new, done = _permuted(fn, params, leaves, names, closed, batches, chosen, targets, method, layers)
-  return jax.tree.unflatten(treedef, new), done
-
-
 def _skipped(
   layers: list[Layer],
   reasons: Mapping[int, tuple[str, int | None]],
@@ -318,42 +239,6 @@ def _skipped(
 
 def _listing(skipped: list[tuple[str, str]]) -> str:
   return '; '.join(f'{name!r} ({reason})' for name, reason in skipped)
-
-
-def _check_conv_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
-  """A convolution's N:M groups lie along its input features: M must divide them."""
-  for layer in layers:
-    target = targets[inputs.layer_key(layer)]
-    if target is None or target[1] is None or not layer.sites[0].conv:
-      continue
-    features = leaves[layer.leaf].shape[layer.in_axes[-1]]
-    if features % target[1][1]:
-      raise ValueError(
-        f'nm={target[1][0]}:{target[1][1]}: convolution {layer.name!r} has {features} input '
-        f'features per group, not divisible by M={target[1][1]}; choose an M dividing '
-        f'{features} or leave the layer out with overrides={{regex: None}}.'
-      )
-
-
-def _rounds(group: list[Layer]) -> Iterator[tuple[list[Layer], dict]]:
-  """The layers of a wave in passes: each pass measures one step of each scan (`at`),
-  the unstacked layers in the first."""
-  steps: dict[Any, set[int]] = {}
-  for layer in group:
-    if layer.stack is not None:
-      steps.setdefault(layer.stack.scan, set()).add(layer.stack.index)
-  ordered = {scan: sorted(indices) for scan, indices in steps.items()}
-  for r in range(max(map(len, ordered.values()), default=1)):
-    at = {scan: indices[r] for scan, indices in ordered.items() if r < len(indices)}
-    yield (
-      [
-        layer
-        for layer in group
-        if (layer.stack is None and r == 0)
-        or (layer.stack is not None and at.get(layer.stack.scan) == layer.stack.index)
-      ],
-      at,
-    )
 
 
 def _run(
@@ -425,7 +310,7 @@ def _run(
         + ': None} or convert the params to float.'
       )
   inputs.check_nm(layers, leaves, targets)
-  _check_conv_nm(layers, leaves, targets)
+  inputs.check_conv_nm(layers, leaves, targets)
   for layer in layers:
     target = targets[inputs.layer_key(layer)]
     if method == 'sparsegpt' and target is not None and target[1] is not None:
@@ -439,7 +324,7 @@ def _run(
     _check_finite(layer, layer_prune.weight(layer, leaves[layer.leaf]))
   permutations: tuple = ()
   if permute is not False and permute is not None:
-    leaves, permutations = _permuted(
+    leaves, permutations = reorder.permuted(
       fn, params, leaves, names, closed, batches, chosen, targets, method, permute
     )
     params = jax.tree.unflatten(treedef, leaves)
@@ -447,16 +332,8 @@ def _run(
   if owl is not None:
     # The layers that take the default (an override's target is a new tuple, never it).
     spread = [layer for layer in chosen if targets[inputs.layer_key(layer)] is default]
-    outliers = _outlier_ratios(closed, spread, leaves, batches, owl.m)
-    sizes = [int(np.prod(layer_prune.matrix_shape(layer, leaves[layer.leaf]))) for layer in spread]
-    shares = _owl.sparsities(
-      np.array([outliers[inputs.layer_key(layer)] for layer in spread]),
-      np.array(sizes),
-      default[0],
-      float(owl.lam),
-    )
-    for layer, share in zip(spread, shares, strict=True):
-      targets[inputs.layer_key(layer)] = (float(share), None)
+    shares, outliers = _owl.allocate(closed, spread, leaves, batches, default[0], owl)
+    targets.update(shares)
   kinds = {
     'magnitude': (),
     'wanda': ('sqnorm',),
@@ -485,7 +362,7 @@ def _run(
   waves = sorted({layer.wave for layer in chosen}) if sequential else [None]
   for wave in waves:
     group = [layer for layer in chosen if not sequential or layer.wave == wave]
-    for part, at in _rounds(group):
+    for part, at in capture.rounds(group):
       stats = measure(group, at) if kinds else {}
       for layer in part:
         target = targets[inputs.layer_key(layer)]
@@ -570,72 +447,3 @@ def _option(field: str, value: Any, kind: type) -> Any:
       f'e.g. {field}=oneshot.{kind.__name__}().'
     )
   return value
-
-
-def _outlier_ratios(
-  closed: Any, layers: list[Layer], leaves: list[Any], batches: list[Any], m: float
-) -> dict[tuple, float]:
-  """OWL's outlier ratio of each layer, from its inputs in the dense model (as OWL's code
-  measures them, before anything is pruned)."""
-  collect = capture.collector(closed, layers, ('sqnorm',))
-  ratios = {}
-  for part, at in _rounds(layers):
-    stats = collect(leaves, batches, at)
-    for layer in part:
-      w = layer_prune.weight_matrix(layer, leaves[layer.leaf])
-      sqnorm = jnp.repeat(stats[layer.leaf][0]['sqnorm'], w.shape[0] // layer.groups, axis=0)
-      ratios[inputs.layer_key(layer)] = float(_owl.outlier_ratio(w, sqnorm, m=float(m)))
-  return ratios
-
-
-def _score_matrices(
-  closed: Any, layers: list[Layer], leaves: list[Any], batches: list[Any], method: str
-) -> dict[str, np.ndarray]:
-  """Each layer's score (outputs, inputs) on the dense model, as its method ranks weights
-  (SparseGPT's, which depends on the order it visits the columns in, as Wanda's)."""
-  stats = {}
-  if method != 'magnitude':
-    stats = capture.collector(closed, layers, ('sqnorm',))(leaves, batches)
-  out = {}
-  for layer in layers:
-    w = layer_prune.weight_matrix(layer, leaves[layer.leaf])
-    if method == 'magnitude':
-      out[layer.name] = np.abs(np.asarray(w))
-      continue
-    sqnorm = stats[layer.leaf][0]['sqnorm']
-    if method == 'ria':
-      scores = solvers.ria_scores(
-        w, jnp.repeat(sqnorm, w.shape[0] // layer.groups, axis=0), groups=layer.groups
-      )
-    else:
-      scores = jnp.abs(w) * jnp.sqrt(jnp.repeat(sqnorm, w.shape[0] // layer.groups, axis=0))
-    out[layer.name] = np.asarray(scores)
-  return out
-
-
-def _permuted(fn, params, leaves, names, closed, batches, chosen, targets, method, permute):
-  """`permute`'s leaves and permutations for the N:M layers it selects."""
-  if not isinstance(permute, (bool, str)):
-    raise ValueError(
-      f'permute={permute!r}: give True (every N:M layer), a regex of layer names, or False.'
-    )
-  if isinstance(permute, str):
-    maps.check_regex('permute', permute)
-  selected = [
-    layer
-    for layer in chosen
-    if targets[inputs.layer_key(layer)][1] is not None
-    and (permute is True or re.search(permute, layer.name))
-  ]
-  if not selected:
-    raise ValueError(
-      f'permute={permute!r}: no layer with an N:M target'
-      + ('' if permute is True else ' matches it')
-      + '; channel permutation only helps N:M (give nm=..., or leave out permute).'
-    )
-  permutation.check_unstacked(selected)
-  nm = {layer.name: targets[inputs.layer_key(layer)][1] for layer in selected}
-  scores = _score_matrices(closed, selected, leaves, batches, method)
-  return permutation.permute(
-    fn, params, batches[0], leaves, names, selected, nm, lambda layer: scores[layer.name]
-  )

@@ -22,7 +22,7 @@ take one slice's room, whatever its length.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -237,3 +237,24 @@ def collector(closed: Any, layers: Sequence[Layer], kinds: Sequence[str]) -> Cal
     return totals
 
   return collect
+
+
+def rounds(group: list[Layer]) -> Iterator[tuple[list[Layer], dict]]:
+  """The layers of a wave in passes: each pass measures one step of each scan (`at`),
+  the unstacked layers in the first."""
+  steps: dict[Any, set[int]] = {}
+  for layer in group:
+    if layer.stack is not None:
+      steps.setdefault(layer.stack.scan, set()).add(layer.stack.index)
+  ordered = {scan: sorted(indices) for scan, indices in steps.items()}
+  for r in range(max(map(len, ordered.values()), default=1)):
+    at = {scan: indices[r] for scan, indices in ordered.items() if r < len(indices)}
+    yield (
+      [
+        layer
+        for layer in group
+        if (layer.stack is None and r == 0)
+        or (layer.stack is not None and at.get(layer.stack.scan) == layer.stack.index)
+      ],
+      at,
+    )

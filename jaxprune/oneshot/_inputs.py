@@ -20,6 +20,7 @@ from jaxprune.oneshot._layers import Layer
 
 PyTree = Any
 Target = tuple[float, tuple[int, int] | None]  # (sparsity, nm)
+METHODS = ('magnitude', 'wanda', 'sparsegpt', 'ria')
 
 
 def parse_target(where: str, sparsity: Any, nm: Any) -> Target | None:
@@ -80,6 +81,21 @@ def check_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
         f'nm={target[1][0]}:{target[1][1]}: layer {layer.name!r} has {inputs} inputs, not '
         f'divisible by M={target[1][1]}; choose an M dividing {inputs} or leave the layer '
         'out with overrides={regex: None}.'
+      )
+
+
+def check_conv_nm(layers: list[Layer], leaves: list[Any], targets: dict) -> None:
+  """A convolution's N:M groups lie along its input features: M must divide them."""
+  for layer in layers:
+    target = targets[layer_key(layer)]
+    if target is None or target[1] is None or not layer.sites[0].conv:
+      continue
+    features = leaves[layer.leaf].shape[layer.in_axes[-1]]
+    if features % target[1][1]:
+      raise ValueError(
+        f'nm={target[1][0]}:{target[1][1]}: convolution {layer.name!r} has {features} input '
+        f'features per group, not divisible by M={target[1][1]}; choose an M dividing '
+        f'{features} or leave the layer out with overrides={{regex: None}}.'
       )
 
 

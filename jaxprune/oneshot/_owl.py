@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxprune.oneshot import _capture as capture
+from jaxprune.oneshot import _inputs as inputs
+from jaxprune.oneshot import _layer_prune as layer_prune
+from jaxprune.oneshot._layers import Layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,3 +101,36 @@ def sparsities(ratios: np.ndarray, sizes: np.ndarray, target: float, lam: float)
   order = [i for i in np.argsort(-(exact - counts), kind='stable') if room[i]]
   counts[order[:left]] += 1
   return counts / sizes
+
+
+def allocate(
+  closed: Any,
+  layers: list[Layer],
+  leaves: list[Any],
+  batches: list[Any],
+  target: float,
+  owl: OWL,
+) -> tuple[dict[tuple, tuple[float, None]], dict[tuple, float]]:
+  """({layer key: its OWL target}, {layer key: its outlier ratio}) of `layers`, which
+  share `target`."""
+  ratios = outlier_ratios(closed, layers, leaves, batches, owl.m)
+  sizes = [int(np.prod(layer_prune.matrix_shape(layer, leaves[layer.leaf]))) for layer in layers]
+  keys = [inputs.layer_key(layer) for layer in layers]
+  shares = sparsities(np.array([ratios[k] for k in keys]), np.array(sizes), target, owl.lam)
+  return {k: (float(share), None) for k, share in zip(keys, shares, strict=True)}, ratios
+
+
+def outlier_ratios(
+  closed: Any, layers: list[Layer], leaves: list[Any], batches: list[Any], m: float
+) -> dict[tuple, float]:
+  """OWL's outlier ratio of each layer, from its inputs in the dense model (as OWL's code
+  measures them, before anything is pruned)."""
+  collect = capture.collector(closed, layers, ('sqnorm',))
+  ratios = {}
+  for part, at in capture.rounds(layers):
+    stats = collect(leaves, batches, at)
+    for layer in part:
+      w = layer_prune.weight_matrix(layer, leaves[layer.leaf])
+      sqnorm = jnp.repeat(stats[layer.leaf][0]['sqnorm'], w.shape[0] // layer.groups, axis=0)
+      ratios[inputs.layer_key(layer)] = float(outlier_ratio(w, sqnorm, m=float(m)))
+  return ratios
