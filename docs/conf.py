@@ -32,7 +32,19 @@ extensions = [
   'sphinx.ext.intersphinx',
   'sphinx.ext.viewcode',
 ]
-exclude_patterns = ['_build', '_ipython', 'README.md', '**.ipynb_checkpoints', 'jupyter_execute']
+exclude_patterns = [
+  '_build',
+  '_ipython',
+  '_templates',
+  'README.md',
+  '**.ipynb_checkpoints',
+  'jupyter_execute',
+]
+# The API pages are titled by the name alone (_templates/autosummary), and a page's
+# contents column lists a class's members without the class's name before each: full
+# dotted names do not fit the sidebars at 1280 px except broken mid-word, or cut off.
+templates_path = ['_templates']
+toc_object_entries_show_parents = 'hide'
 
 # Markdown and notebooks.
 myst_enable_extensions = ['colon_fence', 'dollarmath', 'deflist']

@@ -102,29 +102,22 @@ def test_executed_pages_show_no_progress_bars_banners_or_build_paths():
   assert found == [], '\n'.join(found)
 
 
-def _overflowing_code(page: str) -> list[str]:
-  """The code blocks of `page` that do not fit at 1280 px: wider than their box (so
-  characters scroll out of sight) or cut by the edge of the window or of a box above."""
-  probe = """<script>
-  window.addEventListener('load', () => {
+def _probe(page: str, check: str) -> list[str]:
+  """What the JavaScript `check` finds wrong on `page` in Chromium at 1280 x 900 px.
+
+  `check` runs after the page loaded, with `width` (the window's) in scope, and pushes a
+  line for each fault onto `bad`.
+  """
+  probe = f"""<script>
+  window.addEventListener('load', () => {{
     const width = document.documentElement.clientWidth;
     const bad = [];
-    for (const pre of document.querySelectorAll('pre')) {
-      const box = pre.getBoundingClientRect();
-      if (box.width === 0) continue;  // hidden (a collapsed input)
-      let cut = pre.scrollWidth > pre.clientWidth + 1 || box.right > width + 1;
-      for (let up = pre.parentElement; up && !cut; up = up.parentElement) {
-        const style = getComputedStyle(up);
-        if (style.overflowX !== 'visible' && box.right > up.getBoundingClientRect().right + 1)
-          cut = true;
-      }
-      if (cut) bad.push(pre.textContent.split('\\n')[0].slice(0, 80));
-    }
+    {check}
     const out = document.createElement('output');
     out.id = 'overflow-probe';
     out.textContent = JSON.stringify(bad);
     document.body.appendChild(out);
-  });
+  }});
   </script>"""
   source = os.path.join(SITE, page)
   with open(source, encoding='utf-8') as f:
@@ -157,12 +150,89 @@ def _overflowing_code(page: str) -> list[str]:
   return json.loads(html.unescape(result.group(1)))
 
 
+# An element cut by the edge of the window or of a box above it that clips.
+CUT = """
+  function cut(element) {
+    const range = document.createRange();  // the text's own extent, which may overflow
+    range.selectNodeContents(element);
+    const box = range.getBoundingClientRect();
+    if (box.right > width + 1) return true;
+    for (let up = element.parentElement; up; up = up.parentElement) {
+      const style = getComputedStyle(up);
+      if (style.overflowX !== 'visible' && box.right > up.getBoundingClientRect().right + 1)
+        return true;
+    }
+    return false;
+  }
+"""
+
+
+def _overflowing_code(page: str) -> list[str]:
+  """The code blocks of `page` that do not fit at 1280 px: wider than their box (so
+  characters scroll out of sight) or cut by the edge of the window or of a box above."""
+  return _probe(
+    page,
+    CUT
+    + """
+    for (const pre of document.querySelectorAll('pre')) {
+      if (pre.getBoundingClientRect().width === 0) continue;  // hidden (a collapsed input)
+      if (pre.scrollWidth > pre.clientWidth + 1 || cut(pre))
+        bad.push(pre.textContent.split('\\n')[0].slice(0, 80));
+    }""",
+  )
+
+
+def _broken_sidebar_links(page: str) -> list[str]:
+  """The links of `page`'s two sidebars (the site's contents, the page's contents) that a
+  reader at 1280 px cannot read whole: cut off, or a word broken over two lines."""
+  return _probe(
+    page,
+    CUT
+    + """
+    const links = '.bd-sidebar-primary a, .bd-sidebar-secondary a';
+    // The lines a text node's words lie on: tops more than 4 px apart (a code span's
+    // padding moves a box by a pixel or two, a new line by a line's height).
+    function lines(node) {
+      const range = document.createRange();
+      range.selectNodeContents(node);
+      const tops = [...range.getClientRects()].map((r) => r.top).sort((a, b) => a - b);
+      return tops.filter((top, i) => i === 0 || top - tops[i - 1] > 4).length;
+    }
+    for (const a of document.querySelectorAll(links)) {
+      const words = a.textContent.trim().split(/\\s+/).filter(Boolean);
+      if (a.getBoundingClientRect().width === 0 || words.length === 0) continue;  // collapsed
+      const walker = document.createTreeWalker(a, NodeFilter.SHOW_TEXT);
+      let broken = false;
+      for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        const count = node.textContent.trim().split(/\\s+/).filter(Boolean).length;
+        if (count > 0 && lines(node) > count) broken = true;
+      }
+      if (broken) bad.push('broken mid-word: ' + words.join(' '));
+      else if (cut(a)) bad.push('cut off: ' + words.join(' '));
+    }""",
+  )
+
+
 @needs_site
 @pytest.mark.parametrize(
   'page', ['index.html', 'guides/structured.html', 'api/generated/jaxprune.pruning.html']
 )
 def test_code_blocks_fit_or_wrap_at_1280_px(page):
   assert _overflowing_code(page) == []
+
+
+@needs_site
+@pytest.mark.parametrize(
+  'page',
+  [
+    'benchmarks.html',
+    'api/jaxprune.html',
+    'api/generated/jaxprune.PruningState.html',
+    'api/generated/jaxprune.pruning_state_shardings.html',
+  ],
+)
+def test_sidebars_show_every_link_whole_at_1280_px(page):
+  assert _broken_sidebar_links(page) == []
 
 
 @needs_site

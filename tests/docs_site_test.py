@@ -139,10 +139,9 @@ def test_api_page_of_pruning_shows_its_signature_and_docstring():
 def test_every_public_name_has_an_api_page_and_the_search_index_is_built():
   import importlib
 
-  packages = ['jaxprune'] + [
-    f'jaxprune.{p}'
-    for p in ('channels', 'functional', 'methods', 'oneshot', 'sparse', 'structured', 'train')
-  ]
+  import jaxprune
+
+  packages = ['jaxprune', *(f'jaxprune.{p}' for p in jaxprune._NAMESPACES), 'jaxprune_train']
   missing = [
     f'{p}.{name}'
     for p in packages
@@ -159,7 +158,7 @@ def test_every_public_name_has_an_api_page_and_the_search_index_is_built():
 def test_docs_references_in_the_code_point_at_anchors_that_exist():
   """Comments and docstrings cite `docs/<page>.md#<anchor>`: each page and anchor exists."""
   cited = set()
-  for folder in ('jaxprune', 'tests', 'benchmarks'):
+  for folder in ('jaxprune', 'jaxprune_train', 'tests', 'benchmarks'):
     for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
       for name in files:
         if name.endswith('.py'):
