@@ -19,6 +19,7 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from jaxprune._attributes import no_attribute
+from jaxprune._counting import WeightReader
 from jaxprune._export import (
   OutputMismatchError,
   SizeReport,
@@ -63,6 +64,7 @@ __all__ = [
   'OutputMismatchError',
   'PruningState',
   'SizeReport',
+  'WeightReader',
   'abstract_with_shardings',
   'apply_masks',
   'check_sparse_outputs',

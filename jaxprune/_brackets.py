@@ -1,9 +1,9 @@
-"""Searches of a bracket for the first integer whose count reaches a goal, on both plans.
+"""Searches of a bracket for the first integer whose count reaches a goal, adaptive or fixed.
 
 The threshold rules (`_thresholds`) reduce their searches to this one: per unit, the
 first k in (lo, hi] with `reaches(k)`, monotone in k, where one call counts every unit's
-candidates in one pass over the weights. The adaptive plan (`first_reaching`) gallops
-from a guess in a loop that runs until every bracket is closed; the fixed plan
+candidates in one pass over the weights. The adaptive search (`first_reaching`) gallops
+from a guess in a loop that runs until every bracket is closed; the fixed search
 (`fixed_first_reaching`) writes out a static number of wider passes.
 """
 
@@ -17,7 +17,7 @@ from jax import Array, lax
 # Candidate thresholds per unit and pass. A pass costs about (1 + 0.4 * PROBES)
 # max passes on CPU; with the sampled estimate two settle most searches in one.
 PROBES = 2
-# The fixed plan's candidates per pass: 15 compares per weight keep a GPU's pass
+# The fixed search's candidates per pass: 15 compares per weight keep a GPU's pass
 # bound by memory, and split a bracket 16 ways (two passes for 256 bins).
 FIXED_PROBES = 15
 
@@ -94,7 +94,7 @@ def first_reaching(
 
 
 def passes_for(size: int) -> int:
-  """How many fixed-plan passes close a bracket of `size` candidates (static)."""
+  """How many fixed-search passes close a bracket of `size` candidates (static)."""
   passes = 0
   while size > 1:
     size = -(-size // (FIXED_PROBES + 1))
@@ -110,7 +110,7 @@ def fixed_first_reaching(
   passes: int,
   loop: bool = True,
 ) -> Array:
-  """`first_reaching` on the fixed plan: per unit, the first k in (lo, hi] with reaches(k).
+  """`first_reaching` as a fixed search: per unit, the first k in (lo, hi] with reaches(k).
 
   `passes` passes, written out one after the other, each split every unit's
   bracket into FIXED_PROBES + 1 parts and count all parts (no conditional skips

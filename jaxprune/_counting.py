@@ -25,17 +25,64 @@ from jaxprune import _numerics as numerics
 SAMPLE_STRIDE = 16  # rows of the searches' estimates
 
 
-def fresh(arrays: Any, token: Any) -> Any:
-  """`arrays` behind an optimization barrier shared with `token`.
+def read_in_pass(arrays: Any, pass_value: Any) -> Any:
+  """`arrays` behind an optimization barrier shared with `pass_value`, a value of the
+  counting pass that reads them (its candidate thresholds, its index), or None (a read
+  of its own).
 
-  Values computed from them then depend on the token: inside a search loop
-  (token = the pass's candidates) XLA cannot hoist |w| out of the loop and
-  store it, and passes with different tokens share nothing, so each pass reads
-  the weights and keeps no full-size temporary.
+  A compiler device, not arithmetic: values computed from the result depend on the pass,
+  so inside a search loop XLA cannot hoist |w| (or params + updates) out of the loop and
+  store it, and passes with different values share nothing. Each pass then reads the
+  weights in its own kernels and keeps no full-size temporary.
   """
-  if token is None:
+  if pass_value is None:
     return lax.optimization_barrier(arrays)
-  return lax.optimization_barrier((arrays, token))[0]
+  return lax.optimization_barrier((arrays, pass_value))[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightReader:
+  """A pruned leaf's weights as a mask update reads them: `reader()` is the array.
+
+  Why not the array itself: a mask update searches its thresholds in several counting
+  passes over the weights, and XLA would compute an array handed to it once (in the
+  chained form, params + updates as `optax.apply_updates` stores them) and store it for
+  every pass, a weights-sized temporary per pruned leaf. Each pass instead calls
+  `reader(pass_value)`, which reads the weights behind an optimization barrier tied to
+  that pass (`read_in_pass`), so XLA recomputes them inside the pass's kernels. A
+  `jaxprune.MaskRule` that reads each leaf once can call `reader()`; one that thresholds
+  arrays it derives from the weights wraps them with `WeightReader.of`.
+
+  Attributes:
+    read: `pass_value -> array`, the weights read in the pass of `pass_value` (see
+      `read_in_pass`); None reads them once, outside any pass.
+  """
+
+  read: Callable[[Any], Array]
+
+  @classmethod
+  def of(cls, array: Array) -> WeightReader:
+    """A reader of an array already computed.
+
+    Args:
+      array: e.g. scores a rule derived from `reader()` of the leaves.
+
+    Returns:
+      The reader; each pass reads `array` through `read_in_pass`.
+    """
+    return cls(functools.partial(read_in_pass, array))
+
+  def __call__(self, pass_value: Any = None) -> Array:
+    """The weights, read in a counting pass.
+
+    Args:
+      pass_value: a value of the counting pass that reads them; None (the default) for
+        a read outside any pass, which is all a rule that reads each leaf once needs.
+
+    Returns:
+      The leaf's array.
+    """
+    return self.read(pass_value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +90,14 @@ class Part:
   """The magnitudes of one variable, as seen by a threshold search.
 
   Attributes:
-    values: `token -> float32 array >= 0`, called in every counting pass with
-      that pass's candidate thresholds as `token`. It should read the weights
-      through `fresh(..., token)`, so that XLA recomputes the magnitudes (|w|,
+    values: `pass_value -> float32 array >= 0`, called in every counting pass with
+      that pass's candidate thresholds as `pass_value`. It should read the weights
+      through `read_in_pass(..., pass_value)`, so that XLA recomputes the magnitudes (|w|,
       or |params + updates|) in each pass instead of keeping a copy of them.
     shape: the shape of `values(...)`.
     unit_axes: how many leading axes index units (stacked layers); 0 when
       the whole array belongs to one unit.
-    signed: optionally, `token -> array` of the values before their magnitude is
+    signed: optionally, `pass_value -> array` of the values before their magnitude is
       taken (the weights), for the finiteness check of `part_maxima`.
   """
 
@@ -199,7 +246,7 @@ def _part_counts(
   # to the weights' shape would otherwise be instructions shared by every pass (and, under
   # one global threshold, every part of a shape), and XLA:CPU stores a broadcast that its
   # library reductions share (a weights-sized buffer) rather than compute it in each.
-  thresholds, scale = fresh((thresholds, scale), jnp.int32(index))
+  thresholds, scale = read_in_pass((thresholds, scale), jnp.int32(index))
   return _counted(
     part.values(thresholds),
     thresholds,
@@ -233,7 +280,7 @@ def _counted(
   scaled = rows * first * second
   if below_tiny:
     # The constants through the barrier as well, for the same reason.
-    cap, lift = fresh(
+    cap, lift = read_in_pass(
       (numerics.step_ulps(jnp.float32(numerics.TINY), -1), jnp.float32(2.0**100)), thresholds
     )
     scaled = jnp.minimum(scaled, cap) * lift

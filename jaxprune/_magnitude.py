@@ -25,6 +25,7 @@ from jaxprune import _nm as nm_lib
 from jaxprune import _schedule as schedule
 from jaxprune import _specs as specs_lib
 from jaxprune import _subnormal as subnormal
+from jaxprune._counting import WeightReader
 
 PyTree = Any
 
@@ -99,15 +100,15 @@ class MagnitudeRule:
   def new_masks(
     self,
     hparams: hparams_lib.HParams,
-    weights: list[Callable[[Any], Array]],
+    weights: list[WeightReader],
     old_masks: list[Array],
     thresholds: PyTree,
     sparsity: Sequence[Array],
   ) -> tuple[list[Array], PyTree, Array]:
     """Thresholds, masks and the non-finite count after a mask update (inside jit).
 
-    `weights` are the pruned leaves' values as callables of a token (see
-    `masks.Variable`); `sparsity` is `self.sparsity(...)`.
+    `weights` are the pruned leaves' `WeightReader`s (see `jaxprune.MaskRule`);
+    `sparsity` is `self.sparsity(...)`.
     """
     treedef = jax.tree.structure(thresholds)
     old_thresholds = jax.tree.leaves(thresholds)
@@ -135,7 +136,7 @@ class MagnitudeRule:
     # per-layer rule finds them, and the masks moved back.
     variables = [
       masks_lib.Variable(
-        (lambda token, f=weights[j], s=specs[j]: s.to_front(f(token)))
+        (lambda pass_value, f=weights[j], s=specs[j]: s.to_front(f(pass_value)))
         if specs[j].moves_layers
         else weights[j],
         specs[j].front_shape(old_masks[j].shape),

@@ -80,9 +80,9 @@ class Variable:
   """One pruned variable of a mask update.
 
   Attributes:
-    values: `token -> array` of the weights to threshold (any float dtype),
-      read through `counting.fresh(..., token)`; called wherever the weights
-      are read, so that XLA recomputes rather than stores them.
+    values: `pass_value -> array` of the weights to threshold (any float dtype),
+      a `counting.WeightReader`; called wherever the weights are read, so that XLA
+      recomputes rather than stores them.
     shape: their shape.
     block_dims: (height, width), resolved once, where the variable's spec is made
       (`blocks.resolve_block_dims`); (1, 1) for elementwise masks.
@@ -113,7 +113,7 @@ def update_masks(
   threshold_method: str,
   pooling: str,
   global_threshold: bool = False,
-  mask_search: str = 'auto',
+  mask_search: str,
 ) -> tuple[list[Array], list[Array], Array]:
   """New thresholds and masks of many variables, searched together.
 
@@ -131,7 +131,7 @@ def update_masks(
     nbins, threshold_decay, threshold_method, pooling: the hparams of
       docs/explanation/semantics.md#histogram-thresholds and #blocks.
     global_threshold: one threshold over all variables.
-    mask_search: the search plan, 'auto', 'fixed' or 'adaptive' (the hparam of that
+    mask_search: the search, 'auto', 'fixed' or 'adaptive' (the hparam of that
       name); the same result either way.
 
   Returns:
@@ -225,12 +225,12 @@ def _own_part(variable: Variable, pooling: str, global_threshold: bool) -> count
   if variable.is_blocked():
     pooled = scores(variable.values(None), variable.block_dims, pooling, variable.layer_axes)
     return counting.Part(
-      lambda token: counting.fresh(pooled, token),
+      counting.WeightReader.of(pooled),
       pooled.shape,
       0 if global_threshold else variable.layer_axes,
     )
   return counting.Part(
-    lambda token: jnp.abs(variable.values(token).astype(jnp.float32)),
+    lambda pass_value: jnp.abs(variable.values(pass_value).astype(jnp.float32)),
     variable.shape,
     0 if global_threshold else variable.layer_axes,
     signed=variable.values,
@@ -250,18 +250,21 @@ def update_mask(
   threshold: Array,
   sparsity: Array,
   *,
-  nbins: int = 256,
-  threshold_decay: float = 0.0,
+  nbins: int = hparams_lib.HParams.nbins,
+  threshold_decay: float = hparams_lib.HParams.threshold_decay,
   block_dims: tuple[int, int] = (1, 1),
-  block_pooling_function: str = 'AVG',
-  threshold_method: str = 'histogram',
+  block_pooling_function: str = hparams_lib.HParams.block_pooling_function,
+  threshold_method: str = hparams_lib.HParams.threshold_method,
   previous_mask: Array | None = None,
-  mask_search: str = 'auto',
+  mask_search: str = hparams_lib.HParams.mask_search,
 ) -> tuple[Array, Array]:
   """Computes one variable's new threshold and mask (Zhu & Gupta 2017; TF model_pruning).
 
   Pure and jittable. Empty, all-zero or non-finite weights keep `threshold` and
   `previous_mask` (all True when not given).
+
+  The keyword arguments are the hparams of the same names, with their defaults
+  (`HParams`'); `block_dims` is (block_height, block_width).
 
   Args:
     weights: the variable, any shape.
@@ -303,7 +306,7 @@ def update_mask(
   if weights.size == 0:  # nothing to threshold: kept as it is, as in training
     return jnp.asarray(threshold, jnp.float32).reshape(()), previous_mask
   dims = blocks.resolve_block_dims(weights.shape, block_dims) or (1, 1)
-  variable = Variable(lambda token: counting.fresh(weights, token), weights.shape, dims)
+  variable = Variable(counting.WeightReader.of(weights), weights.shape, dims)
   (new_threshold,), (mask,), _ = update_masks(
     [variable],
     [jnp.reshape(jnp.asarray(sparsity, jnp.float32), (1,))],

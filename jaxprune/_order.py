@@ -1,16 +1,37 @@
-"""Whether a jaxprune transform stands last in an optax chain, as it must.
+"""Whether a jaxprune transform stands last in an optax chain, read from optax's frames.
 
 docs/explanation/semantics.md#order-in-an-optax-chain: the transforms' `-params` updates
 must reach `optax.apply_updates` unchanged for pruned weights to land on zero, so a
 transform chained after `pruning` or `pruned` (most often the optimizer, placed after
 pruning) undoes the pruning. `warn_if_followed_in_a_chain` says so while the step is
-traced, before it first runs; `any_moved`, run at each mask update, finds what the
-stack cannot show and feeds `PruningState.moved_updates`, which the accessors warn on.
+traced, before it first runs. (`jaxprune._moved.any_moved`, at each mask update, finds
+what the stack cannot show.)
+
+Why read optax's private state: a chain's transforms do not know their neighbours, and
+optax offers no way to ask which transform runs after the current one. The Python stack
+holds the answer for free: while `optax.chain`'s (or `optax.named_chain`'s) `update_fn`
+runs its loop, its frame's local variables are the loop's. A check inside the compiled
+step (a host callback) would cost every call; this one costs nothing there. The names
+read are optax's private details, checked against optax 0.2.8 and 0.2.5
+(`transforms/_combining.py`; tests/order_optax_frames_test.py reads them):
+
+- `optax.chain`'s `update_fn(updates, state, params=None, **extra_args)` loops
+  `for s, fn in zip(state, update_fns)`: locals `update_fns`, `fn`, `s`, `state`,
+  `updates`, `params`, `extra_args`;
+- `optax.named_chain`'s loops `for name, tx in transforms` over `(name, transform)`
+  pairs: locals `transforms`, `name`, `state` (by name), `updates`, `params`,
+  `extra_args`.
+
+If another optax names them otherwise, nothing is found and nothing is said (the
+accessors still warn about moved weights); if it names them alike but holds other
+values, the KeyError, IndexError, TypeError, ValueError or AttributeError that reading
+them raises is caught, and only those: JAX's tracing errors are TypeErrors and
+IndexErrors too, so a later transform that cannot be traced on abstract values counts as
+a change, and any other error is a bug that should be seen.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import warnings
@@ -19,9 +40,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from jax import Array, lax
 
 _OPTAX_DIR = os.path.dirname(optax.__file__) + os.sep
+# What reading another optax's locals, or tracing a later transform on abstract values
+# (jax.errors' tracing errors subclass TypeError and IndexError), can raise.
+_READING_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 ORDER_FIX = (
   'Put pruning last: optax.chain(optax.adam(lr), jaxprune.pruning(hp)), or use '
   'jaxprune.pruned(optax.adam(lr), hp).'
@@ -38,7 +61,7 @@ def warn_if_followed_in_a_chain(what: str) -> None:
   nothing is said here, and the accessors still warn about moved weights."""
   try:
     level = _followed_at(sys._getframe(2), 3)  # from the frame of the caller of `update_fn`
-  except Exception:  # another optax or Python: the check must never stop a step
+  except _READING_ERRORS:  # another optax's locals of other kinds: no warning
     return
   if level is not None:
     warnings.warn(
@@ -88,7 +111,7 @@ def _changes_pruned_updates(chain: dict[str, Any]) -> bool:
     closed = jax.make_jaxpr(run)(*abstract, _abstract(chain['params']), _abstract(extra))
     inputs, outputs = closed.jaxpr.invars, closed.jaxpr.outvars
     return any(outputs[i] is not inputs[i] for i in pruned)
-  except Exception:  # another optax, a state that is not arrays: say it, as before
+  except _READING_ERRORS:  # another optax's locals, or a transform JAX cannot trace here
     return True
 
 
@@ -134,42 +157,3 @@ def _user_level(frame: Any, level: int) -> int:
   while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
     frame, level = frame.f_back, level + 1
   return level
-
-
-@jax.jit
-def _pruned_magnitude(mask: Array, param: Array) -> Array:
-  """The largest |param| where `mask` is False, NaN ignored (0.0 when there is none).
-
-  In one pass that stores nothing: XLA:CPU fuses no compare or select into the input
-  of a reduction, so `jnp.any(~mask & (p != 0))` would first store a bool array the
-  size of the weights. A reduce of two operands, |p| and the mask as a float, takes
-  them as they are read and does the select in its combiner: an element (a, kept)
-  enters as 0 where kept or NaN, as a elsewhere, and partial results carry kept = 0.
-  """
-
-  magnitude = jnp.abs(param).astype(jnp.float32)
-  kept = mask.astype(jnp.float32)
-  zero = jnp.float32(0.0)
-  reduced = lax.reduce((magnitude, kept), (zero, zero), _combine, tuple(range(param.ndim)))
-  # XLA treats the init as the combiner's identity and returns a lone element as it is,
-  # never combined: (0, 0) is the identity only up to this reading, so read the result
-  # the way an entering element is read (a (1, 1) kernel kept would count as moved).
-  return _entering(*reduced)
-
-
-def _entering(value: Array, kept: Array) -> Array:
-  """What an element or partial result (|p|, kept) stands for: 0 where kept or NaN."""
-  return jnp.where(jnp.isnan(value) | (kept > 0), jnp.float32(0.0), value)
-
-
-def _combine(x: tuple[Array, Array], y: tuple[Array, Array]) -> tuple[Array, Array]:
-  """`_pruned_magnitude`'s combiner (one function, so JAX traces it once for all leaves)."""
-  return jnp.maximum(_entering(*x), _entering(*y)), jnp.float32(0.0)
-
-
-def any_moved(masks: list[Array], params: list[Array]) -> Array:
-  """Whether a pruned entry of `params` is nonzero (NaN aside): each step leaves the
-  entries its masks prune at exactly zero, so at the next step they still are
-  unless something after the transform changed them."""
-  largest = [_pruned_magnitude(mask, p) for mask, p in zip(masks, params, strict=True)]
-  return functools.reduce(jnp.maximum, largest, jnp.float32(0.0)) > 0

@@ -21,9 +21,9 @@ from jaxprune import _updates as updates_lib
 PyTree = Any
 
 
-def _weights_of(arrays: list[Array]) -> list[Callable[[Any], Array]]:
-  """Each array as the `token -> values` callable the mask rules read."""
-  return [functools.partial(counting.fresh, a) for a in arrays]
+def _weights_of(arrays: list[Array]) -> list[counting.WeightReader]:
+  """Each array as the reader the mask rules read it with."""
+  return [counting.WeightReader.of(a) for a in arrays]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,18 +32,17 @@ class Source:
 
   Attributes:
     operands: all that the mask update's conditional reads.
-    weights: `operands -> [token -> array]`, the weights to threshold (read through
-      `counting.fresh`, see `masks.Variable`).
+    weights: `operands -> [counting.WeightReader]`, the weights to threshold.
     params: `operands -> [array]`, the pruned leaves of the params the step starts
       from (for the moved-weights check).
-    carried: `operands -> [array]`, what the conditional hands back unchanged, for the
-      step to read after it (see `from_updates`).
+    passed_through: `operands -> [array]`, what the conditional hands back unchanged,
+      for the step to read after it (see `from_updates`).
   """
 
   operands: Any
-  weights: Callable[[Any], list[Callable[[Any], Array]]]
+  weights: Callable[[Any], list[counting.WeightReader]]
   params: Callable[[Any], list[Array]]
-  carried: Callable[[Any], list[Array]] = lambda operands: []
+  passed_through: Callable[[Any], list[Array]] = lambda operands: []
 
 
 def from_params(params: PyTree, pruned: list[int]) -> Source:
@@ -53,10 +52,10 @@ def from_params(params: PyTree, pruned: list[int]) -> Source:
 
 
 @jax.jit
-def _stored(params: Array, updates: Array, token: Any) -> Array:
-  """`from_updates`' weights, read through `counting.fresh(..., token)`: stored arrays of
-  params and updates (traced once per shape)."""
-  params, updates = counting.fresh((params, updates), token)
+def _stored(params: Array, updates: Array, pass_value: Any) -> Array:
+  """`from_updates`' weights, read through `counting.read_in_pass(..., pass_value)`: stored
+  arrays of params and updates (traced once per shape)."""
+  params, updates = counting.read_in_pass((params, updates), pass_value)
   return updates_lib.stored_weight(params, updates, inline=False)
 
 
@@ -67,7 +66,10 @@ def from_updates(params: PyTree, updates: PyTree, pruned: list[int]) -> Source:
   them out for the masking)."""
 
   def weights(operands):
-    return [functools.partial(_stored, p, u) for p, u in zip(*operands, strict=True)]
+    return [
+      counting.WeightReader(functools.partial(_stored, p, u))
+      for p, u in zip(*operands, strict=True)
+    ]
 
   param_leaves, update_leaves = jax.tree.leaves(params), jax.tree.leaves(updates)
   operands = ([param_leaves[i] for i in pruned], [update_leaves[i] for i in pruned])

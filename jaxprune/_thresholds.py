@@ -11,15 +11,16 @@ number of variables. They start from an estimate made on every 16th row,
 which decides only where they start, never their result: about one full pass
 for the histogram rule and a handful for the exact one.
 
-That plan ('adaptive') is the CPU's: few candidates per pass, a conditional
+That search ('adaptive') is the CPU's: few candidates per pass, a conditional
 per part to skip the settled ones, and a loop that runs until every search
 is done. On GPUs and TPUs each conditional and each loop iteration waits for
 the device, while arithmetic is nearly free next to reading memory, so there
-the searches follow a 'fixed' plan: a fixed, small number of passes with
+the searches are 'fixed': a fixed, small number of passes with
 FIXED_PROBES candidates each and no per-part control flow (the histogram rule
 needs two passes at 256 bins, the exact rule seven, plus at most one loop
-that only runs on unusual data). Both plans compute the same thresholds; the
-hparam `mask_search` picks one ('auto': by `jax.default_backend()`).
+that only runs on unusual data). Both searches compute the same thresholds; the
+hparam `mask_search` picks one ('auto': by `jax.default_backend()`). (The searches are
+called plans in the docs and benchmarks; here 'plan' is left to `structured.Plan`.)
 """
 
 from __future__ import annotations
@@ -44,16 +45,15 @@ from jaxprune._brackets import (
 _EDGE_SEARCH_ULPS = 4
 _GRID = 4096  # cells of [0, max] that bracket the exact search
 _EDGE_TABLE_MAX = 4096  # bins: larger counts compute each edge where it is used
-# Exact rule, fixed plan: the grid has 16**3 - 1 cells (three exhaustive passes), and
+# Exact rule, fixed search: the grid has 16**3 - 1 cells (three exhaustive passes), and
 # the search inside a cell gets this many passes before its loop (2**16 keys: a cell
 # holding an answer above 1/16 of the maximum).
 _FIXED_GRID = (FIXED_PROBES + 1) ** 3 - 1
 _FIXED_KEY_PASSES = 4
-SEARCH_PLANS = ('fixed', 'adaptive')
 
 
 def resolve_search(mask_search: str) -> str:
-  """The plan of the hparam `mask_search`: 'auto' is 'adaptive' on CPUs, 'fixed' elsewhere."""
+  """The search of the hparam `mask_search`: 'auto' is 'adaptive' on CPUs, 'fixed' elsewhere."""
   if mask_search != 'auto':
     return mask_search
   return 'adaptive' if jax.default_backend() == 'cpu' else 'fixed'
@@ -119,7 +119,7 @@ def histogram_thresholds(
   maxima: Array,
   sparsity: Array,
   nbins: int,
-  search: str = 'adaptive',
+  search: str,
 ) -> Array:
   """TF's histogram threshold of every unit, given its maximum > 0.
 
@@ -234,9 +234,7 @@ def exact_keep_count(total: Array | int | np.ndarray, sparsity: Array) -> Array:
   return jnp.maximum(kept, 1)
 
 
-def exact_thresholds(
-  layout: counting.Layout, maxima: Array, sparsity: Array, search: str = 'adaptive'
-) -> Array:
+def exact_thresholds(layout: counting.Layout, maxima: Array, sparsity: Array, search: str) -> Array:
   """The k-th largest magnitude of every unit, k = exact_keep_count(N, sparsity); `mask = a >= it`.
 
   Per unit, searches the largest float32 bit pattern b with count(a >= float(b))
@@ -247,7 +245,7 @@ def exact_thresholds(
   scaling); a unit whose answer lies below it (almost all weights < 1e-30 of
   the largest) is searched by comparison instead.
 
-  The fixed plan searches a grid of 4,095 cells in three passes, then the bit
+  The fixed search searches a grid of 4,095 cells in three passes, then the bit
   patterns inside the cell in four passes and a loop for what is left (a cell
   of more than 2**16 bit patterns: an answer below 1/16 of the maximum).
 
@@ -329,7 +327,7 @@ def _slow_search(
 ) -> Array:
   """The k-th largest value of each unit, given that it lies below TINY after scaling.
 
-  Rare (almost all weights below 1e-30 of the largest): on the fixed plan, one loop.
+  Rare (almost all weights below 1e-30 of the largest): in the fixed search, one loop.
   """
 
   def fewer_keys(values, _, active):
@@ -356,9 +354,7 @@ def histogram_cdf(values: Array, value_max: float | Array, nbins: int) -> Array:
   """
   magnitudes = jnp.abs(jnp.asarray(values, jnp.float32))
   value_max = jnp.asarray(value_max, jnp.float32)
-  layout = counting.Layout(
-    (counting.Part(lambda token: counting.fresh(magnitudes, token), magnitudes.shape),)
-  )
+  layout = counting.Layout((counting.Part(counting.WeightReader.of(magnitudes), magnitudes.shape),))
   _, scales = _scales(jnp.maximum(value_max, jnp.max(magnitudes))[None])
   scaled_max = value_max * scales[0][0] * scales[1][0]
   edges = bin_edge(jnp.arange(1, nbins, dtype=jnp.int32), scaled_max, nbins)

@@ -23,12 +23,14 @@ from jax import Array, lax
 
 from jaxprune import _bits as bits
 from jaxprune import _hparams as hparams_lib
+from jaxprune import _moved as moved_lib
 from jaxprune import _order as order
 from jaxprune import _schedule as schedule
 from jaxprune import _sources as sources
 from jaxprune import _specs as specs_lib
 from jaxprune import _updates as updates_lib
 from jaxprune._checks import check_arguments, need_params
+from jaxprune._counting import WeightReader
 from jaxprune._magnitude import MagnitudeRule
 from jaxprune._meshes import on_any_mesh
 from jaxprune._names import leaf_name
@@ -56,15 +58,16 @@ class MaskRule(Protocol):
   def new_masks(
     self,
     hparams: hparams_lib.HParams,
-    weights: list[Callable[[Any], Array]],
+    weights: list[WeightReader],
     old_masks: list[Array],
     thresholds: PyTree,
     sparsity: Array,
   ) -> tuple[list[Array], PyTree, Array]:
     """At a mask update, inside jit: (masks, thresholds, int32 count of skipped units).
 
-    `weights` are the pruned leaves' values as callables of a token (see
-    `masks.Variable`), `old_masks` their masks, both in the params' order;
+    `weights` are the pruned leaves' readers: `weights[i]()` is leaf i's array, and
+    `jaxprune.WeightReader` says why the mask update hands out readers rather than
+    arrays; `old_masks` are their masks, both in the params' order;
     `sparsity` is the schedule's (or `sparsity_fn`'s) value at this step, or what
     the rule's optional `sparsity(step, global_sparsity)` method returns (a pytree
     of arrays; the default rule gives each leaf its own target's schedule).
@@ -233,7 +236,7 @@ class _Engine:
   def step(
     self, state: PruningState, params: PyTree, source: sources.Source
   ) -> tuple[PyTree, list[Array], PruningState]:
-    """(masks, `source.carried` out of the conditional, new state) of one step: the
+    """(masks, `source.passed_through` the conditional, new state) of one step: the
     schedule, the gating (docs/explanation/semantics.md#gating), and the rule's mask
     update under a conditional that reads only `source.operands`.
     """
@@ -257,24 +260,24 @@ class _Engine:
 
     def recompute(operands):
       masks, thresholds, skips = _new_masks_on_any_mesh(compute, operands, state, sparsity)
-      moved = (step > 0) & order.any_moved(old_masks, source.params(operands))
+      moved = (step > 0) & moved_lib.any_moved(old_masks, source.params(operands))
       packed = [bits.packed(m) for m in masks]
-      return packed, thresholds, skips, moved.astype(jnp.int32), source.carried(operands)
+      return packed, thresholds, skips, moved.astype(jnp.int32), source.passed_through(operands)
 
     def keep(operands):
       packed = [jnp.zeros(bits.packed_shape(m.shape), jnp.uint8) for m in old_masks]
-      return packed, old_thresholds, jnp.int32(0), jnp.int32(0), source.carried(operands)
+      return packed, old_thresholds, jnp.int32(0), jnp.int32(0), source.passed_through(operands)
 
     # The new masks leave the conditional as bits (1/8 byte a weight) and are unpacked
     # where the updates are masked: no mask-sized buffer is copied out of it.
-    packed, new_thresholds, skips, moved, carried = lax.cond(
+    packed, new_thresholds, skips, moved, passed_through = lax.cond(
       do_update, recompute, keep, source.operands
     )
     new_masks = [_updated_mask(do_update, p, m) for p, m in zip(packed, old_masks, strict=True)]
     masks = jax.tree.unflatten(jax.tree.structure(state.masks), new_masks)
     return (
       masks,
-      carried,
+      passed_through,
       PruningState(
         step=optax.safe_increment(step),
         last_update_step=jnp.where(do_update, step, state.last_update_step),
@@ -296,10 +299,10 @@ class _Engine:
       source = sources.from_params(params, pruned)
     else:
       source = sources.from_updates(params, updates, pruned)
-    masks, carried, state = self.step(state, params, source)
-    if carried:  # the pruned leaves' updates, read out of the conditional
+    masks, passed_through, state = self.step(state, params, source)
+    if passed_through:  # the pruned leaves' updates, read out of the conditional
       leaves, treedef = jax.tree.flatten(updates)
-      for i, leaf in zip(pruned, carried, strict=True):
+      for i, leaf in zip(pruned, passed_through, strict=True):
         leaves[i] = leaf
       updates = jax.tree.unflatten(treedef, leaves)
     return _masked(masks, updates, params), state

@@ -10,9 +10,7 @@ from jaxprune import _counting as counting
 
 
 def _part(values, unit_axes=0):
-  return counting.Part(
-    lambda token: counting.fresh(jnp.asarray(values), token), values.shape, unit_axes
-  )
+  return counting.Part(counting.WeightReader.of(jnp.asarray(values)), values.shape, unit_axes)
 
 
 def _unit_scale(units):
@@ -100,7 +98,7 @@ def test_inactive_parts_are_not_read():
 
 
 def test_a_unit_beyond_int32_is_refused():
-  huge = counting.Part(lambda token: None, (2**16, 2**15 + 1))
+  huge = counting.Part(lambda pass_value: None, (2**16, 2**15 + 1))
   with pytest.raises(ValueError, match='at most 2\\*\\*31 - 1 weights'):
     counting.Layout((huge,)).sizes()
 
@@ -129,7 +127,7 @@ def test_pieces_are_each_parts_rows_bit_for_bit():
   # 280 units: past one window of selection (256), with a stacked part across its edge.
   units = [1] * 250 + [20] + [1] * 10
   parts = tuple(
-    counting.Part(lambda token: None, (n, 2, 2) if n > 1 else (2, 2), 1 if n > 1 else 0)
+    counting.Part(lambda pass_value: None, (n, 2, 2) if n > 1 else (2, 2), 1 if n > 1 else 0)
     for n in units
   )
   layout = counting.Layout(parts)

@@ -16,7 +16,7 @@ channel groups as in Torch-Pruning, Fang et al. 2023, arXiv 2301.12900).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from jaxprune import _counting as counting
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _masks as masks_lib
+from jaxprune._counting import WeightReader
 from jaxprune._names import named_leaves
 from jaxprune.channels import _layout as layout_lib
 from jaxprune.structured import Constraint, DependencyGraph
@@ -202,7 +202,7 @@ class ChannelRule:
   def new_masks(
     self,
     hparams: hparams_lib.HParams,
-    weights: list[Callable[[Any], Array]],
+    weights: list[WeightReader],
     old_masks: list[Array],
     thresholds: PyTree,
     sparsity: Array,
@@ -211,7 +211,7 @@ class ChannelRule:
     layout = self.layout
     if not layout.groups:
       return list(old_masks), thresholds, jnp.int32(0)
-    scores = _scores(layout, [w(None) for w in weights])
+    scores = _scores(layout, [w() for w in weights])
     if hparams.global_pruning:
       # Mean-normalised, as select's global scope ranks groups of different scales.
       scores = [jnp.where(jnp.mean(s) > 0, s / jnp.mean(s), jnp.zeros_like(s)) for s in scores]
@@ -221,7 +221,7 @@ class ChannelRule:
       sparsities = [jnp.full((1,), sparsity, jnp.float32) for _ in layout.groups]
       previous = [jnp.reshape(thresholds[g.label], (1,)) for g in layout.groups]
     units = [
-      masks_lib.Variable(lambda token, s=s: counting.fresh(s, token), (g.size,))
+      masks_lib.Variable(WeightReader.of(s), (g.size,))
       for g, s in zip(layout.groups, scores, strict=True)
     ]
     new_thresholds, channel_masks, nonfinite = masks_lib.update_masks(

@@ -327,7 +327,6 @@ def _run(
     leaves, permutations = reorder.permuted(
       fn, params, leaves, names, closed, batches, chosen, targets, method, permute
     )
-    params = jax.tree.unflatten(treedef, leaves)
   outliers: dict[tuple, float] = {}
   if owl is not None:
     # The layers that take the default (an override's target is a new tuple, never it).

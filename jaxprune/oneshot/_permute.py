@@ -32,7 +32,7 @@ _PASSES = 4
 _CHUNK = 2**22  # floats per block of candidate swaps
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # `order` is an array: compared by identity
 class Permutation:
   """One channel group reordered for N:M (`oneshot.permute_channels`, `prune(permute=)`).
 
