@@ -9,6 +9,7 @@ from jaxprune._attributes import suggesting_getattr
 from jaxprune.oneshot._api import METHODS, prune, prune_with_report
 from jaxprune.oneshot._dsnot import DSnoT
 from jaxprune.oneshot._layers import Layer, Site, Stack, find_layers
+from jaxprune.oneshot._offload import prune_checkpoint, prune_offloaded
 from jaxprune.oneshot._owl import OWL
 from jaxprune.oneshot._permute import Permutation
 from jaxprune.oneshot._reorder import permute_channels
@@ -30,6 +31,8 @@ __all__ = [
   'matmul_weights',
   'permute_channels',
   'prune',
+  'prune_checkpoint',
+  'prune_offloaded',
   'prune_with_report',
 ]
 
