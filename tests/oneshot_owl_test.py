@@ -184,6 +184,8 @@ def test_stacked_layers_each_get_a_sparsity():
     ({'sparsity': 0.6, 'owl': oneshot.OWL(m=0)}, r'owl\.m=0'),
     ({'nm': '2:4', 'owl': True}, r"owl=.*not nm='2:4'"),
     ({'sparsity': 0.6, 'owl': 'yes'}, r"owl='yes': give True, False or oneshot\.OWL"),
+    ({'sparsity': 0.6, 'owl': oneshot.OWL(groups='(')}, r"owl\.groups: invalid regex '\('"),
+    ({'sparsity': 0.6, 'owl': oneshot.OWL(groups='(')}, r"owl\.groups: invalid regex '\('"),
   ],
 )
 def test_bad_owl_arguments_are_one_line_errors(kwargs, match):
@@ -192,3 +194,46 @@ def test_bad_owl_arguments_are_one_line_errors(kwargs, match):
   with pytest.raises(ValueError, match=match) as info:
     oneshot.prune(_chain, params, batches, method='wanda', **kwargs)
   assert '\n' not in str(info.value)
+
+
+def test_groups_share_one_ratio_and_sparsity_as_the_official_blocks_do():
+  x, batches = _inputs()
+  weights = _weights([(16, 16)] * 4, seed=2)
+  xs = _dense_inputs(x, weights)
+  # Blocks {w0, w1} and {w2, w3}: each block's scores together, its mean, its outliers.
+  ratios = []
+  for block in ((0, 1), (2, 3)):
+    scores = np.concatenate(
+      [(np.abs(weights[f'w{i}'].T) * np.sqrt((xs[i] ** 2).sum(0))).ravel() for i in block]
+    )
+    ratios.append(np.mean(scores > 3 * scores.mean()))
+  assert ratios[0] != ratios[1]
+  expected = _official(ratios, TARGET, 0.08)  # two blocks of equal size
+
+  def blocks(p, x):
+    return _chain({**p['b0'], **p['b1']}, x)
+
+  _, masks, report = oneshot.prune_with_report(
+    blocks,
+    {
+      'b0': {f'w{i}': jnp.asarray(weights[f'w{i}']) for i in (0, 1)},
+      'b1': {f'w{i}': jnp.asarray(weights[f'w{i}']) for i in (2, 3)},
+    },
+    batches,
+    method='wanda',
+    sparsity=TARGET,
+    owl=oneshot.OWL(m=3, groups=r'^b\d/'),
+    sequential=False,
+  )
+  zeros = {
+    name.split('/')[1]: count
+    for name, count in _zeros(
+      {f'{b}/{w}': mask for b, ws in masks.items() for w, mask in ws.items()}
+    ).items()
+  }
+  for block, want, ratio in zip(((0, 1), (2, 3)), expected, ratios, strict=True):
+    assert sum(zeros[f'w{i}'] for i in block) == round(want * 512)
+    assert abs(zeros[f'w{block[0]}'] - zeros[f'w{block[1]}']) <= 1  # shared evenly
+    for i in block:
+      np.testing.assert_allclose(report.layers[i].outliers, ratio, atol=1e-6)
+  assert sum(zeros.values()) == round(TARGET * 1024)
