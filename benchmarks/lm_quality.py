@@ -10,7 +10,7 @@ proportions: dense for the first sixth of the steps, the cubic schedule to the
 target by two thirds, then fine-tuning with the masks fixed.
 
     python -m benchmarks.lm_quality --steps 300            # the config's model
-    python -m benchmarks.lm_quality --layers 2 --d_model 64 --seq_len 64 --steps 400
+    python -m benchmarks.lm_quality --layers 2 --d_model 64 --seq_len 64 --steps 600
 """
 
 from __future__ import annotations
@@ -51,7 +51,10 @@ def lm_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
 def run(args: argparse.Namespace, target: float | None, mask_source: str) -> dict:
   """One run: `target` None trains dense. Returns its row of the table."""
   config = lm_config(args)
-  begin, end = args.steps // 6, 2 * args.steps // 3
+  # configs/lm.py's proportions (100, 400 and 25 of 600 steps), the end on a mask update.
+  begin = args.steps // 6
+  frequency = max(1, (2 * args.steps // 3 - begin) // 12)
+  end = begin + 12 * frequency
   if target is None:
     config.prune = False
   else:
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace, target: float | None, mask_source: str) -> dic
       sparsity_function_begin_step=begin,
       end_pruning_step=end,
       sparsity_function_end_step=end,
-      pruning_frequency=max(1, (end - begin) // 12),
+      pruning_frequency=frequency,
       target_sparsity=target,
       mask_source=mask_source,
     )
