@@ -96,6 +96,7 @@ def test_equal_layers_take_the_official_sparsities_and_wandas_masks():
   assert abs(max(got.values()) - min(got.values()) - 0.16) <= 2 / 256
 
 
+@pytest.mark.slow  # every method: about 6 s
 def test_the_weighted_mean_is_the_target_for_layers_of_different_sizes():
   x, batches = _inputs()
   weights = _weights([(16, 64), (64, 8), (8, 40)])
