@@ -134,13 +134,16 @@ def test_the_guide_prunes_each_library_s_model(capsys):
   _check_gradual(*scope['trained']['penzai'], [*stacked, head], stacked)
   assert 'value_linear, per layer: [0.5, 0.5]' in out
 
-  # gemma's layout: none of its names matches the default regex; all 10 einsums found.
+  # gemma's layout: the default regex misses all 10 einsum weights; matmul_weights finds them.
   out = _run(scope, capsys, 6)
   einsums = ('attn/q_einsum/w', 'attn/kv_einsum/w', 'attn/attn_vec_einsum/w')
   einsums += ('mlp/gating_einsum', 'mlp/linear')
   expected = [f'layer_{i}/{n}' for i in (0, 1) for n in einsums]
-  assert out[0] == 'the default regex matches []'
+  # The default regex, (kernel|embedding)$, matches the tied table alone.
+  assert out[0] == "the default regex matches ['embedder/input_embedding']"
   assert set(scope['gemma_weights'].names) == set(expected)
+  tied = scope['gemma_weights'].reasons['embedder/input_embedding']
+  assert tied.endswith('and elsewhere as a matmul weight')
   _check_gradual(*scope['trained']['gemma layout'], expected, {})
 
   # Export: dense float32 bytes; a masked leaf as BCOO holds half its values, each with
