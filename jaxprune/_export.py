@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import warnings
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from jaxprune import _warnings as warnings_lib
 from jaxprune._names import leaf_name
 from jaxprune._summaries import apply_masks, contains_pruning_state, get_masks
 
@@ -252,12 +252,10 @@ def _warn_dense_convs(kernels: list[str]) -> None:
   new = [name for name in kernels if name not in _WARNED_CONVS]
   if new:
     _WARNED_CONVS.update(new)
-    warnings.warn(
+    warnings_lib.warn(
       'jaxprune.sparse_apply: jax.experimental.sparse has no rule for a convolution with a '
       f'BCOO kernel, so these kernels run dense: {", ".join(new)} (stored as BCOO all the '
-      'same; the other BCOO leaves run sparse).',
-      UserWarning,
-      stacklevel=3,
+      'same; the other BCOO leaves run sparse).'
     )
 
 

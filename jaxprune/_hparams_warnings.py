@@ -6,12 +6,10 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
-import warnings
 from typing import TYPE_CHECKING
 
 from jaxprune import _schedule as schedule
+from jaxprune import _warnings as warnings_lib
 from jaxprune._numerics import MAX_NBINS
 
 if TYPE_CHECKING:
@@ -19,14 +17,7 @@ if TYPE_CHECKING:
 
 
 def _warn(message: str) -> None:
-  """Warns, attributing the warning to the first caller outside jaxprune."""
-  package = os.path.dirname(os.path.abspath(__file__))
-  frame, level = sys._getframe(1), 2
-  while frame is not None and (
-    frame.f_code.co_filename.startswith(package) or frame.f_code.co_filename == '<string>'
-  ):  # dataclass __init__
-    frame, level = frame.f_back, level + 1
-  warnings.warn(f'jaxprune: {message}', UserWarning, stacklevel=level)
+  warnings_lib.warn(f'jaxprune: {message}')
 
 
 def warn_about(h: HParams) -> None:

@@ -72,7 +72,7 @@ class MagnitudeRule:
       thresholds.append(jnp.zeros(layers, jnp.float32))
     return jax.tree.unflatten(treedef, masks), jax.tree.unflatten(treedef, thresholds)
 
-  def warn_subnormal(self, params: PyTree, where: str, stacklevel: int) -> None:
+  def warn_subnormal(self, params: PyTree, where: str) -> None:
     """Warns about pruned layers whose weights the backend reads as all zero (subnormal)."""
     leaves = jax.tree.leaves(params)
     subnormal.warn_subnormal(
@@ -82,7 +82,6 @@ class MagnitudeRule:
         if spec is not None
       ],
       where,
-      stacklevel + 1,
       together=self.hparams.global_pruning,
     )
 

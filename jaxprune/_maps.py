@@ -11,11 +11,11 @@ dropped; every regex must compile.
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jaxprune import _nm as nm
+from jaxprune import _warnings as warnings_lib
 from jaxprune._checks import check_fraction
 from jaxprune._numerics import INT32_MAX
 
@@ -122,9 +122,7 @@ def match_entries(
   return values, [regex for regex, _ in entries if regex not in used]
 
 
-def warn_unmatched(
-  unmatched: Sequence[str], names: Sequence[str], what: str, stacklevel: int = 2
-) -> None:
+def warn_unmatched(unmatched: Sequence[str], names: Sequence[str], what: str) -> None:
   """Warns, naming them and the names, about map entries that match nothing.
 
   A warning rather than an error (docs/explanation/semantics.md#names-and-maps): an entry
@@ -135,15 +133,12 @@ def warn_unmatched(
     unmatched: the entries, as the user should read them ("sparsity_map entry 'x'").
     names: the names they were matched against.
     what: what one name is, plural, e.g. 'pruned leaves'.
-    stacklevel: as for `warnings.warn`, counted from the caller.
   """
   if unmatched:
     verb = 'matches' if len(unmatched) == 1 else 'match'
-    warnings.warn(
+    warnings_lib.warn(
       f'jaxprune: {", ".join(unmatched)} {verb} none of the {what}, which are '
-      f'{list(names)}. Fix the regexes (matched with re.search) or drop them.',
-      UserWarning,
-      stacklevel=stacklevel + 1,
+      f'{list(names)}. Fix the regexes (matched with re.search) or drop them.'
     )
 
 

@@ -299,7 +299,7 @@ def update_mask(
     threshold_method,
     mask_search,
   )
-  subnormal.warn_subnormal([('weights', weights, 0)], 'update_mask', stacklevel=2)
+  subnormal.warn_subnormal([('weights', weights, 0)], 'update_mask')
   weights = jnp.asarray(weights)
   if previous_mask is None:
     previous_mask = jnp.ones(weights.shape, bool)

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from jaxprune import _warnings as warnings_lib
 
 _OPTAX_DIR = os.path.dirname(optax.__file__) + os.sep
 # What reading another optax's locals, or tracing a later transform on abstract values
@@ -60,23 +61,20 @@ def warn_if_followed_in_a_chain(what: str) -> None:
   host callback instead would cost every call. Where the stack does not show a chain,
   nothing is said here, and the accessors still warn about moved weights."""
   try:
-    level = _followed_at(sys._getframe(2), 3)  # from the frame of the caller of `update_fn`
+    followed = _followed(sys._getframe(2))  # from the frame of the caller of `update_fn`
   except _READING_ERRORS:  # another optax's locals of other kinds: no warning
     return
-  if level is not None:
-    warnings.warn(
+  if followed:
+    warnings_lib.warn(
       f'{what} is followed by another transform in an optax chain, which changes its '
       'updates: the pruned weights will not land on zero (an optimizer placed after it '
-      f'trains them again). {ORDER_FIX}',
-      UserWarning,
-      stacklevel=level,
+      f'trains them again). {ORDER_FIX}'
     )
 
 
-def _followed_at(frame: Any, level: int) -> int | None:
-  """The user's `stacklevel` when a chain among optax's frames from `frame` (at `level`)
-  up runs a transform after the current one that changes the updates of its pruned
-  weights, else None."""
+def _followed(frame: Any) -> bool:
+  """Whether a chain among optax's frames from `frame` up runs a transform after the
+  current one that changes the updates of its pruned weights."""
   while frame is not None and frame.f_code.co_filename.startswith(_OPTAX_DIR):
     local = frame.f_locals if frame.f_code.co_name == 'update_fn' else {}
     fns, transforms = local.get('update_fns'), local.get('transforms')  # chain, named_chain
@@ -84,9 +82,9 @@ def _followed_at(frame: Any, level: int) -> int | None:
       transforms and 'name' in local and local['name'] != transforms[-1][0]
     ):
       if _changes_pruned_updates(local):
-        return _user_level(frame, level)
-    frame, level = frame.f_back, level + 1
-  return None
+        return True
+    frame = frame.f_back
+  return False
 
 
 def _changes_pruned_updates(chain: dict[str, Any]) -> bool:
@@ -94,7 +92,7 @@ def _changes_pruned_updates(chain: dict[str, Any]) -> bool:
   change the updates of the weights the current one prunes: they do unless, traced once
   more on abstract values, each such update comes out as the very value that went in
   (`optax.identity()`, a `pruning` of other leaves). Anything that cannot be read so
-  counts as a change, as every later transform did before."""
+  counts as a change."""
   try:
     current, later = _current_and_later(chain)
     pruned = _pruned_positions(current)
@@ -144,16 +142,3 @@ def _pruned_positions(state: Any) -> set[int] | None:
 
 def _abstract(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree)
-
-
-_LIBRARIES = tuple(
-  os.path.dirname(module.__file__) + os.sep for module in (optax, jax, sys.modules[__package__])
-)
-
-
-def _user_level(frame: Any, level: int) -> int:
-  """The `stacklevel` of the first frame above `frame` (at `level`) outside optax, jax and
-  jaxprune: the user's line that calls the step."""
-  while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
-    frame, level = frame.f_back, level + 1
-  return level

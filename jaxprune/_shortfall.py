@@ -11,7 +11,6 @@ whole weights (or blocks) allows.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from jaxprune import _blocks as blocks
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _maps as maps
 from jaxprune import _schedule as schedule
+from jaxprune import _warnings as warnings_lib
 
 # A leaf this far below its target after a mask update is reported: the histogram
 # rule may fall short by one bin's share, never by this much on ordinary weights.
@@ -135,7 +135,7 @@ def warn_short(state: Any, hparams: Any, masks: dict[str, Any], thresholds: dict
     if hparams is None and len(short) < len(every):
       short = []  # some layer reached the global target: the others may have lower ones
   if short:
-    warnings.warn(shortfall_message(h, last, short), UserWarning, stacklevel=3)
+    warnings_lib.warn(shortfall_message(h, last, short))
 
 
 def _layer_indices(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 from jaxprune import _blocks as blocks
 from jaxprune import _hparams as hparams_lib
 from jaxprune import _maps as maps
+from jaxprune import _warnings as warnings_lib
 from jaxprune._names import leaf_name, named_leaves
 
 PyTree = Any
@@ -211,13 +211,12 @@ def leaf_specs(
   if warn:
     if not pruned:
       _warn_nothing_pruned(h, params, by_default_filter)
-    maps.warn_unmatched(unmatched, pruned, 'pruned leaves', stacklevel=3)
+    maps.warn_unmatched(unmatched, pruned, 'pruned leaves')
     if elementwise:
-      warnings.warn(
+      warnings_lib.warn(
         f'jaxprune: block dims apply to 2-D weights (after squeezing size-1 axes); these '
         f'pruned leaves are not 2-D and get elementwise masks: {elementwise}. Give them '
-        '1x1 in block_dims_map, or leave them out of the block rule.',
-        stacklevel=3,
+        '1x1 in block_dims_map, or leave them out of the block rule.'
       )
   return specs
 
@@ -279,11 +278,10 @@ def _warn_nothing_pruned(h: hparams_lib.HParams, params: PyTree, by_default_filt
     if by_default_filter
     else 'prune_filter'
   )
-  warnings.warn(
+  warnings_lib.warn(
     f'jaxprune: {selector} selects none of the leaves, so nothing is pruned; the '
     f'leaves with 2 or more axes are {shown}. Make it match the names of the '
-    'weights to prune.',
-    stacklevel=3,
+    'weights to prune.'
   )
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxprune import _warnings as warnings_lib
 
 SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
 
@@ -83,7 +84,6 @@ def _flushed(platform: str) -> bool:
 def warn_subnormal(
   leaves: Iterable[tuple[str, Any, int | tuple[int, ...]]],
   where: str,
-  stacklevel: int,
   together: bool = False,
 ) -> None:
   """Warns, naming them, about pruned layers that hold only subnormal (and zero) weights
@@ -93,7 +93,6 @@ def warn_subnormal(
     leaves: (name, weights, layer axes) of the pruned leaves: the number of leading layer
       axes, or the layer axes' indices.
     where: the call that is warned about, e.g. 'init' or 'update_mask'.
-    stacklevel: for `warnings.warn`, counted from this function's caller.
     together: one threshold for all the leaves (`global_pruning`): told only when every
       layer is subnormal (otherwise subnormal weights are the smallest, and pruned first,
       as a sort would).
@@ -110,14 +109,12 @@ def warn_subnormal(
   (platform,) = platforms
   if not _flushed(platform):
     return
-  warnings.warn(
+  warnings_lib.warn(
     f"jaxprune: {where}: these pruned weights are all subnormal, below float32's smallest "
     f'normal ({SMALLEST_NORMAL:.3g}): {", ".join(found)}. XLA on {platform.upper()} '
     'reads them as zero in arithmetic and comparisons: the mask update sees all-zero weights '
     '(a threshold keeps their mask, so nothing is pruned; an N:M pattern picks among ties), '
     'and the model and the optimizer see zeros too (optax.apply_updates writes them). '
     'Rescale the weights into the normal range (a power of two, e.g. 2**100, scales them '
-    'exactly) and compensate where the layer is used.',
-    UserWarning,
-    stacklevel=stacklevel + 1,
+    'exactly) and compensate where the layer is used.'
   )

@@ -16,7 +16,6 @@ what its values are for:
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
@@ -26,6 +25,7 @@ from jax import Array
 
 from jaxprune import _shortfall as shortfall
 from jaxprune import _updates as updates_lib
+from jaxprune import _warnings as warnings_lib
 from jaxprune._hparams import HParams
 from jaxprune._names import leaf_name
 from jaxprune._order import ORDER_FIX
@@ -102,11 +102,9 @@ def _checked(state: Any) -> PruningState:
   except (TypeError, RuntimeError):  # a tracer, or not addressable from this process
     return state
   if moved:
-    warnings.warn(
+    warnings_lib.warn(
       f'jaxprune: {moved} mask update(s) found pruned weights that were no longer zero, so '
       + MOVED_ADVICE,
-      UserWarning,
-      stacklevel=3,
     )
   return state
 

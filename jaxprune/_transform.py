@@ -217,12 +217,12 @@ class _Engine:
     specs = specs_lib.leaf_specs(params, self.hparams, self.prune_filter, warn=warn)
     return MagnitudeRule(self.hparams, specs, self.sparsity_fn)
 
-  def init(self, params: PyTree, stacklevel: int = 2) -> PruningState:
-    """The pruning state of `params`; `stacklevel` points its warnings at the user's call."""
+  def init(self, params: PyTree) -> PruningState:
+    """The pruning state of `params`."""
     rule = self.rule(params, warn=True)
     masks, thresholds = rule.init(params)
     if isinstance(rule, MagnitudeRule):
-      rule.warn_subnormal(params, 'init', stacklevel=stacklevel)
+      rule.warn_subnormal(params, 'init')
     return PruningState(
       step=jnp.zeros((), jnp.int32),
       last_update_step=jnp.zeros((), jnp.int32),
@@ -402,8 +402,26 @@ def pruned(
 
   Args:
     optimizer: any optax transform, e.g. `optax.adam(1e-3)`.
-    hparams, sparsity_fn, prune_filter, mask_rule, fields: as in `pruning`, e.g.
-      `pruned(optax.adam(1e-3), target_sparsity=0.9)`.
+    hparams: the pruning hyperparameters: a ConfigDict from `get_pruning_hparams()` or
+      `parse_hparams(...)`, a dict of fields, a string in TF's syntax
+      (`'target_sparsity=0.9,weight_sparsity_map=[conv1:0.8]'`), or None for the
+      defaults. Checked once, here.
+    sparsity_fn: optional `step -> sparsity` (e.g. an optax schedule) in place of the
+      polynomial schedule, for every pruned leaf; not with `weight_sparsity_map`.
+    prune_filter: optional `(name, leaf) -> bool` choosing the pruned leaves in place
+      of `weight_name_regex`.
+    mask_rule: optional `MaskRule` computing the masks at each mask update, e.g.
+      `jaxprune.channels.ChannelRule` for whole coupled channels; the default is the
+      per-leaf magnitude rule.
+    fields: hyperparameter fields by keyword, over `hparams`. The ones most set:
+      `target_sparsity` (the final sparsity), `sparsity_function_end_step` (the step
+      it is reached at), `weight_sparsity_map` (per-leaf targets by regex),
+      `threshold_method` (`'histogram'`, TF's, or `'exact'`), `nm_sparsity` (N:M in
+      place of a target), and `mask_source`: `'updated'` (the default, TF's order:
+      thresholds of the weights after this step) or `'params'` (thresholds of the
+      params the step starts from: no temporary copy of the updated weights, the
+      option where memory decides whether a model fits). `get_pruning_hparams()`
+      lists every field with its default.
 
   Returns:
     An `optax.GradientTransformationExtraArgs`: its `update(grads, state, params)`
@@ -424,7 +442,7 @@ def pruned(
   def init_fn(params):
     inner = optimizer.init(params)
     _refuse_pruning_inside(inner)
-    return inner, engine.init(params, stacklevel=3)
+    return inner, engine.init(params)
 
   def update_fn(grads, state, params=None, **extra_args):
     params = need_params(params, 'jaxprune.pruned')

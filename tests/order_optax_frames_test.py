@@ -15,7 +15,7 @@ PARAMS = {'Dense_0': {'kernel': jnp.arange(8.0).reshape(2, 4)}}
 
 def _frame_locals(wrap):
   """The locals of the nearest optax `update_fn` frame (optax's own wrappers between)
-  above a transform inside `wrap`, as `order._followed_at` walks to it."""
+  above a transform inside `wrap`, as `order._followed` walks to it."""
   seen = {}
 
   def update(updates, state, params=None):

@@ -11,12 +11,12 @@ inside jit reads these tables.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
+from jaxprune import _warnings as warnings_lib
 from jaxprune.structured import Constraint, DependencyGraph
 from jaxprune.structured._shared import is_weight
 
@@ -206,10 +206,9 @@ def build(
     )
     groups.append(Group(group.id, label, group.size, slices, keeps))
   if skipped:
-    warnings.warn(
+    warnings_lib.warn(
       'ChannelRule: these prunable groups are not pruned: '
-      + '; '.join(f'group {gid} ({why})' for gid, why in skipped.items()),
-      stacklevel=3,
+      + '; '.join(f'group {gid} ({why})' for gid, why in skipped.items())
     )
   all_names = tuple(names.values())
   return ChannelLayout(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -11,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _names as names_lib
+from jaxprune import _warnings as warnings_lib
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _dsnot, _owl
 from jaxprune.oneshot import _inputs as inputs
@@ -293,11 +293,9 @@ def _run(
       'operand or a convolution kernel) in fn' + (f': {_listing(skipped)}.' if skipped else '.')
     )
   if skipped:
-    warnings.warn(
+    warnings_lib.warn(
       f'oneshot.prune leaves {len(skipped)} weight(s) dense, which it cannot '
-      f'prune: {_listing(skipped)}.',
-      UserWarning,
-      stacklevel=3,
+      f'prune: {_listing(skipped)}.'
     )
   targets = inputs.layer_targets(layers, default, overrides or {})
   for layer in layers:
@@ -396,7 +394,7 @@ def _run(
           )
         )
   if short:
-    warnings.warn(short_message(short), UserWarning, stacklevel=3)
+    warnings_lib.warn(short_message(short))
   for i, leaf in enumerate(leaves):
     sharding = getattr(leaf, 'sharding', None)
     if masks[i] is not None and sharding is not None:

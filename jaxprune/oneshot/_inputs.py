@@ -66,7 +66,7 @@ def layer_targets(
     parsed[regex] = parse_override(regex, value)
   names = [layer.name for layer in layers]
   mapped, unmatched = maps.match_entries('overrides', names, parsed.items(), kind='layer')
-  maps.warn_unmatched([f'overrides entry {regex!r}' for regex in unmatched], names, 'layers', 4)
+  maps.warn_unmatched([f'overrides entry {regex!r}' for regex in unmatched], names, 'layers')
   return {layer_key(layer): mapped.get(layer.name, default) for layer in layers}
 
 

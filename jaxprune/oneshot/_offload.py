@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxprune import _warnings as warnings_lib
 from jaxprune.oneshot import _api
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot._dsnot import DSnoT
@@ -247,11 +248,12 @@ def _stream(
     del block
     if k + 1 < count:
       acts = [forward(new, x) for x in acts]
-    pruned.append(jax.tree.map(np.asarray, new))
-    masks.append(jax.tree.map(np.asarray, mask))
+    # Copies: `np.asarray` of a CPU array is a view that keeps the device buffer alive.
+    pruned.append(jax.tree.map(np.array, new))
+    masks.append(jax.tree.map(np.array, mask))
     del new, mask
   for message, w in seen.items():
-    warnings.warn(f'prune_offloaded (every block): {message}', w.category, stacklevel=3)
+    warnings_lib.warn(f'prune_offloaded (every block): {message}', w.category)
   return pruned, masks
 
 

@@ -149,7 +149,7 @@ def leaf_densities(
   mapped, unmatched = maps.match_entries('sparsity_map', names, entries.items())
   if warn:
     maps.warn_unmatched(
-      [f'sparsity_map entry {regex!r}' for regex in unmatched], names, 'sparse leaves', 3
+      [f'sparsity_map entry {regex!r}' for regex in unmatched], names, 'sparse leaves'
     )
   rest = [name for name in names if name not in mapped]
   if distribution == 'erk':

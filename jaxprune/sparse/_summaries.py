@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from jaxprune import _summaries as summaries
+from jaxprune import _warnings as warnings_lib
 from jaxprune.sparse._ste import STEState
 from jaxprune.sparse._training import SparseState
 
@@ -63,12 +63,10 @@ def _checked(opt_state: PyTree) -> SparseState | STEState:
   state = find_state(opt_state)
   skips = int(getattr(state, 'nonfinite_skips', 0))
   if skips:
-    warnings.warn(
+    warnings_lib.warn(
       f'jaxprune.sparse.ste: {skips} leaf mask update(s) were skipped because the dense '
       'weights held NaN or Inf (NaN gradients?), so those leaves kept their old masks '
       '(dense from init, if from the first step); find the NaN (jax.config.update('
       "'jax_debug_nans', True)) or skip such steps (optax.apply_if_finite).",
-      UserWarning,
-      stacklevel=3,
     )
   return state

@@ -16,12 +16,12 @@ and removes, within a group, its least important channels.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from jaxprune import _warnings as warnings_lib
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan, check_variables, make_plan
 from jaxprune.structured._primitives import cost as cost_lib
@@ -170,10 +170,9 @@ class _GlobalOrder:
     whether any does (else the plan of every candidate channel)."""
     lo, hi = 0, self.total
     if not ok(self.plan(hi)):
-      warnings.warn(
+      warnings_lib.warn(
         'the target cannot be reached within the constraints; removing as many '
-        'channels as they allow.',
-        stacklevel=4,  # the caller of select or by_cost
+        'channels as they allow.'
       )
       return self.plan(hi), False
     while lo < hi:
@@ -214,10 +213,9 @@ def global_(
     raise ValueError(f'amount={amount!r}: give a fraction in [0, 1) or a channel count >= 1.')
   plan = order.largest_prefix(lambda plan: plan.num_removed <= target)
   if order.plan(order.total).num_removed < target:
-    warnings.warn(
+    warnings_lib.warn(
       f'the target ({target} channels) cannot be reached within the constraints; '
-      'removing as many channels as they allow.',
-      stacklevel=2,
+      'removing as many channels as they allow.'
     )
   if plan.num_removed < target:
     why = (

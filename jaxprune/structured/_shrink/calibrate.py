@@ -12,7 +12,6 @@ over the batches (a cumulative average, like PyTorch's `momentum=None`).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxprune import _names as names
+from jaxprune import _warnings as warnings_lib
 from jaxprune.structured._core.progress import progress_bar
 
 PyTree = Any
@@ -110,11 +110,10 @@ def _warn_skipped(skipped: dict[int, list[str]], seen: int) -> None:
     shown = ', '.join(bad[:3]) + (f' (+{len(bad) - 3} more)' if len(bad) > 3 else '')
     parts.append(f'batch {index} ({shown})')
   more = f' and {len(skipped) - 5} more batches' if len(skipped) > 5 else ''
-  warnings.warn(
+  warnings_lib.warn(
     f'recalibrate: {len(skipped)} of {seen} calibration batches give NaN or Inf statistics, '
     f'left out of their averages: {"; ".join(parts)}{more}. A statistic no batch gave a '
-    'finite value for keeps its old value; check those batches for NaN or Inf inputs.',
-    stacklevel=3,
+    'finite value for keeps its old value; check those batches for NaN or Inf inputs.'
   )
 
 

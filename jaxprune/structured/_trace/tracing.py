@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from jaxprune import _names as names
+from jaxprune import _warnings as warnings_lib
 from jaxprune.structured._core.graph import DependencyGraph, EntryPoint
 from jaxprune.structured._core.shapes import is_static
 from jaxprune.structured._trace import dataflow, kinds, solve
@@ -238,7 +239,7 @@ def trace(
   specs += [_spec(entry, i) for i, entry in enumerate(also)]
   graph, messages = _trace(specs, variables, norms)
   for message in messages:
-    warnings.warn(message, stacklevel=2)
+    warnings_lib.warn(message)
   return graph
 
 
