@@ -169,3 +169,28 @@ def test_channel_rule_prunes_the_groups_of_every_float_dtype(dtype):
   # The 8 hidden channels: w1's columns and w2's rows.
   [group] = rule.layout.groups
   assert group.size == 8
+
+
+def test_outputs_of_a_bfloat16_computation_are_checked_at_its_precision():
+  """MaxText multiplies in bfloat16 and casts its logits to float32: its float32 outputs
+  carry bfloat16 rounding, and a check at float32's tolerance refused exact prunes."""
+  from jaxprune.structured._shrink import verify as verify_lib
+
+  def model(params, x, dtype):
+    hidden = jnp.tanh(x.astype(dtype) @ params['w1'].astype(dtype))
+    return (hidden @ params['w2'].astype(dtype)).astype(jnp.float32)
+
+  params = {'w1': jnp.ones((4, 8)), 'w2': jnp.ones((8, 2))}
+  x = jnp.ones((3, 4))
+  rtols = {
+    dtype: verify_lib.computation_rtol(
+      jaxprune.structured.trace(lambda p, x, d=dtype: model(p, x, d), params, x)
+    )
+    for dtype in (jnp.float32, jnp.bfloat16)
+  }
+  assert rtols == {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
+  reference = np.ones((3, 2), np.float32)
+  off = reference * (1 + 1e-3)  # one bfloat16 rounding step is 2**-8 = 0.4%
+  assert not verify_lib.compare(reference, off).ok
+  assert verify_lib.compare(reference, off, rtol_floor=rtols[jnp.bfloat16]).ok
+  assert not verify_lib.compare(reference, off, rtol=1e-4, rtol_floor=2e-2).ok  # rtol wins

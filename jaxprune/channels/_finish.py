@@ -34,6 +34,7 @@ from jaxprune.structured import (
 from jaxprune.structured._shared import (
   checked_callable,
   compare,
+  computation_rtol,
   dense_distance,
   has_batch_norm,
   traced_outputs,
@@ -183,7 +184,8 @@ def shrink(rule: ChannelRule, variables: PyTree, state: Any, *example_args: Any)
     distance = dense_distance(
       [dense], [outputs], 'the example inputs', batch_norm=has_batch_norm(variables)
     )
-    report = compare(masked_outputs(rule, masked, removal, *example_args), outputs)
+    masked_out = masked_outputs(rule, masked, removal, *example_args)
+    report = compare(masked_out, outputs, rtol_floor=computation_rtol(rule.graph))
     if not report.ok:
       raise RuntimeError(
         f'channels.shrink: the shrunk model differs from the masked model '

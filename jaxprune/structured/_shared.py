@@ -36,7 +36,12 @@ from jaxprune.structured._primitives.traversal import call_body
 from jaxprune.structured._prune.distance import distance as dense_distance
 from jaxprune.structured._prune.distance import has_batch_norm
 from jaxprune.structured._select.importance import is_weight
-from jaxprune.structured._shrink.verify import checked_callable, compare, traced_outputs
+from jaxprune.structured._shrink.verify import (
+  checked_callable,
+  compare,
+  computation_rtol,
+  traced_outputs,
+)
 from jaxprune.structured._trace.kinds import activation_products
 
 __all__ = [
@@ -44,6 +49,7 @@ __all__ = [
   'call_body',
   'checked_callable',
   'compare',
+  'computation_rtol',
   'conv_axes',
   'count_flops',
   'dense_distance',

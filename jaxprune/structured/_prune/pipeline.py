@@ -43,6 +43,7 @@ from jaxprune.structured._shrink.verify import (
   VerifyReport,
   checked_callable,
   compare,
+  computation_rtol,
   dense_reference,
   full_precision,
   verify,
@@ -239,7 +240,7 @@ def _verified(graph, variables, plan, example_args, runs):
     else:
       with full_precision():
         outputs = fn(*example_args)
-      report = compare(reference, outputs)
+      report = compare(reference, outputs, rtol_floor=computation_rtol(graph))
     if not report.ok and reports:  # the pruned callable passed: the model's own code differs
       raise RuntimeError(
         f'prune: {what} differs from the dense model with the removed channels zeroed '

@@ -137,6 +137,32 @@ def checked_callable(graph: DependencyGraph, plan: Plan, pruned_fn: Callable) ->
   return pruned_fn if checked is graph else replayed_fn(checked, plan)
 
 
+def _float_dtypes(jaxpr: Any) -> set[np.dtype]:
+  """The floating dtypes of the values `jaxpr` (a Jaxpr) and its sub-jaxprs compute."""
+  found = set()
+  for eqn in jaxpr.eqns:
+    for var in eqn.outvars:
+      dtype = getattr(var.aval, 'dtype', None)
+      if dtype is not None and jnp.issubdtype(dtype, jnp.floating):
+        found.add(np.dtype(dtype))
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, 'jaxpr', sub)
+        if hasattr(inner, 'eqns'):
+          found |= _float_dtypes(inner)
+  return found
+
+
+def computation_rtol(graph: DependencyGraph) -> float:
+  """The loosest `default_rtol` of the floating dtypes the traced function computes in.
+
+  A model that multiplies in bfloat16 and casts its logits to float32 (MaxText's default)
+  rounds at bfloat16's precision: its float32 outputs are checked at that tolerance, not
+  at float32's.
+  """
+  return max((default_rtol(d) for d in _float_dtypes(graph.closed_jaxpr.jaxpr)), default=0.0)
+
+
 def default_rtol(dtype: Any) -> float:
   """The default relative tolerance of `verify` for outputs of `dtype` (0 for ints)."""
   dtype = np.dtype(dtype)
@@ -181,7 +207,11 @@ def dense_reference(
 
 
 def compare(
-  reference: PyTree, outputs: PyTree, rtol: float | None = None, atol: float = 0.0
+  reference: PyTree,
+  outputs: PyTree,
+  rtol: float | None = None,
+  atol: float = 0.0,
+  rtol_floor: float = 0.0,
 ) -> VerifyReport:
   """Compares two output pytrees leaf by leaf, relative to each leaf's scale.
 
@@ -196,6 +226,8 @@ def compare(
       float32, 1e-10 for float64, 1e-2 for float16, 2e-2 for bfloat16,
       exact for integers and bools).
     atol: absolute tolerance on top.
+    rtol_floor: the least default relative tolerance (`computation_rtol` of the model
+      that made the outputs); ignored where `rtol` is given.
 
   Returns:
     A `VerifyReport` (without per-group errors).
@@ -206,7 +238,7 @@ def compare(
     raise ValueError(f'verify: output structures differ: {ref_tree} vs {out_tree}.')
   ok, rel, diff, scale = True, 0.0, 0.0, 0.0
   for ref, out in zip(ref_leaves, out_leaves, strict=True):
-    tol = default_rtol(np.asarray(ref).dtype) if rtol is None else rtol
+    tol = max(default_rtol(np.asarray(ref).dtype), rtol_floor) if rtol is None else rtol
     ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
     leaf_scale = float(np.abs(np.nan_to_num(ref, nan=0.0)).max(initial=0.0))
     if ref.shape != out.shape:
@@ -329,12 +361,13 @@ def _verify(
     graph, plan, zeroed_variables(graph, variables, plan), *example_args, jit=jit
   )
   approximate = tuple(sorted(gid for gid in plan.removed if graph.groups[gid].approximate))
+  floor = computation_rtol(graph)
   if not approximate:
-    report = compare(reference, outputs, rtol, atol)
+    report = compare(reference, outputs, rtol, atol, floor)
   else:
     free = compare(reference, outputs, approximate_rtol, atol)
     frozen = compare(
-      reference, _frozen_outputs(graph, variables, plan, example_args, jit), rtol, atol
+      reference, _frozen_outputs(graph, variables, plan, example_args, jit), rtol, atol, floor
     )
     report = dataclasses.replace(
       free,
