@@ -3,7 +3,9 @@
 unstructured or N:M, with OWL's layer-wise sparsities (Yin et al. 2023) and DSnoT's mask
 fix-up (Zhang et al. 2023), of matmul and convolution weights, also those stacked under a
 `lax.scan`; `prune_with_report` also reports each layer's sparsity and reconstruction
-error; `matmul_weights` gives those weights to the gradual transform as its `prune_filter`."""
+error; `prune_offloaded` and `prune_checkpoint` prune a model larger than the device one
+block at a time, from host memory or an orbax checkpoint; `matmul_weights` gives the weights
+it prunes to the gradual transform as its `prune_filter`."""
 
 from jaxprune._attributes import suggesting_getattr
 from jaxprune.oneshot._api import METHODS, prune, prune_with_report
