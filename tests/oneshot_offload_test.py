@@ -261,3 +261,17 @@ def test_bad_blocks_name_the_fix():
       sparsity=0.5,
       stacked=True,
     )
+
+
+def test_nothing_stays_on_the_device():
+  """The pruned blocks come back as copies: no device array outlives the call (a numpy
+  view of a CPU array would keep its device buffer, and every block, alive)."""
+
+  def live():
+    return sum(a.nbytes for a in {id(a): a for a in jax.live_arrays()}.values())
+
+  blocks, batches = make_blocks(), calibration()
+  before = live()
+  pruned, masks = oneshot.prune_offloaded(block_fn, blocks, batches, method='wanda', nm='2:4')
+  assert live() == before
+  assert len(pruned) == len(masks) == DEPTH
