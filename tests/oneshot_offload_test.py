@@ -275,3 +275,18 @@ def test_nothing_stays_on_the_device():
   pruned, masks = oneshot.prune_offloaded(block_fn, blocks, batches, method='wanda', nm='2:4')
   assert live() == before
   assert len(pruned) == len(masks) == DEPTH
+
+
+def test_a_warning_of_every_block_is_given_once():
+  with pytest.warns(UserWarning) as caught:
+    oneshot.prune_offloaded(
+      block_fn,
+      make_blocks(),
+      calibration(),
+      method='magnitude',
+      sparsity=0.5,
+      overrides={'nothing': 0.3},
+    )
+  unmatched = [str(w.message) for w in caught if "'nothing'" in str(w.message)]
+  assert len(unmatched) == 1  # not once per block (3 blocks)
+  assert unmatched[0].startswith('prune_offloaded (first in block 0): ')

@@ -244,7 +244,7 @@ def _stream(
       warnings.simplefilter('always')
       new, mask = _api.prune(fn, block, acts, **options)
     for w in caught:
-      seen.setdefault(str(w.message), w)
+      seen.setdefault(str(w.message), (k, w.category))
     del block
     if k + 1 < count:
       acts = [forward(new, x) for x in acts]
@@ -252,8 +252,9 @@ def _stream(
     pruned.append(jax.tree.map(np.array, new))
     masks.append(jax.tree.map(np.array, mask))
     del new, mask
-  for message, w in seen.items():
-    warnings_lib.warn(f'prune_offloaded (every block): {message}', w.category)
+  # Once per message, not once per block: every block is the same function.
+  for message, (k, category) in seen.items():
+    warnings_lib.warn(f'prune_offloaded (first in block {k}): {message}', category)
   return pruned, masks
 
 
