@@ -6,6 +6,7 @@ default of the `--config` flag; `configs/*.py` start from it.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import ml_collections
@@ -58,9 +59,10 @@ def parse_pruning_flag(text: str, base: ml_collections.ConfigDict) -> ml_collect
   # parse_hparams takes list-typed map fields, as jaxprune's defaults have.
   as_lists = {k: list(v) if isinstance(v, tuple) else v for k, v in base.to_dict().items()}
   given = hparams_lib.given_fields(base)
-  return pruning_config(
-    jaxprune.parse_hparams(text, base=hparams_lib.PruningConfig(as_lists, given=given))
-  )
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore')  # pruning_config checks the result, and warns once
+    parsed = jaxprune.parse_hparams(text, base=hparams_lib.PruningConfig(as_lists, given=given))
+  return pruning_config(parsed)
 
 
 # What each field of the job's config means: shown by `jaxprune-train --help`
