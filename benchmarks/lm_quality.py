@@ -23,7 +23,6 @@ import time
 import ml_collections
 
 import jaxprune_train as train
-from jaxprune_train import _loop as loop
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs/lm.py')
 
@@ -69,7 +68,7 @@ def run(args: argparse.Namespace, target: float | None, mask_source: str) -> dic
       mask_source=mask_source,
     )
   start = time.process_time()
-  result = loop.train(config)
+  result = train.train(config)
   leaves = result.report.leaves
   size = sum(leaf.size for leaf in leaves)
   achieved = 1 - sum(leaf.nonzero for leaf in leaves) / size if leaves else 0.0

@@ -196,11 +196,6 @@ def documented(package: str):
           yield f'{package}.{name}.{attr}', inspect.getdoc(member) or ''
 
 
-# Docstrings that still name structured's private files: they go with the rework of
-# structured's internals (issue 34). An entry that no longer occurs fails below: remove it.
-STILL_PRIVATE: dict[str, set[str]] = {}  # known exceptions by package: none left
-
-
 @pytest.mark.parametrize('package', PUBLIC_PACKAGES)
 def test_public_docstrings_point_at_no_private_path(package):
   found = {
@@ -208,10 +203,7 @@ def test_public_docstrings_point_at_no_private_path(package):
     for label, doc in documented(package)
     for match in PRIVATE_PATH.finditer(doc)
   }
-  known = STILL_PRIVATE.get(package, set())
-  new = sorted(found - known)
-  assert new == [], 'public docstrings name private paths:\n' + '\n'.join(new)
-  assert sorted(known - found) == [], 'gone from the docstrings: remove from STILL_PRIVATE'
+  assert sorted(found) == [], 'public docstrings name private paths:\n' + '\n'.join(found)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""Nothing falls short in silence (issue 55, round 3): each case gives the right result or
-one line naming the fix."""
+"""Misuse and edge cases that once passed in silence: each gives the right result or one
+line naming the fix."""
 
 import re
 import warnings

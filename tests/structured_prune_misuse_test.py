@@ -1,4 +1,4 @@
-"""First guesses at `jaxprune.structured.prune` (issue 41) answered with the fix: one line
+"""First guesses at `jaxprune.structured.prune` answered with the fix: one line
 that names the value and the call that works, or a result where the intent is plain."""
 
 import warnings

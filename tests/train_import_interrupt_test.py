@@ -132,4 +132,3 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path, entry, moment):
   assert own == [LINE], own[-40:]
   assert status == 130
   assert not (tmp_path / 'run').exists()
-
