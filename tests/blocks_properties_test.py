@@ -37,6 +37,7 @@ def _assert_constant_on_blocks(mask, block_dims):
       assert block.all() or not block.any(), (i, j, block)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('shape,block_dims,pooling,method,nbins', CONFIGS)
 @settings(max_examples=25)
 @given(data=st.data())

@@ -57,6 +57,7 @@ def test_expand_repeats_each_block_and_crops():
   np.testing.assert_array_equal(full, expected)
 
 
+@pytest.mark.slow
 def test_block_larger_than_the_weights_is_the_whole_dimension():
   w = jnp.asarray(np.random.default_rng(0).standard_normal((10, 8)), jnp.float32)
   huge = jaxprune.update_mask(w, 0.0, 0.5, block_dims=(2_000_000_000, 1))

@@ -4,9 +4,11 @@ import contextlib
 import io
 
 import numpy as np
+import pytest
 from docs_blocks import code_cells
 
 
+@pytest.mark.slow
 def test_docs_gradual_channel_example_runs():
   blocks = code_cells('guides/channels.md')
   assert len(blocks) == 1

@@ -108,6 +108,7 @@ def _by_label(rule, kept):
   return {g.label: kept[g.id] for g in rule.layout.groups}
 
 
+@pytest.mark.slow
 def test_exact_and_histogram_keep_the_reference_channels():
   scores = np.asarray([3.0, 1.0, 4.0, 1.5, 9.0, 2.0, 6.0, 5.0], F32)
   _, params, graph = _two_layer(scores)
@@ -127,6 +128,7 @@ def test_exact_and_histogram_keep_the_reference_channels():
     assert kept[0][0].all()  # step 0 is no mask update (frequency 1 counts from step 0)
 
 
+@pytest.mark.slow
 def test_mask_covers_every_member_slice():
   scores = np.asarray([1.0, 5.0, 2.0, 4.0], F32)
   _, params, graph = _two_layer(scores, inputs=3)
@@ -156,6 +158,7 @@ class _BNNet(nn.Module):
     return nn.Dense(3, name='head')(jnp.mean(x, axis=(1, 2)))
 
 
+@pytest.mark.slow
 def test_scores_are_the_l2_norm_of_the_whole_group():
   x = jnp.ones((1, 5, 5, 2))
   model = _BNNet()
@@ -275,6 +278,7 @@ def _two_groups(a_scores, b_scores):
   return jax.tree.map(jnp.asarray, params), trace(fn, params, jnp.ones((2, 1)))
 
 
+@pytest.mark.slow
 def test_global_threshold_ranks_mean_normalised_scores():
   # Normalised: a = [.4, .8, 1.2, 1.6], b = [.5, .5, .5, 2.5]; the 4 largest of the 8 stay.
   params, graph = _two_groups([1.0, 2.0, 3.0, 4.0], [100.0, 100.0, 100.0, 500.0])
@@ -294,6 +298,7 @@ def test_global_threshold_ranks_mean_normalised_scores():
   assert kept['v1:1'].all()
 
 
+@pytest.mark.slow
 def test_locked_groups_keep_every_channel():
   params, graph = _two_groups([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0])
   rule, _, states, kept = _run(

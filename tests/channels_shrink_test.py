@@ -52,6 +52,7 @@ def _masked(params, masks):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(SHAPES))
 def test_transform_then_shrink_gives_the_masked_outputs(name):
   fn, variables, args, _ = ZOO[name]()

@@ -123,6 +123,7 @@ def test_maxima_see_one_nan_in_a_large_array(shape):
   assert np.isinf(maxima[0])
 
 
+@pytest.mark.slow
 def test_pieces_are_each_parts_rows_bit_for_bit():
   # 280 units: past one window of selection (256), with a stacked part across its edge.
   units = [1] * 250 + [20] + [1] * 10

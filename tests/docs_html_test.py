@@ -82,6 +82,7 @@ def _cells(page_html: str) -> list[tuple[str, str]]:
   return [(classes, ''.join(text)) for classes, text in parser.cells]
 
 
+@pytest.mark.slow
 @needs_site
 def test_executed_pages_show_no_progress_bars_banners_or_build_paths():
   found = []
@@ -213,6 +214,7 @@ def _broken_sidebar_links(page: str) -> list[str]:
   )
 
 
+@pytest.mark.slow
 @needs_site
 @pytest.mark.parametrize(
   'page', ['index.html', 'guides/structured.html', 'api/generated/jaxprune.pruning.html']
@@ -221,6 +223,7 @@ def test_code_blocks_fit_or_wrap_at_1280_px(page):
   assert _overflowing_code(page) == []
 
 
+@pytest.mark.slow
 @needs_site
 @pytest.mark.parametrize(
   'page',
@@ -235,6 +238,7 @@ def test_sidebars_show_every_link_whole_at_1280_px(page):
   assert _broken_sidebar_links(page) == []
 
 
+@pytest.mark.slow
 @needs_site
 @pytest.mark.parametrize(
   'query, guide',

@@ -5,9 +5,11 @@ import matplotlib
 
 matplotlib.use('Agg')
 
+import pytest
 from docs_blocks import code_cells  # noqa: E402
 
 
+@pytest.mark.slow
 def test_jaxpruner_rigl_cell_prints_the_erk_counts(capsys):
   [cell] = code_cells('migration/jaxpruner.md')
   exec(cell, {})  # noqa: S102 - the page's own code
@@ -22,6 +24,7 @@ def test_jaxpruner_rigl_cell_prints_the_erk_counts(capsys):
   ]
 
 
+@pytest.mark.slow
 def test_benchmarks_glance_reaches_the_target_with_both_rules():
   cells = code_cells(
     'benchmarks.md', '## The schedule and the mask update at a glance', '## Zhu & Gupta on digits'

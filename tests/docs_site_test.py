@@ -89,6 +89,7 @@ def _broken_links(page: str, dom: str) -> list[str]:
   return sorted(broken)
 
 
+@pytest.mark.slow
 @needs_site
 def test_landing_page_shows_the_title_the_example_and_working_links():
   dom = _rendered('index.html')
@@ -117,6 +118,7 @@ def test_landing_page_shows_the_title_the_example_and_working_links():
   assert _broken_links('index.html', dom) == []
 
 
+@pytest.mark.slow
 @needs_site
 def test_api_page_of_pruning_shows_its_signature_and_docstring():
   page = 'api/generated/jaxprune.pruning.html'
@@ -198,6 +200,7 @@ def search_page_dom(query: str) -> str:
   ).stdout
 
 
+@pytest.mark.slow
 @needs_site
 def test_search_finds_the_semantics_page():
   """The search page, run by the browser's JavaScript over the built search index."""

@@ -130,6 +130,7 @@ def test_a_oneshot_report_in_every_dtype(dtype):
   assert 0 < layer.error and layer.error == pytest.approx(error, rel=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', DTYPES, ids=IDS)
 def test_export_checks_and_size_report_in_every_dtype(dtype):
   fn, params, batches = _layer(dtype)

@@ -53,6 +53,7 @@ def test_to_bcoo_converts_masked_leaves_only():
   np.testing.assert_array_equal(dense['Dense_0']['kernel'], np.diag([1.0, 6.0, 11.0, 16.0]))
 
 
+@pytest.mark.slow
 def test_to_bcoo_without_masks_converts_matrices_and_names_restrict():
   params = {
     'a': {'kernel': jnp.eye(3), 'bias': jnp.zeros(3)},
@@ -88,6 +89,7 @@ def test_size_report_int64_indices_cost_more():
   assert report.leaves[1].sparse_bytes == 4 * 4 + 4 * 2 * 2
 
 
+@pytest.mark.slow
 def test_sparse_mlp_gives_the_dense_outputs():
   model = MLP()
   x = jax.random.normal(jax.random.key(1), (5, 24))
@@ -123,6 +125,7 @@ def test_check_sparse_outputs_reports_a_mismatch():
 
 # The dense params are fed at every step (the weights TF's reference masks in its graph),
 # so pruned weights are never zeroed and the moved-weights check warns, as it should.
+@pytest.mark.slow
 @pytest.mark.filterwarnings('ignore:jaxprune.*no longer zero:UserWarning')
 def test_strip_and_report_accept_an_optax_state():
   import optax

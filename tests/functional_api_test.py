@@ -68,6 +68,7 @@ def reference_keep(scores, amount, alive):
   return keep.reshape(np.shape(scores))
 
 
+@pytest.mark.slow
 def test_torch_tutorial_iterative_ln_structured():
   masks = {'conv1': {'weight': jnp.asarray(TUTORIAL_RANDOM_MASK), 'bias': None}}
   masks = functional.ln_structured(
@@ -92,6 +93,7 @@ def test_torch_tutorial_bias_and_weight_masks_compose_across_calls():
   np.testing.assert_array_equal(pruned['conv1']['weight'], TUTORIAL_WEIGHT * TUTORIAL_RANDOM_MASK)
 
 
+@pytest.mark.slow
 def test_default_selection_is_kernels_and_others_are_none():
   params = mlp_params()
   masks = functional.l1_unstructured(params, 0.5)
@@ -187,6 +189,7 @@ def test_importance_scores_replace_magnitudes():
     )
 
 
+@pytest.mark.slow
 def test_random_unstructured_per_leaf():
   params = mlp_params()
   masks = functional.random_unstructured(params, 0.25, key=jax.random.key(0))

@@ -42,6 +42,7 @@ def test_fraction_rounds_half_to_even_like_torch():
   assert int(jnp.sum(~methods.prune_lowest(scores, 0.26))) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'size, amount', [(45, 0.7), (10, 0.25), (10, 0.75), (1001, 0.3), (7, 0.5), (200, 0.145)]
 )
@@ -83,6 +84,7 @@ def test_nan_scores_rank_as_largest():
   np.testing.assert_array_equal(methods.prune_lowest(scores, 2), [0, 1, 0, 1])
 
 
+@pytest.mark.slow
 @settings(max_examples=40)
 @given(
   values=st.lists(st.integers(-4, 4), min_size=1, max_size=24),

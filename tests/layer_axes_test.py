@@ -117,6 +117,7 @@ def test_specs_hold_the_axes_and_each_layer_shape_resolves_blocks():
   assert (zero.layer_axes, zero.layer_at) == (1, ())  # '@0' is the leading form ':1'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('form', ['pruned', 'chain'])
 def test_exact_puts_every_layer_at_the_target_as_a_sort_does(form):
   w = _maxtext()
@@ -148,6 +149,7 @@ def _histogram_threshold(a, sparsity, nbins):
   return np.float32(np.float32(below / nbins) * m), np.bincount(bins.ravel()).max() / a.size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('form', ['pruned', 'chain'])
 def test_histogram_puts_every_layer_within_one_bin_of_the_target(form):
   w = _maxtext(1)
@@ -191,6 +193,7 @@ def test_nm_groups_run_along_each_layers_input_axis(form):
   np.testing.assert_array_equal(mask, keep.reshape(w.shape))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'overrides',
   [
@@ -216,6 +219,7 @@ def test_the_layer_axis_second_equals_the_leading_layout_transposed(overrides):
   assert 0 < (~mask_b).mean() <= 0.5
 
 
+@pytest.mark.slow
 def test_two_layer_axes_anywhere_equal_two_leading_ones():
   rng = np.random.default_rng(5)
   w = rng.normal(size=(2, 16, 3, 24)).astype(np.float32)  # layer axes 0 and 2

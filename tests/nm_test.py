@@ -66,6 +66,7 @@ def test_matches_reference(shape, n, m, axis):
   assert bool(nm.is_nm_sparse(jnp.where(got, w, 0.0), n, m, axis))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('n, m', [(2, 4), (1, 8), (5, 16), (31, 32), (3, 64)])
 def test_comparison_ranks_as_the_sort(n, m):
   # nm_mask ranks groups of up to 32 by pairwise comparison, larger ones by sorting

@@ -216,6 +216,7 @@ def _masked_names(masks):
   return sorted('/'.join(key.key for key in path) for path, m in flat if m is not None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('method', ['wanda', 'sparsegpt'])
 @pytest.mark.parametrize('nm', [None, (2, 4)], ids=['50%', '2:4'])
 def test_a_resnet_prunes_every_conv_and_the_head(method, nm):

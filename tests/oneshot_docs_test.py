@@ -6,9 +6,11 @@ import os
 import re
 import warnings
 
+import pytest
 from docs_blocks import DOCS, code_cells
 
 
+@pytest.mark.slow
 def test_docs_oneshot_example():
   blocks = code_cells('guides/oneshot.md')
   assert len(blocks) == 1, 'the one-shot guide has one code cell'
@@ -27,6 +29,7 @@ def test_docs_oneshot_example():
   assert printed[4:] == ['True', 'None']
 
 
+@pytest.mark.slow
 def test_docs_oneshot_report_example():
   """The guide's report example (a ```python block: the page has one code cell) prints the
   table shown under it: the convolution, then the scan's slices in the order it runs

@@ -73,6 +73,7 @@ def _wanda_scores(kernel, x):
   return np.abs(np.asarray(kernel, np.float64).T) * np.sqrt((np.asarray(x, np.float64) ** 2).sum(0))
 
 
+@pytest.mark.slow
 def test_permuted_model_computes_the_same_function_and_keeps_more():
   fn, params, x = _residual()
   new, done = oneshot.permute_channels(fn, params, [x], nm='2:4', layers='up|down|head')

@@ -63,6 +63,7 @@ def test_masks_stay_held_and_the_loss_goes_down():
   assert loss(tuned, heldout) < loss(pruned, heldout) - 0.1
 
 
+@pytest.mark.slow
 def test_without_the_masks_pruned_weights_grow_back():
   """The control: the same fine-tuning without `masks` moves the pruned weights off zero,
   so the first test's zeros are the masks' doing."""

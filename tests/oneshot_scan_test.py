@@ -176,6 +176,7 @@ def test_hand_written_reversed_scan_against_numpy():
   np.testing.assert_allclose(np.asarray(new['stack']['a']), w['stack']['a'], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_haiku_layer_stack_and_equinox_scan_equal_unrolled():
   batches = _batches()
 

@@ -12,6 +12,7 @@ import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -59,6 +60,7 @@ def multidevice() -> dict:
   return results
 
 
+@pytest.mark.slow
 def test_sharded_params_prune_like_one_device():
   env = cpu_devices.env(8)
   done = subprocess.run(

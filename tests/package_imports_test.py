@@ -78,6 +78,7 @@ def violations(paths: list[pathlib.Path], forbidden: list[str]) -> list[str]:
   return out
 
 
+@pytest.mark.slow
 def test_import_jaxprune_loads_only_the_core():
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
   result = subprocess.run(
@@ -193,6 +194,7 @@ def test_init_exports_exactly_its_all(package):
 LAZY = ('jaxprune', 'jaxprune_train')
 
 
+@pytest.mark.slow
 def test_the_main_job_loads_its_modules_on_first_use():
   """A config file's `from jaxprune_train import get_config`, and the command's flag errors,
   load no Flax, orbax or matplotlib (a fresh process: this one has them all)."""
@@ -326,6 +328,7 @@ def test_namespace_modules_only_reexport(name):
   assert all(getattr(module, n).__module__.startswith('jaxprune._') for n in module.__all__)
 
 
+@pytest.mark.slow
 def test_importing_jaxprune_and_its_namespaces_starts_no_backend():
   # The main job calls jax.distributed.initialize after its imports, which must come
   # before JAX's backend starts: no module may make a jax array at import.

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from docs_blocks import code_cells
 
 
@@ -13,6 +14,7 @@ def _example() -> str:
   return example
 
 
+@pytest.mark.slow
 def test_docs_sharding_example(tmp_path):
   code = _example()
   script = tmp_path / 'example.py'

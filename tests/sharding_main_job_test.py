@@ -63,6 +63,7 @@ def _run(args, cwd):
   return result
 
 
+@pytest.mark.slow
 def test_sharded_run_resumes_and_agrees_with_one_device(tmp_path):
   (tmp_path / 'tiny.py').write_text(TINY_CONFIG)
   (tmp_path / 'compare.py').write_text(COMPARE)
@@ -98,6 +99,7 @@ def test_sharded_run_resumes_and_agrees_with_one_device(tmp_path):
   }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'mesh_shape, message',
   [

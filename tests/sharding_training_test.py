@@ -30,6 +30,7 @@ def runs():
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', ['data_parallel', 'model_parallel', 'fsdp'])
 def test_training_agrees_with_one_device(runs, layout):
   run = runs[layout]

@@ -108,6 +108,7 @@ def _elements(collective: str) -> int:
   return count
 
 
+@pytest.mark.slow
 def test_explicit_mesh_axes_equal_one_device():
   result = run_script('explicit', 'histogram')
   assert 'error' not in result, result

@@ -26,6 +26,7 @@ def _updates_at_0_10_20(**extra):
   return jaxprune.parse_hparams(text, **extra) if extra else jaxprune.parse_hparams(text)
 
 
+@pytest.mark.slow
 def test_a_1x1_kernel_pruned_last_is_not_called_moved():
   params = {'head': {'kernel': jnp.full((1, 1), 0.7)}}
   tx = optax.chain(optax.adam(1e-2), jaxprune.pruning(_updates_at_0_10_20()))
@@ -282,6 +283,7 @@ def cnn():
   return model, model.init(jax.random.key(0), _images())
 
 
+@pytest.mark.slow
 def test_a_structured_result_counts_feature_channels_not_spatial_axes(cnn):
   model, variables = cnn
   result = jps.prune(model, variables, _images(), ratio=0.5, progress=False)
@@ -363,6 +365,7 @@ def _export_cnn():
   return (lambda p, x: model.apply({'params': p}, x)), params, masks, x
 
 
+@pytest.mark.slow
 def test_sparse_outputs_of_a_cnn_run_its_conv_kernel_dense_and_say_so_once():
   fn, params, masks, x = _export_cnn()
   with pytest.warns(

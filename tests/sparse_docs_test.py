@@ -1,11 +1,13 @@
 """The sparse-training guide's example (docs/guides/sparse.md) runs as written."""
 
 import numpy as np
+import pytest
 from docs_blocks import code_cells
 
 import jaxprune
 
 
+@pytest.mark.slow
 def test_docs_example(capsys):
   blocks = code_cells('guides/sparse.md')
   assert len(blocks) == 1

@@ -67,6 +67,7 @@ def _numpy_distance(dense, pruned):
   return agreement, np.linalg.norm(pruned - dense) / np.linalg.norm(dense)
 
 
+@pytest.mark.slow
 def test_a_pruned_trained_cnn_states_its_distance_from_the_dense_model(trained):
   model, variables, x, y = trained
   dense = model.apply(variables, x)
@@ -161,6 +162,7 @@ def _channel_pruned(model, variables, x):
   return rule, params, state
 
 
+@pytest.mark.slow
 def test_channel_shrink_and_the_main_jobs_report_state_the_distance(trained):
   model, variables, x, y = trained
   rule, _, state = _channel_pruned(model, variables, x)

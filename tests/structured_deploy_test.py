@@ -44,6 +44,7 @@ def _reference(fn, graph, variables, plan, *args):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'name',
   [
@@ -76,6 +77,7 @@ def test_pruned_callable_runs_at_another_sequence_length():
   assert oracle.compare(_reference(fn, graph, variables, plan, longer), pruned_fn(new, longer))
 
 
+@pytest.mark.slow
 def test_pruned_callable_is_differentiable_at_another_batch():
   k = jax.random.split(jax.random.key(0), 4)
   params = {
@@ -106,6 +108,7 @@ print(sorted(m.split('.')[0] for m in sys.modules if m.startswith(('jaxprune', '
 """
 
 
+@pytest.mark.slow
 def test_export_with_a_symbolic_batch_serialise_and_run_in_a_fresh_process(tmp_path):
   k = jax.random.split(jax.random.key(1), 4)
   params = {'w1': jax.random.normal(k[0], (3, 3, 3, 8)), 'w2': jax.random.normal(k[1], (8, 5))}
@@ -266,6 +269,7 @@ class _LSTMText(nn.Module):
     return nn.Dense(3)(nn.RNN(nn.LSTMCell(12))(nn.Embed(20, 8)(ids))[:, -1])
 
 
+@pytest.mark.slow
 def test_scanned_model_exports_with_symbolic_batch_and_length():
   model = _LSTMText()
   ids = jnp.arange(10, dtype=jnp.int32).reshape(2, 5)

@@ -51,6 +51,7 @@ def test_a_function_is_pruned_as_trace_select_apply_plan_prune_it():
   assert 'fewer' in result.summary()
 
 
+@pytest.mark.slow
 def test_a_haiku_model_to_a_flops_target_with_taylor_importance():
   net = hk.transform_with_state(
     lambda x, is_training: hk.nets.MobileNetV1(strides=(1, 2), channels=(16, 32), num_classes=10)(

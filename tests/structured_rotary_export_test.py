@@ -76,6 +76,7 @@ def test_a_gather_with_constant_positions_along_one_axis_maps_them():
   np.testing.assert_allclose(exported.call(new, x3), expected(x3), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('form', ['gptj', 'roformer', 'llama'])
 def test_rotary_attention_pruned_exports_with_a_symbolic_batch(form):
   x = jax.random.normal(jax.random.key(1), (2, 6, 16))
@@ -103,6 +104,7 @@ def test_rotary_attention_pruned_exports_with_a_symbolic_batch(form):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', ['hf_gptj', 'hf_roformer'])
 def test_hugging_face_rotary_models_pruned_export_with_a_symbolic_batch(name):
   case = getattr(hf, name)()

@@ -5,9 +5,11 @@ import io
 
 import jax
 import numpy as np
+import pytest
 from docs_blocks import code_cells
 
 
+@pytest.mark.slow
 def test_docs_removing_channels_examples_run():
   blocks = code_cells('guides/structured.md', start='## Select, shrink, verify')
   assert len(blocks) == 6, (

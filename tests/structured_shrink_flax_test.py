@@ -149,6 +149,7 @@ def test_recalibrate_gives_the_mean_of_batch_statistics_for_any_momentum():
     calibrate.recalibrate(update, variables['batch_stats'], [])
 
 
+@pytest.mark.slow
 def test_prune_one_line_linen_with_taylor_and_bn_recalibration():
   x = _x(4, 8, 8, 3)
   model = CNN()
@@ -199,6 +200,7 @@ def test_prune_one_line_nnx_to_a_flops_target():
     api.prune(model, x, variables={}, ratio=0.5)
 
 
+@pytest.mark.slow
 def test_prune_keeps_the_attention_scale_when_head_dim_is_pruned():
   fn, variables, (x,), _ = ZOO['transformer_block']()
   result = api.prune(
@@ -224,6 +226,7 @@ class _Attention(nnx.Module):
     return self.fc(self.attn(x))
 
 
+@pytest.mark.slow
 def test_prune_nnx_attention_keeps_its_scale_and_a_custom_one_is_refused_unchanged():
   x = _x(2, 5, 6)
   model = _Attention(nnx.Rngs(0))

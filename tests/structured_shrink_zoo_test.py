@@ -24,6 +24,7 @@ def _traced(name):
   return fn, variables, args, graph
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(ZOO))
 def test_every_zoo_model_prunes_and_verifies(name):
   _, variables, args, graph = _traced(name)

@@ -251,6 +251,7 @@ def test_per_kind_ratios_and_one_flops_target_on_llama(llama):
     jps.select(graph, case.variables, ratio={'width': 0.3}, scope='global')
 
 
+@pytest.mark.slow
 def test_vit_renormalised_width_slices_cls_token_and_positions():
   case, args, graph = _hf_trace(hf.hf_vit, 'renormalise')
   width = _width(graph)
@@ -270,6 +271,7 @@ def test_vit_renormalised_width_slices_cls_token_and_positions():
   assert report.ok and report.approximate == (width.id,) and report.frozen_rel_diff < 1e-4
 
 
+@pytest.mark.slow
 def test_docs_width_example_runs_as_written():
   blocks = code_cells('guides/width.md')
   assert len(blocks) == 1
@@ -284,6 +286,7 @@ def test_docs_width_example_runs_as_written():
   ]
 
 
+@pytest.mark.slow
 def test_prune_takes_the_norms_option():
   """The one-call API: a Linen block with a residual stream through LayerNorm."""
   import flax.linen as nn

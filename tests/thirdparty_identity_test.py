@@ -52,6 +52,7 @@ def test_bert_has_one_heads_group_per_layer():
     assert {'query/kernel', 'key/kernel', 'value/kernel', 'dense/kernel'} <= leaves
 
 
+@pytest.mark.slow
 def test_a_head_of_one_layer_goes_alone():
   case, graph = _bert()
   heads = _heads_groups(graph, 1)[0]
@@ -63,6 +64,7 @@ def test_a_head_of_one_layer_goes_alone():
   assert jps.verify(graph, case.variables, plan, *case.inputs(2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'builder', [hf.hf_bert, zoo.haiku_resnet18], ids=['hf_bert', 'haiku_resnet18']
 )
@@ -83,6 +85,7 @@ def test_a_plan_applies_to_a_trace_at_another_batch(builder):
   jax.tree.map(np.testing.assert_array_equal, again, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'builder', [hf.hf_bert, hf.hf_gpt2, hf.hf_llama], ids=['hf_bert', 'hf_gpt2', 'hf_llama']
 )

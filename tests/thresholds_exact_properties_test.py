@@ -20,6 +20,7 @@ SETTINGS = settings(max_examples=30)
 SHAPES = [(1,), (17,), (6, 10)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('shape', SHAPES)
 @SETTINGS
 @given(data=st.data())

@@ -52,6 +52,7 @@ def _update(w, sparsity, method, nbins, plan):
   return _jitted(method, nbins, plan)(w, F32(sparsity))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['normal', 'integers', 'linspace', 'wide', 'outlier'])
 @pytest.mark.parametrize(
   'method, nbins', [('histogram', 256), ('histogram', 7), ('histogram', 100_000), ('exact', 256)]
@@ -141,6 +142,7 @@ _FORMS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('config', sorted(CONFIGS))
 def test_training_gives_the_same_bits_on_both_plans(config):
   adaptive_form, fixed_form = _FORMS[config]
@@ -152,6 +154,7 @@ def test_training_gives_the_same_bits_on_both_plans(config):
   assert any(not bool(np.all(m)) for m in masks)  # something was pruned
 
 
+@pytest.mark.slow
 def test_a_pooled_leaf_shaped_like_another_is_not_stacked_with_it():
   """b's 2x2 blocks pool its (16, 16) to (8, 8), a's shape: the fixed plan stacks leaves of
   one shape, and must not put raw weights and pooled scores in one stack."""
@@ -202,6 +205,7 @@ def _control_flow(form, leaves, overrides):
   return len(re.findall(r' conditional\(', text)), len(re.findall(r' while\(', text))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'overrides',
   [
@@ -256,6 +260,7 @@ print('ok')
 """
 
 
+@pytest.mark.slow
 def test_plans_agree_on_sharded_params():
   """Leaves sharded along different axes are stacked by the fixed plan: the same bits, and
   the params keep their shardings (8 simulated CPU devices)."""

@@ -42,6 +42,7 @@ def test_histogram_threshold_on_linspace(sparsity, threshold, nonzero):
   assert mask.dtype == jnp.bool_ and mask.shape == LINSPACE.shape
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sparsity, nonzero', [(0.5, 50), (0.95, 5), (0.9, 10), (0.33, 67)])
 def test_exact_threshold_on_linspace(sparsity, nonzero):
   _, mask = jaxprune.update_mask(LINSPACE, 0.0, sparsity, threshold_method='exact')
@@ -50,6 +51,7 @@ def test_exact_threshold_on_linspace(sparsity, nonzero):
   np.testing.assert_array_equal(np.asarray(mask), np.arange(100) >= 100 - nonzero)
 
 
+@pytest.mark.slow
 def test_histogram_cdf_values_above_range_land_in_last_bin():
   values = np.array([-1, 0, 1, 1.5, 2, 3, 4, 5, 10, 100], np.float32)
   cdf = thresholds.histogram_cdf(values, 5.0, 5)

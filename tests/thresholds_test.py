@@ -73,6 +73,7 @@ def test_exact_rule_on_a_large_tensor_uses_the_full_count():
   assert int(mask.sum()) == 524_288
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('size, kept', [(13, 6), (11, 6), (3, 2)])
 def test_exact_keep_count_rounds_half_to_even(size, kept):
   # tfmot's tf.round: 13 * 0.5 = 6.5 -> 6, 11 * 0.5 = 5.5 -> 6, 3 * 0.5 = 1.5 -> 2.

@@ -194,6 +194,7 @@ def test_a_refused_config_is_not_taken_for_damage(tmp_path):
   assert os.listdir(tmp_path / 'checkpoints') == ['1']
 
 
+@pytest.mark.slow
 def test_save_returns_only_once_the_checkpoint_is_committed(tmp_path, monkeypatch):
   real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
 

@@ -158,6 +158,7 @@ def _train_recording_warnings(config, workdir):
   return result, [str(w.message) for w in warned]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'name, at',
   [
@@ -185,6 +186,7 @@ def test_a_full_disk_half_way_through_a_write(tmp_path, reference, name, at):
   _assert_same_run(workdir, _arrays(result.state), reference)
 
 
+@pytest.mark.slow
 def test_a_cut_or_damaged_metrics_line_is_dropped_on_resume(tmp_path, reference):
   workdir = str(tmp_path / 'run')
   loop.train(train_faults.tiny_config(40), workdir)
@@ -276,6 +278,7 @@ def test_every_file_of_the_newest_checkpoint_flipped_or_cut(tmp_path):
   assert {(data, 'flip'), (data, 'cut')} <= caught, sorted(caught)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 def test_a_flipped_byte_in_the_newest_checkpoint_resumes_from_the_previous(tmp_path, reference):
   workdir = str(tmp_path / 'run')
@@ -293,6 +296,7 @@ def test_a_flipped_byte_in_the_newest_checkpoint_resumes_from_the_previous(tmp_p
   _assert_same_run(workdir, _arrays(result.state), reference)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_checkpoint_where_pruning_begins_keeps_the_dense_accuracy(
   tmp_path, reference, monkeypatch
 ):
@@ -319,6 +323,7 @@ def test_ctrl_c_during_the_checkpoint_where_pruning_begins_keeps_the_dense_accur
   _assert_same_run(workdir, _arrays(result.state), reference)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 def test_a_cut_array_file_is_named_in_one_short_line(tmp_path):
   workdir = str(tmp_path / 'run')
@@ -362,6 +367,7 @@ def default_sigint():
   signal.signal(signal.SIGINT, before)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 @pytest.mark.parametrize('where', ['in the save', 'in a finalizer'])
 def test_ctrl_c_during_a_checkpoint_stops_after_it_and_is_never_lost(

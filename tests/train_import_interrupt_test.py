@@ -104,6 +104,7 @@ def _start(
   return job, lines, started, reader
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('moment', MOMENTS)
 @pytest.mark.parametrize('entry', ['console_script', 'python_m'])
 def test_ctrl_c_while_importing_is_one_line(tmp_path, entry, moment):

@@ -276,6 +276,7 @@ def test_lm_and_text_go_together():
   assert "config.model.name='lm' needs config.data.name='text'" in message
 
 
+@pytest.mark.slow
 def test_help_lists_the_bundled_configs():
   result = subprocess.run(
     [sys.executable, '-m', 'jaxprune_train', '--help'],

@@ -176,6 +176,7 @@ def _copy(finished, tmp_path):
   return workdir
 
 
+@pytest.mark.slow
 def test_a_config_json_changed_outside_the_job_is_repaired_from_the_checkpoint(
   finished_40, tmp_path
 ):
@@ -200,6 +201,7 @@ def test_a_config_json_changed_outside_the_job_is_repaired_from_the_checkpoint(
     loop.train(seed_1, workdir)
 
 
+@pytest.mark.slow
 def test_a_missing_metrics_file_is_named_with_the_way_to_resume(finished_40, tmp_path):
   workdir = _copy(finished_40, tmp_path)
   path = os.path.join(workdir, 'metrics.jsonl')

@@ -72,6 +72,7 @@ def finished(tmp_path_factory, compilation_cache):
   return loop.train(_config(), workdir)
 
 
+@pytest.mark.slow
 def test_outputs_exist(finished):
   names = set(os.listdir(finished.workdir))
   assert {
@@ -135,6 +136,7 @@ def test_metrics_follow_the_schedule(finished):
   assert finished.report.final_accuracy > 0.85
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_runs_equal_the_uninterrupted_one(finished, tmp_path):
   workdir = str(tmp_path / 'resumed')
 
@@ -172,6 +174,7 @@ def test_incompatible_config_is_refused_and_nothing_is_overwritten(finished):
     assert json.load(f)['model']['features'] == [32, 16]
 
 
+@pytest.mark.slow
 def test_extending_a_finished_run_continues_it(tmp_path):
   config = _config()
   config.num_steps = 100
@@ -197,6 +200,7 @@ def test_dense_run_without_workdir_writes_nothing(tmp_path, monkeypatch):
   assert 'achieved_sparsity' not in result.history[-1]
 
 
+@pytest.mark.slow
 def test_block_config_prunes_whole_blocks():
   config = _config(block_dims_map=('Dense_0/kernel:4x4',))
   config.num_steps = 210
@@ -230,6 +234,7 @@ def test_global_and_nm_runs_report_their_own_rules():
   assert 'global pruning: one threshold across the pruned leaves; the target 0.800' in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'log_every, found',
   [

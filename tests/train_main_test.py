@@ -51,6 +51,7 @@ def _config_json(workdir):
     return json.load(f)
 
 
+@pytest.mark.slow
 def test_config_file_and_field_overrides(tmp_path):
   workdir = str(tmp_path / 'digits')
   result = _run(
@@ -85,6 +86,7 @@ def test_config_file_and_field_overrides(tmp_path):
   assert 'Pick a new --workdir' in result.stderr
 
 
+@pytest.mark.slow
 def test_tf_hparams_string_goes_on_top_of_the_config(tmp_path):
   workdir = str(tmp_path / 'tf')
   result = _run(
@@ -110,6 +112,7 @@ def test_tf_hparams_string_goes_on_top_of_the_config(tmp_path):
   }
 
 
+@pytest.mark.slow
 def test_nm_on_the_command_line_takes_the_place_of_the_configs_target(tmp_path):
   # The default config's target_sparsity (0.9) is not the user's: N:M alone is accepted.
   workdir = str(tmp_path / 'nm')
@@ -127,6 +130,7 @@ def test_nm_on_the_command_line_takes_the_place_of_the_configs_target(tmp_path):
   assert [(row[4], row[-1]) for row in rows] == [('0.500', '2:4')] * 3
 
 
+@pytest.mark.slow
 def test_help_lists_every_config_field_and_exits_0():
   result = _run([SCRIPT, '--help'])
   assert result.returncode == 0, result.stderr
@@ -170,6 +174,7 @@ def _one_line_error(args, cwd=REPO):
   return lines[0]
 
 
+@pytest.mark.slow
 def test_bad_values_are_clear_errors(tmp_path):
   workdir = f'--workdir={tmp_path / "bad"}'
   assert _one_line_error([workdir, '--config.pruning.target_sparsity=1.5']) == (
@@ -181,6 +186,7 @@ def test_bad_values_are_clear_errors(tmp_path):
   assert not os.path.exists(tmp_path / 'bad')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'args, message',
   [
@@ -314,6 +320,7 @@ def test_each_user_error_is_one_line_without_a_traceback(tmp_path, args, message
   assert not os.path.exists(workdir)  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_an_empty_workdir_is_an_error(tmp_path):
   """`--workdir=` trained into runs/digits_mlp under the current directory."""
   result = _run([SCRIPT, '--workdir='], cwd=tmp_path)
@@ -325,6 +332,7 @@ def test_an_empty_workdir_is_an_error(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_config_files_that_do_not_load_and_unusable_workdirs(tmp_path):
   broken = tmp_path / 'broken.py'
   broken.write_text('def get_config():\n  return {"a": 1\n')
@@ -435,6 +443,7 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(tmp_path):
   }
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_with_one_line_and_saves_nothing_non_finite(tmp_path):
   workdir = str(tmp_path / 'run')
   message = _one_line_error(['--workdir', workdir, *SHORT, '--config.optimizer.learning_rate=1e30'])
@@ -448,6 +457,7 @@ def test_a_diverging_run_stops_with_one_line_and_saves_nothing_non_finite(tmp_pa
   assert not os.path.exists(os.path.join(workdir, 'report.txt'))
 
 
+@pytest.mark.slow
 def test_a_short_run_is_warned_about(tmp_path):
   result = _run([SCRIPT, '--workdir', str(tmp_path / 'run'), *_short(60)])
   assert result.returncode == 0, result.stderr
@@ -568,6 +578,7 @@ def test_reads_abandoned_with_a_damaged_checkpoint_are_not_shown(monkeypatch):
   ], shown
 
 
+@pytest.mark.slow
 def test_each_warning_is_shown_once_in_one_line(tmp_path):
   """The hparams are validated once (no de-duplication in the job): a warning of the
   hparams string, one of the spec and one of the config each print one line, once."""
@@ -590,6 +601,7 @@ def test_each_warning_is_shown_once_in_one_line(tmp_path):
   ], lines
 
 
+@pytest.mark.slow
 def test_without_tensorboardx_the_outputs_name_no_tensorboard_folder(tmp_path):
   hidden = tmp_path / 'hidden' / 'tensorboardX'
   hidden.mkdir(parents=True)

@@ -3,6 +3,7 @@
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK = os.path.join(
@@ -21,6 +22,7 @@ def test_notebook_is_stored_without_outputs():
       assert cell.outputs == [] and cell.execution_count is None
 
 
+@pytest.mark.slow
 def test_notebook_runs(tmp_path):
   nb = nbformat.read(NOTEBOOK, as_version=4)
   NotebookClient(

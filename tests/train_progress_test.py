@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import tqdm
 
 from jaxprune_train import _progress as progress
@@ -68,6 +69,7 @@ def test_a_terminal_gets_the_bar_and_a_file_the_lines():
   assert isinstance(off, tqdm.tqdm) and off.disable
 
 
+@pytest.mark.slow
 def test_the_job_writes_whole_lines_to_a_log_file(tmp_path):
   """As a job scheduler runs it, stderr to a file: tqdm's bar was one line of carriage
   returns there."""

@@ -4,9 +4,12 @@ import contextlib
 import io
 import os
 
+import pytest
+
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
 
 
+@pytest.mark.slow
 def test_quickstart_code_runs_prunes_and_prints_what_the_readme_shows():
   with open(README) as f:
     text = f.read()

@@ -36,6 +36,7 @@ def test_ctrl_c_while_starting_is_one_line():
   ]
 
 
+@pytest.mark.slow
 def test_ctrl_c_before_the_first_checkpoint_is_one_line(tmp_path):
   """Sent as soon as the job names its workdir, while JAX starts and compiles (this
   crashed the process, status -11, in 3 of 7 tries, and claimed a checkpoint)."""
@@ -105,6 +106,7 @@ def get_config():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'target, line',
   [

@@ -234,6 +234,7 @@ CHAINS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(CHAINS))
 def test_a_transform_after_pruning_in_a_chain_is_told_when_the_step_is_traced(case):
   """Before the first step runs, at no cost in the compiled step: the chain's loop is

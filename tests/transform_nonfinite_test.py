@@ -15,6 +15,7 @@ import jaxprune
 HP = 'target_sparsity=0.5,pruning_frequency=1,sparsity_function_end_step=1'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('bad', [np.nan, np.inf])
 @pytest.mark.parametrize('form', ['pruned', 'chained'])
 @pytest.mark.parametrize('plan', ['fixed', 'adaptive'])
@@ -56,6 +57,7 @@ for plan in ('fixed', 'adaptive'):
 """
 
 
+@pytest.mark.slow
 def test_a_nan_weight_keeps_the_mask_as_users_compile():
   # The suite compiles with LLVM's optimisations off (conftest.py), where XLA:CPU's max
   # keeps a NaN; compiled as users compile it drops one from 4096 elements.

@@ -278,6 +278,7 @@ def test_params_sparsity_counts_nan_separately():
   assert jaxprune.count_nonfinite(params) == {'k/kernel': 1}
 
 
+@pytest.mark.slow
 def test_hparams_by_keyword_equal_the_config():
   """`pruning(target_sparsity=...)` and `pruned(opt, ..., **fields)`: the fields over the
   defaults, or beside a given config, as a ConfigDict with those fields would give."""

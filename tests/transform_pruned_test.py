@@ -65,6 +65,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', CASES)
 def test_pruned_equals_the_chained_form_bit_for_bit(case):
   hparams = jaxprune.parse_hparams(
@@ -122,6 +123,7 @@ def test_pruned_works_with_an_optimizer_that_mixes_leaves():
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=3e-7, atol=0)
 
 
+@pytest.mark.slow
 def test_checkpoints_of_either_form_restore_into_the_other():
   hparams = jaxprune.parse_hparams(
     'target_sparsity=0.8,sparsity_function_end_step=4,pruning_frequency=2'
@@ -207,6 +209,7 @@ def test_multisteps_around_pruning_counts_optimizer_steps():
     assert 0.4 <= np.mean(~np.asarray(mask)) <= 0.6
 
 
+@pytest.mark.slow
 def test_pruned_hands_extra_arguments_to_the_optimizer():
   """optax's `update(..., **extra_args)`: reduce_on_plateau reads `value`, the loss, and
   scales the updates down as it changes; `pruned` gives what the optimizer alone gives

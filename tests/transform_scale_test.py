@@ -86,6 +86,7 @@ def _unstack(tree):
   }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'overrides',
   [
@@ -125,6 +126,7 @@ def test_stacked_leaf_gets_one_threshold_per_layer():
     jaxprune.parse_hparams('layer_axes_map=[h/:x]')
 
 
+@pytest.mark.slow
 def test_global_pruning_over_stacked_layers_is_one_threshold():
   unstacked, stacked = _trees()
   common = dict(
@@ -144,6 +146,7 @@ def test_global_pruning_over_stacked_layers_is_one_threshold():
   assert (thresholds == thresholds[0]).all()
 
 
+@pytest.mark.slow
 def test_bfloat16_masks_threshold_the_stored_weights():
   rng = np.random.default_rng(3)
   params = {'d': {'kernel': jnp.asarray(rng.standard_normal((64, 64)), jnp.bfloat16)}}
@@ -201,6 +204,7 @@ def _while_loops(hparams, leaves):
   return len(re.findall(r'stablehlo\.while', text))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'overrides',
   [

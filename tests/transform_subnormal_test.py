@@ -40,6 +40,7 @@ def _message(caught):
   return str(_record(caught).message)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('form', ['pruned', 'chained'])
 def test_init_names_each_leaf_of_subnormal_weights(form):
   tiny = _kernel((16, 4), seed=1) * TINY

@@ -91,6 +91,7 @@ def test_jitted_run_compiles_once_without_host_sync():
   assert _callback_primitives(jaxpr.jaxpr) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'optimizer',
   [

@@ -58,6 +58,7 @@ class LinenMLP(nn.Module):
     return nn.Dense(10)(x)
 
 
+@pytest.mark.slow
 def test_linen_mlp_reaches_targets():
   x, y = _digits()
   hparams = jaxprune.get_pruning_hparams()
@@ -104,6 +105,7 @@ class NNXMLP(nnx.Module):
     return self.linear2(jax.nn.relu(self.linear1(x)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('method', ['histogram', 'exact'])
 def test_nnx_optimizer_reaches_targets(method):
   x, y = _digits()
