@@ -1,6 +1,7 @@
 /* The order of search results (Sphinx's Scorer, set by html_search_scorer in conf.py):
-   pages whose title holds every word of the query come first, guides before the other
-   pages among them; then Sphinx's own order (title words, then text, then name). */
+   pages whose own title holds every word of the query come first, guides before the
+   other pages among them, then sections whose title does; then Sphinx's own order
+   (title words, then text, then name). */
 var Scorer = {
   score: (result) => {
     const [docname, title, anchor, descr, score, filename, kind] = result;
@@ -11,7 +12,11 @@ var Scorer = {
     const pageTitle = (title || '').toLowerCase();
     const titleMatch = words.length > 0 && words.every((w) => pageTitle.includes(w));
     if (!titleMatch) return score;
-    return score + (docname.startsWith('guides/') ? 200 : 100);
+    // A page's own title (no anchor) before a section's of another page: the structured
+    // guide before the language models guide's section "Structured pruning".
+    const guide = docname.startsWith('guides/');
+    const page = !anchor || anchor === '#';
+    return score + (page ? (guide ? 400 : 200) : guide ? 150 : 100);
   },
 
   // Sphinx's defaults for the rest.
