@@ -156,3 +156,12 @@ def test_a_docs_path_in_a_docstring_is_a_link_on_the_site():
     'As in docs/explanation/semantics.md#exact-thresholds, see docs/api/index.md.'
   ) == ('As in :doc:`/explanation/semantics` (section "exact thresholds"), see :doc:`/api/index`.')
   assert rst_safe('`docs/guides/sparse.md` |w|') == '``docs/guides/sparse.md`` \\|w\\|'
+
+
+def test_the_readme_fits_a_page_and_gives_both_tiers_with_their_times():
+  lines = _read('README.md').splitlines()
+  assert len(lines) < 100
+  assert [line for line in lines if len(line) > 90] == []  # clipped on the landing page
+  text = ' '.join(lines)
+  assert 'pytest -m "not slow"' in text
+  assert re.search(r'trains in \d+ s', text) and re.search(r'tests in \d+ min', text)
