@@ -58,40 +58,44 @@ def plot_sparsity(history: Sequence[Mapping[str, Any]], path: str) -> Figure:
   return fig
 
 
-def plot_accuracy(history: Sequence[Mapping[str, Any]], path: str) -> Figure:
-  """Plots train-batch and test accuracy (dense-at-start point starred); returns the figure."""
+def _train_and_held_out(
+  history: Sequence[Mapping[str, Any]],
+  path: str,
+  metric: str,
+  held_out: str,
+  ylabel: str,
+  title: str,
+) -> Figure:
+  """Plots `metric` on the train batches and `test_<metric>` on held-out data, the dense
+  model's at the start of pruning starred; returns the figure."""
   fig, ax = _figure(6, 4)
-  ax.plot(*_series(history, 'accuracy'), alpha=0.5, label='train batch')
-  ax.plot(*_series(history, 'test_accuracy'), 'o-', label='test')
-  steps, dense = _series(history, 'dense_test_accuracy')
+  ax.plot(*_series(history, metric), alpha=0.5, label='train batch')
+  ax.plot(*_series(history, f'test_{metric}'), 'o-', label=held_out)
+  steps, dense = _series(history, f'dense_test_{metric}')
   if dense:
-    ax.plot(steps, dense, 'k*', markersize=12, label='test, dense at start of pruning')
+    ax.plot(steps, dense, 'k*', markersize=12, label=f'{held_out}, dense at start of pruning')
   ax.set_xlabel('step')
-  ax.set_ylabel('accuracy')
-  ax.set_title('Accuracy over training')
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
   _save(fig, path)
   return fig
+
+
+def plot_accuracy(history: Sequence[Mapping[str, Any]], path: str) -> Figure:
+  """Plots train-batch and test accuracy (dense-at-start point starred); returns the figure."""
+  return _train_and_held_out(
+    history, path, 'accuracy', 'test', 'accuracy', 'Accuracy over training'
+  )
 
 
 def plot_bits_per_byte(history: Sequence[Mapping[str, Any]], path: str) -> Figure:
   """Plots a language model's train and held-out bits per byte over steps; returns the figure."""
-  fig, ax = _figure(6, 4)
-  ax.plot(*_series(history, 'bits_per_byte'), alpha=0.5, label='train batch')
-  ax.plot(*_series(history, 'test_bits_per_byte'), 'o-', label='held-out')
-  steps, dense = _series(history, 'dense_test_bits_per_byte')
-  if dense:
-    ax.plot(steps, dense, 'k*', markersize=12, label='held-out, dense at start of pruning')
-  ax.set_xlabel('step')
-  ax.set_ylabel('bits per byte')
-  ax.set_title('Next-byte loss over training')
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  _save(fig, path)
-  return fig
+  return _train_and_held_out(
+    history, path, 'bits_per_byte', 'held-out', 'bits per byte', 'Next-byte loss over training'
+  )
 
 
 def plot_layer_sparsity(leaves: Sequence[LeafReport], path: str) -> Figure:
