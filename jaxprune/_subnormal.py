@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxprune import _warnings as warnings_lib
-
-SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
+from jaxprune._numerics import SMALLEST_NORMAL
 
 
 def _on_host(leaf: Any) -> tuple[np.ndarray, str] | None:
