@@ -22,7 +22,7 @@ import dataclasses
 import difflib
 import functools
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -31,6 +31,7 @@ import numpy as np
 from jaxprune import _hparams_warnings as hparams_warnings
 from jaxprune import _maps as maps
 from jaxprune import _nm as nm
+from jaxprune._hparams_config import ALIASES, RENAMED, PruningConfig
 from jaxprune._hparams_rules import RULES, check_nm_alone, check_rule, check_window, typed_value
 from jaxprune._maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
 from jaxprune._numerics import SMALLEST_NORMAL
@@ -187,73 +188,6 @@ HParams.__doc__ += ''.join(
   ]
 )
 
-# tfmot's `sparsity_m_by_n=(m, n)` zeroes m of every n; ours keeps N of every M.
-_RENAMED = {
-  'sparsity_m_by_n': (
-    "sparsity_m_by_n is tfmot's name, where (m, n) means m ZEROS in every n weights; "
-    "jaxprune's field is nm_sparsity='N:M', which KEEPS N of every M: tfmot's (m, n) is "
-    "nm_sparsity='<n-m>:<n>' (2:4 for (2, 4), 3:4 for (1, 4))"
-  ),
-}
-
-
-# Other libraries' names for our fields (tfmot, torch.nn.utils.prune, jaxpruner): spelling
-# alone would point elsewhere (difflib takes `sparsity` for `nm_sparsity`).
-_ALIASES = {
-  'sparsity': 'target_sparsity',
-  'amount': 'target_sparsity',
-  'target': 'target_sparsity',
-  'final_sparsity': 'target_sparsity',
-  'end_step': 'sparsity_function_end_step',
-  'begin_step': 'sparsity_function_begin_step',
-  'start_step': 'sparsity_function_begin_step',
-  'update_freq': 'pruning_frequency',
-  'power': 'sparsity_function_exponent',
-  'exponent': 'sparsity_function_exponent',
-  'sparsity_map': 'weight_sparsity_map',
-  'regex': 'weight_name_regex',
-}
-
-
-class PruningConfig(ml_collections.ConfigDict):
-  """A ConfigDict of pruning fields that records which fields were assigned (`given_fields`).
-
-  `get_pruning_hparams` and `parse_hparams` return one, so that a field the user
-  sets counts as set even at its default's value (`target_sparsity = 0.5` beside
-  `nm_sparsity` is refused like any other target). Assignments by attribute, by
-  item, by `update` and by ml_collections' command-line overrides all go through
-  `__setitem__`; a deep copy or pickle keeps the record, a plain
-  `ml_collections.ConfigDict(config)` does not (every field it holds counts as given).
-  """
-
-  def __init__(
-    self,
-    initial_dictionary: Any = None,
-    *args: Any,
-    given: Iterable[str] = (),
-    **kwargs: Any,
-  ) -> None:
-    """Args: as ConfigDict's, and `given`, the fields that count as set from the start."""
-    # ConfigDict's own __setattr__ makes fields; the record is a plain attribute.
-    object.__setattr__(self, '_given', set())
-    super().__init__(initial_dictionary, *args, **kwargs)
-    self._given.clear()
-    self._given.update(given)
-
-  def __setitem__(self, key: str, value: Any) -> None:
-    super().__setitem__(key, value)
-    self._given.add(key)
-
-  def __setstate__(self, state: dict[str, Any]) -> None:
-    # ConfigDict rebuilds a copy or an unpickled config by assigning every field.
-    super().__setstate__(state)
-    object.__setattr__(self, '_given', set(state.get('_given', ())))
-
-  def copy_and_resolve_references(self, visit_map: Any = None) -> PruningConfig:
-    copy = super().copy_and_resolve_references(visit_map)
-    object.__setattr__(copy, '_given', set(self._given))
-    return copy
-
 
 def given_fields(hparams: Any) -> frozenset[str]:
   """The fields `hparams` sets, whatever their values.
@@ -269,7 +203,7 @@ def given_fields(hparams: Any) -> frozenset[str]:
   if isinstance(hparams, HParams):
     return hparams.given
   if isinstance(hparams, PruningConfig):
-    return frozenset(hparams._given)
+    return hparams.assigned()
   if isinstance(hparams, str):
     return frozenset(item.split('=', 1)[0].strip() for item in maps.split_top_level(hparams))
   return frozenset(hparams.keys())
@@ -304,9 +238,9 @@ def get_pruning_hparams() -> ml_collections.ConfigDict:
 
 
 def _unknown(name: str) -> ValueError:
-  if name in _RENAMED:
-    return ValueError(f'{name}: {_RENAMED[name]}.')
-  close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, _DEFAULTS, n=1)
+  if name in RENAMED:
+    return ValueError(f'{name}: {RENAMED[name]}.')
+  close = [ALIASES[name]] if name in ALIASES else difflib.get_close_matches(name, _DEFAULTS, n=1)
   hint = f'did you mean {close[0]!r}? ' if close else ''
   return ValueError(f'unknown hyperparameter {name!r}: {hint}known names: {sorted(_DEFAULTS)}.')
 
@@ -348,8 +282,7 @@ def parse_hparams(
   if base is not None:
     _check_keys(base)
     hparams.update(base.to_dict() if isinstance(base, ml_collections.ConfigDict) else base)
-    hparams._given.clear()
-    hparams._given.update(given_fields(base))
+    hparams.reset_assigned(given_fields(base))
   assigned: dict[str, str] = {}
   for item in maps.split_top_level(text):
     if '=' not in item:
