@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
+
+from jaxprune._names import leaf_name
 
 FRACTION_RULE = 'must be in [0, 1)'
 
@@ -130,3 +134,50 @@ def check_arguments(
       f'{where}: mask_rule={mask_rule!r} must be a jaxprune.MaskRule (an object with check, '
       f'init and new_masks), {fix}; leave it out for the per-leaf magnitude rule.'
     )
+
+
+def check_like_init(masks: Any, params: Any, updates: Any) -> None:
+  """ValueErrors naming the leaf when params or updates do not match the masks init made
+  (a tree parallel to the params, None for leaves not pruned)."""
+  is_none = lambda x: x is None
+  flat = jax.tree_util.tree_flatten_with_path(masks, is_leaf=is_none)[0]
+  for what, tree in (('params', params), ('updates', updates)):
+    if jax.tree.structure(tree) != jax.tree.structure(masks, is_leaf=is_none):
+      wrapped = _one_level_apart(what, tree, masks)
+      if wrapped:
+        raise ValueError(f'jaxprune.pruning: {wrapped}')
+      raise ValueError(
+        f'jaxprune.pruning: the {what} tree has another structure than the params given to '
+        f'init: {jax.tree.structure(tree)} vs {jax.tree.structure(masks, is_leaf=is_none)}.'
+        ' Call init again with the new params.'
+      )
+    for (path, mask), leaf in zip(flat, jax.tree.leaves(tree), strict=True):
+      if mask is not None and mask.shape != leaf.shape:
+        raise ValueError(
+          f'jaxprune.pruning: {what} leaf {leaf_name(path)!r} has shape {leaf.shape}, but '
+          f'its mask from init has shape {mask.shape}. Call init again with the new params.'
+        )
+
+
+def _one_level_apart(what: str, tree: Any, masks: Any) -> str | None:
+  """The error's text when `tree` is init's params wrapped one level deeper
+  (`{'params': ...}`, as `jax.grad` of a function of Flax's variables gives) or one level
+  less deep; None otherwise."""
+  ref = jax.tree.structure(masks, is_leaf=lambda x: x is None)
+  label, var = ('updates (the grads)', 'grads') if what == 'updates' else (what, what)
+  if isinstance(tree, Mapping) and len(tree) == 1:
+    [(key, inner)] = tree.items()
+    if jax.tree.structure(inner) == ref:
+      return (
+        f'the {label} are wrapped in {{{key!r}: ...}}, one level deeper than the params '
+        f'given to init; unwrap them ({var}[{key!r}]) or give init params wrapped the same '
+        'way.'
+      )
+  if isinstance(masks, Mapping) and len(masks) == 1:
+    [(key, inner)] = masks.items()
+    if jax.tree.structure(tree) == jax.tree.structure(inner, is_leaf=lambda x: x is None):
+      return (
+        f'the params given to init are wrapped in {{{key!r}: ...}}, one level deeper than '
+        f'the {what}; give init params[{key!r}], or wrap the {what} the same way.'
+      )
+  return None

@@ -12,7 +12,7 @@ are what the optimizer alone would give (Zhu & Gupta 2017, arXiv:1710.01878).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -29,11 +29,10 @@ from jaxprune import _schedule as schedule
 from jaxprune import _sources as sources
 from jaxprune import _specs as specs_lib
 from jaxprune import _updates as updates_lib
-from jaxprune._checks import check_arguments, need_params
+from jaxprune._checks import check_arguments, check_like_init, need_params
 from jaxprune._counting import WeightReader
 from jaxprune._magnitude import MagnitudeRule
 from jaxprune._meshes import on_any_mesh
-from jaxprune._names import leaf_name
 
 PyTree = Any
 SparsityFn = Callable[[Array], Array]
@@ -99,52 +98,6 @@ class PruningState(NamedTuple):
   nonfinite_skips: Array
   sparsity: Array
   moved_updates: Array
-
-
-def _check_like_init(state: PruningState, params: PyTree, updates: PyTree) -> None:
-  """ValueErrors naming the leaf when params or updates do not match the state's masks."""
-  is_none = lambda x: x is None
-  masks = jax.tree_util.tree_flatten_with_path(state.masks, is_leaf=is_none)[0]
-  for what, tree in (('params', params), ('updates', updates)):
-    if jax.tree.structure(tree) != jax.tree.structure(state.masks, is_leaf=is_none):
-      wrapped = _one_level_apart(what, tree, state.masks)
-      if wrapped:
-        raise ValueError(f'jaxprune.pruning: {wrapped}')
-      raise ValueError(
-        f'jaxprune.pruning: the {what} tree has another structure than the params given to '
-        f'init: {jax.tree.structure(tree)} vs {jax.tree.structure(state.masks, is_leaf=is_none)}.'
-        ' Call init again with the new params.'
-      )
-    for (path, mask), leaf in zip(masks, jax.tree.leaves(tree), strict=True):
-      if mask is not None and mask.shape != leaf.shape:
-        raise ValueError(
-          f'jaxprune.pruning: {what} leaf {leaf_name(path)!r} has shape {leaf.shape}, but '
-          f'its mask from init has shape {mask.shape}. Call init again with the new params.'
-        )
-
-
-def _one_level_apart(what: str, tree: PyTree, masks: PyTree) -> str | None:
-  """The error's text when `tree` is init's params wrapped one level deeper
-  (`{'params': ...}`, as `jax.grad` of a function of Flax's variables gives) or one level
-  less deep; None otherwise."""
-  ref = jax.tree.structure(masks, is_leaf=_is_none)
-  label, var = ('updates (the grads)', 'grads') if what == 'updates' else (what, what)
-  if isinstance(tree, Mapping) and len(tree) == 1:
-    [(key, inner)] = tree.items()
-    if jax.tree.structure(inner) == ref:
-      return (
-        f'the {label} are wrapped in {{{key!r}: ...}}, one level deeper than the params '
-        f'given to init; unwrap them ({var}[{key!r}]) or give init params wrapped the same '
-        'way.'
-      )
-  if isinstance(masks, Mapping) and len(masks) == 1:
-    [(key, inner)] = masks.items()
-    if jax.tree.structure(tree) == jax.tree.structure(inner, is_leaf=_is_none):
-      return (
-        f'the params given to init are wrapped in {{{key!r}: ...}}, one level deeper than '
-        f'the {what}; give init params[{key!r}], or wrap the {what} the same way.'
-      )
-  return None
 
 
 def _new_masks_on_any_mesh(compute, operands, state, sparsities):
@@ -361,7 +314,7 @@ def pruning(
   def update_fn(updates, state, params=None):
     params = need_params(params, 'jaxprune.pruning')
     order.warn_if_followed_in_a_chain('jaxprune.pruning')
-    _check_like_init(state, params, updates)
+    check_like_init(state.masks, params, updates)
     return engine.masked(state, params, updates)
 
   return optax.GradientTransformation(engine.init, update_fn)
@@ -448,7 +401,7 @@ def pruned(
     params = need_params(params, 'jaxprune.pruned')
     order.warn_if_followed_in_a_chain('jaxprune.pruned')
     inner, pruning_state = state
-    _check_like_init(pruning_state, params, grads)
+    check_like_init(pruning_state.masks, params, grads)
     updates, inner = optimizer.update(grads, inner, params, **extra_args)
     updates, pruning_state = engine.masked(pruning_state, params, updates)
     return updates, (inner, pruning_state)
