@@ -19,23 +19,26 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from jaxprune._attributes import no_attribute
-from jaxprune._counting import WeightReader
-from jaxprune._export import (
+from jaxprune._config.hparams import HParams, get_pruning_hparams, parse_hparams
+from jaxprune._config.maps import parse_nm
+from jaxprune._config.schedule import sparsity_at
+from jaxprune._masks.nm import is_nm_sparse, nm_mask
+from jaxprune._masks.update import update_mask
+from jaxprune._names import leaf_name, named_leaves, tree_names
+from jaxprune._results.export import (
   OutputMismatchError,
-  SizeReport,
   check_sparse_outputs,
-  size_report,
   sparse_apply,
   strip,
   to_bcoo,
 )
-from jaxprune._hparams import HParams, get_pruning_hparams, parse_hparams
-from jaxprune._masks import update_mask
-from jaxprune._names import leaf_name, named_leaves, tree_names
-from jaxprune._nm import is_nm_sparse, nm_mask, parse_nm
-from jaxprune._schedule import sparsity_at
-from jaxprune._sharding import abstract_with_shardings, pruning_state_shardings, state_shardings
-from jaxprune._summaries import (
+from jaxprune._results.sharding import (
+  abstract_with_shardings,
+  pruning_state_shardings,
+  state_shardings,
+)
+from jaxprune._results.sizes import SizeReport, size_report
+from jaxprune._results.summaries import (
   apply_masks,
   count_nonfinite,
   find_pruning_state,
@@ -44,7 +47,8 @@ from jaxprune._summaries import (
   get_weight_sparsity,
   summaries,
 )
-from jaxprune._transform import MaskRule, PruningState, pruned, pruning
+from jaxprune._search.counting import WeightReader
+from jaxprune._transform.transform import MaskRule, PruningState, pruned, pruning
 
 if TYPE_CHECKING:
   from jaxprune import channels, functional, methods, oneshot, sparse, structured

@@ -31,9 +31,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxprune import _specs as specs
-from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
-from jaxprune._methods import (
+from jaxprune._config import specs as specs
+from jaxprune._config.fields import DEFAULT_WEIGHT_NAME_REGEX
+from jaxprune._masks.methods import (
   L1Unstructured,
   LnStructured,
   NMStructured,
@@ -43,8 +43,8 @@ from jaxprune._methods import (
   validate_amount,
 )
 from jaxprune._names import leaf_name
-from jaxprune._summaries import apply_masks
-from jaxprune._updates import zeroed
+from jaxprune._results.summaries import apply_masks
+from jaxprune._transform.updates import zeroed
 
 PyTree = Any
 Names = str | Callable[[str, Any], bool]

@@ -1,7 +1,7 @@
 """Pruning criteria for `jaxprune.functional` (torch.nn.utils.prune's methods)."""
 
 from jaxprune._attributes import suggesting_getattr
-from jaxprune._methods import (
+from jaxprune._masks.methods import (
   L1Unstructured,
   LnStructured,
   NMStructured,

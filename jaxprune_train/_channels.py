@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxprune._flops import FlopsReport, flops_text
+from jaxprune._results.flops import FlopsReport, flops_text
 from jaxprune_train import _files as files
 
 # jaxprune.channels and jaxprune.structured (Flax NNX, SciPy) are imported inside the

@@ -12,7 +12,7 @@ from typing import Any
 import ml_collections
 
 import jaxprune
-from jaxprune import _hparams as hparams_lib
+from jaxprune._config import hparams as hparams_lib
 
 
 def pruning_config(

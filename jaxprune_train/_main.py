@@ -30,8 +30,8 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxprune import _hparams as hparams_lib
-from jaxprune._maps import split_top_level
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._config.maps import split_top_level
 from jaxprune_train import _defaults as defaults
 from jaxprune_train import _errors as errors
 from jaxprune_train import _process as process

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 
 import jaxprune
-from jaxprune import _specs as specs_lib
+from jaxprune._config import specs as specs_lib
 from jaxprune_train._report import LeafReport
 from jaxprune_train._step import TrainState
 
@@ -69,7 +69,7 @@ def leaf_reports(state: TrainState, hparams: ml_collections.ConfigDict | None) -
   """One `LeafReport` per pruned leaf (none when `hparams` is None).
 
   Each leaf's target, block shape (with -1 resolved) and N:M pattern are the
-  ones the transform prunes it with (`jaxprune._specs.leaf_specs`).
+  ones the transform prunes it with (`jaxprune._config.specs.leaf_specs`).
   """
   if hparams is None:
     return []

@@ -21,7 +21,7 @@ from typing import Any
 
 import ml_collections
 
-from jaxprune._hparams import FIELD_DOCS
+from jaxprune._config.fields import FIELD_DOCS
 from jaxprune_train import _defaults as defaults
 
 HELP_FLAGS = frozenset({'--help', '-help', '-h', '-?', '--helpshort', '-helpshort'})

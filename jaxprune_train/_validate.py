@@ -17,8 +17,8 @@ from typing import Any
 import ml_collections
 
 import jaxprune
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _schedule as schedule
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._config import schedule as schedule
 from jaxprune_train import _defaults as defaults
 from jaxprune_train._errors import ConfigError
 

@@ -1,11 +1,11 @@
-"""Masks packed eight to a byte (`jaxprune._bits`), against numpy's own bit packing."""
+"""Masks packed eight to a byte (`jaxprune._transform.bits`), against numpy's own bit packing."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxprune import _bits as bits
+from jaxprune._transform import bits as bits
 
 
 @pytest.mark.parametrize('shape', [(), (1,), (7,), (8,), (9,), (3, 16), (2, 3, 17), (5, 1)])

@@ -1,4 +1,4 @@
-"""jaxprune._blocks: block shapes, pooling and expansion, against numpy loops."""
+"""jaxprune._masks.blocks: block shapes, pooling and expansion, against numpy loops."""
 
 import math
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import jaxprune
-from jaxprune import _blocks as blocks
+from jaxprune._config import specs
+from jaxprune._masks import blocks as blocks
 
 
 @pytest.mark.parametrize(
@@ -23,7 +24,7 @@ from jaxprune import _blocks as blocks
   ],
 )
 def test_resolve_block_dims(shape, dims, expected):
-  assert blocks.resolve_block_dims(shape, dims) == expected
+  assert specs.resolve_block_dims(shape, dims) == expected
 
 
 def _numpy_pool(values, bh, bw, reduce):

@@ -1,6 +1,6 @@
 """What every test file shares.
 
-Test files mirror the package (`transform_test.py` tests `jaxprune/_transform.py`,
+Test files mirror the package (`transform_test.py` tests `jaxprune/_transform/transform.py`,
 `structured_*` the structured stages, `train_*` the main job); models and
 references that several files use live beside them (`tiny_models.py`,
 `pruning_helpers.py`, `references.py`, `strategies.py`, `structured_zoo.py`,

@@ -1,4 +1,4 @@
-"""jaxprune._counting: the exact counting passes every threshold search is built on,
+"""jaxprune._search.counting: the exact counting passes every threshold search is built on,
 against counts made with numpy."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxprune import _counting as counting
+from jaxprune._search import counting as counting
 
 
 def _part(values, unit_axes=0):

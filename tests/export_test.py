@@ -1,4 +1,4 @@
-"""Tests for jaxprune._export: strip, BCOO leaves, the size report, the sparse-output check."""
+"""Tests for jaxprune._results.export: strip, BCOO leaves, the size report, the output check."""
 
 import json
 import zlib
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from jax.experimental import sparse
 
-from jaxprune import _export as export
 from jaxprune import functional
+from jaxprune._results import export as export
+from jaxprune._results import sizes
 
 
 def small_params():
@@ -68,7 +69,7 @@ def test_to_bcoo_without_masks_converts_matrices_and_names_restrict():
 
 
 def test_size_report_numbers():
-  report = export.size_report(small_params(), small_masks())
+  report = sizes.size_report(small_params(), small_masks())
   kernel, bias = {leaf.name: leaf for leaf in report.leaves}['Dense_0/kernel'], report.leaves[0]
   assert bias.name == 'Dense_0/bias' and not bias.sparse
   assert (bias.dense_bytes, bias.sparse_bytes, bias.zeros) == (16, 16, 2)
@@ -85,7 +86,7 @@ def test_size_report_numbers():
 
 
 def test_size_report_int64_indices_cost_more():
-  report = export.size_report(small_params(), small_masks(), index_dtype=jnp.int16)
+  report = sizes.size_report(small_params(), small_masks(), index_dtype=jnp.int16)
   assert report.leaves[1].sparse_bytes == 4 * 4 + 4 * 2 * 2
 
 
@@ -146,5 +147,5 @@ def test_strip_and_report_accept_an_optax_state():
   # Exact k-th magnitude at s = 0.5 on 1..100 keeps 51..100.
   expected = np.where(np.arange(1, 101) > 50, np.arange(1, 101), 0).reshape(10, 10)
   np.testing.assert_array_equal(stripped['Dense_0']['kernel'], expected)
-  report = export.size_report(params, opt_state)
+  report = sizes.size_report(params, opt_state)
   assert {leaf.name: leaf.nse for leaf in report.leaves}['Dense_0/kernel'] == 50

@@ -1,11 +1,11 @@
-"""The FLOPs convention of every result (`jaxprune/_flops.py`), and the results that
+"""The FLOPs convention of every result (`jaxprune/_results/flops.py`), and the results that
 report through it."""
 
 import dataclasses
 
 import pytest
 
-from jaxprune import _flops
+from jaxprune._results import flops as _flops
 
 
 def test_flops_kept_is_after_over_before_and_one_without_flops():

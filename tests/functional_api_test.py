@@ -340,7 +340,7 @@ def test_remove_strip_and_apply_masks_are_one_rule_also_under_jit():
 def test_default_leaves_are_the_transforms_default():
   import inspect
 
-  from jaxprune import _hparams as hparams
+  from jaxprune._config import fields
 
   for fn in (
     functional.prune,
@@ -350,4 +350,4 @@ def test_default_leaves_are_the_transforms_default():
     functional.nm_structured,
     functional.global_unstructured,
   ):
-    assert inspect.signature(fn).parameters['names'].default is hparams.DEFAULT_WEIGHT_NAME_REGEX
+    assert inspect.signature(fn).parameters['names'].default is fields.DEFAULT_WEIGHT_NAME_REGEX

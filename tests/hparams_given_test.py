@@ -12,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import jaxprune
-from jaxprune import _hparams as hparams_lib
+from jaxprune._config import hparams as hparams_lib
 
 # target_sparsity's default is 0.5: each way of setting it sets it to exactly that.
 _NM_REFUSED = (

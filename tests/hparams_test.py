@@ -12,7 +12,7 @@ import pruning_helpers as helpers
 import pytest
 
 import jaxprune
-from jaxprune import _hparams as hparams_lib
+from jaxprune._config import hparams as hparams_lib
 
 TF_DEFAULTS = {
   'name': 'model_pruning',

@@ -21,8 +21,8 @@ import pruning_helpers as helpers
 import pytest
 
 import jaxprune
-from jaxprune import _maps as maps
-from jaxprune import _specs as specs
+from jaxprune._config import maps as maps
+from jaxprune._config import specs as specs
 
 EMBED, LAYERS, MLP = 64, 4, 96
 SCRIPT = os.path.join(os.path.dirname(__file__), 'layer_axes_multidevice.py')

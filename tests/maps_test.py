@@ -5,8 +5,8 @@ import optax
 import pytest
 
 import jaxprune
-from jaxprune import _maps as maps
 from jaxprune import oneshot, sparse
+from jaxprune._config import maps as maps
 
 
 def test_split_top_level_keeps_bracketed_lists_whole():

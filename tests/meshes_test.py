@@ -8,7 +8,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxprune import _meshes as meshes
-from jaxprune import _ranking as ranking
+from jaxprune._masks import ranking as ranking
 
 
 def _top_3(a):

@@ -1,4 +1,4 @@
-"""Tests for jaxprune._nm: the N:M mask rule and its validation."""
+"""Tests for jaxprune._masks.nm: the N:M mask rule and its validation."""
 
 import itertools
 
@@ -9,7 +9,7 @@ import pruning_helpers as helpers
 import pytest
 
 import jaxprune
-from jaxprune import _nm as nm
+from jaxprune._masks import nm as nm
 
 
 def reference_nm(w, n, m, axis):

@@ -111,7 +111,7 @@ def test_hf_models_pruned_by_all_three_methods(name):
     new, masks = oneshot.prune(case.fn, case.variables, batches, method=method, **target)
     _check(case.variables, new, masks, expected, 0.5)
     assert np.all(np.isfinite(np.asarray(case.fn(new, batches[0]))))
-  stripped = jaxprune._export.strip(new, masks)
+  stripped = jaxprune._results.export.strip(new, masks)
   assert jax.tree.structure(stripped) == jax.tree.structure(case.variables)
 
 

@@ -1,4 +1,4 @@
-"""The chain-order check reads optax's private frames (`jaxprune/_order.py`): the local
+"""The chain-order check reads optax's private frames (`jaxprune/_transform/order.py`): the local
 names it reads are optax's, what it makes of them, and which errors it lets through."""
 
 import sys
@@ -8,7 +8,7 @@ import optax
 import pytest
 
 import jaxprune
-from jaxprune import _order as order
+from jaxprune._transform import order as order
 
 PARAMS = {'Dense_0': {'kernel': jnp.arange(8.0).reshape(2, 4)}}
 

@@ -14,8 +14,13 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'jaxprune'
 PACKAGES = sorted(p.parent for p in PACKAGE.rglob('__init__.py'))
-SUBPACKAGES = sorted(p.name for p in PACKAGES if p.parent == PACKAGE)
-CORE = sorted(p for p in PACKAGE.glob('*.py') if p.name != '__init__.py')
+# The public namespaces (jaxprune.structured, ...) and the core: the top-level modules and
+# the core's private packages, grouped by idea (jaxprune._config, jaxprune._search, ...).
+SUBPACKAGES = sorted(p.name for p in PACKAGES if p.parent == PACKAGE and not p.name.startswith('_'))
+CORE_PACKAGES = sorted(p.name for p in PACKAGES if p.parent == PACKAGE and p.name.startswith('_'))
+CORE = sorted(p for p in PACKAGE.glob('*.py') if p.name != '__init__.py') + sorted(
+  p for name in CORE_PACKAGES for p in (PACKAGE / name).glob('*.py')
+)
 JOB = ROOT / 'jaxprune_train'  # the main job: a package beside the library, not in it
 
 # Heavy dependencies, and jaxprune's own packages, that `import jaxprune` must not load.
@@ -158,7 +163,11 @@ def is_docstring_all_or_getattr(node: ast.stmt) -> bool:
 
 
 @pytest.mark.parametrize(
-  'package', [*(module_name(p / '__init__.py') for p in PACKAGES), 'jaxprune_train']
+  'package',
+  [
+    *(module_name(p / '__init__.py') for p in PACKAGES if p.name not in CORE_PACKAGES),
+    'jaxprune_train',
+  ],
 )
 def test_init_exports_exactly_its_all(package):
   """Each `__init__` holds a docstring, imports and `__all__`; the names it imports from
@@ -223,9 +232,64 @@ def test_the_main_job_loads_its_modules_on_first_use():
 
 
 def test_core_imports_no_package():
-  """The core (jaxprune/*.py) is what every package builds on: it imports none of them."""
-  assert len(CORE) > 10
+  """The core (jaxprune/*.py and its private packages) is what every public package builds
+  on: it imports none of them."""
+  assert len(CORE) > 30
   assert violations(CORE, [f'jaxprune.{p}' for p in SUBPACKAGES]) == []
+
+
+# The core's packages, bottom first (docs/explanation/architecture.md): what the user asks
+# for, how a threshold is found, weights to masks, the optax transform, what users read back.
+# The shared helpers (jaxprune/_names.py, ...) import none of them; the top-level modules
+# that implement a public namespace (`_functional`) may import any.
+CORE_LAYERS = ('_config', '_search', '_masks', '_transform', '_results')
+SHARED = ('_attributes', '_checks', '_meshes', '_names', '_numerics', '_warnings')
+
+
+def test_every_core_package_has_a_layer():
+  assert set(CORE_PACKAGES) == set(CORE_LAYERS)
+  top = {p.stem for p in PACKAGE.glob('_*.py') if p.name != '__init__.py'}
+  assert set(SHARED) <= top
+
+
+@pytest.mark.parametrize('layer', CORE_LAYERS)
+def test_core_packages_import_only_the_layers_below(layer):
+  """No arrow runs back up: the config imports no search or mask code, the search no masks,
+  the masks not the transform, and nothing below reads the results."""
+  above = CORE_LAYERS[CORE_LAYERS.index(layer) + 1 :]
+  files = sorted((PACKAGE / layer).glob('*.py'))
+  assert files
+  tops = [f'jaxprune.{p.stem}' for p in PACKAGE.glob('_*.py') if p.stem not in SHARED]
+  assert violations(files, [*(f'jaxprune.{a}' for a in above), *tops]) == []
+
+
+def test_shared_helpers_import_no_core_package():
+  files = [PACKAGE / f'{name}.py' for name in SHARED]
+  assert violations(files, [f'jaxprune.{p}' for p in CORE_LAYERS]) == []
+
+
+def test_the_core_has_no_import_circle():
+  """No module reaches itself through imports, those for type checkers included."""
+  graph = {}
+  for path in CORE:
+    name = module_name(path)
+    found = imported_modules(path.read_text(), name, path.name == '__init__.py')
+    graph[name] = {m for m in found if m in {module_name(p) for p in CORE} and m != name}
+  circles = []
+
+  def visit(name, trail):
+    for nxt in sorted(graph[name]):
+      if nxt in trail:
+        circles.append(' -> '.join([*trail[trail.index(nxt) :], nxt]))
+      elif nxt not in done:
+        visit(nxt, [*trail, nxt])
+    done.add(name)
+
+  done = set()
+  for name in sorted(graph):
+    if name not in done:
+      visit(name, [name])
+  assert circles == []
 
 
 def test_structured_imports_neither_channels_nor_train():
@@ -280,7 +344,7 @@ def test_structured_folders_import_only_the_layers_below(folder):
 def test_the_direction_check_sees_nested_and_relative_imports():
   source = '\n'.join(
     [
-      'import jaxprune._masks',
+      'import jaxprune._masks.update',
       'from jaxprune import channels as c',
       'def f():',
       '  if True:',
@@ -290,7 +354,7 @@ def test_the_direction_check_sees_nested_and_relative_imports():
   )
   found = imported_modules(source, 'jaxprune.structured.api', is_package=False)
   assert {
-    'jaxprune._masks',
+    'jaxprune._masks.update',
     'jaxprune.channels',
     'jaxprune.train.loop',
     'jaxprune.structured.trace',

@@ -1,11 +1,11 @@
-"""The one tie rule (`jaxprune._ranking`) against plainly written numpy references."""
+"""The one tie rule (`jaxprune._masks.ranking`) against plainly written numpy references."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxprune import _ranking as ranking
+from jaxprune._masks import ranking as ranking
 
 
 def _lowest_reference(scores, k, among=None, lower_first=False):

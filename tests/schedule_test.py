@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import jaxprune
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _schedule as schedule
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._config import schedule as schedule
 
 
 def _spec_update_steps(begin, frequency, end, num_steps):

@@ -1,4 +1,4 @@
-"""Tests of jaxprune._sharding: the shardings of the pruning state from the params'.
+"""Tests of jaxprune._results.sharding: the shardings of the pruning state from the params'.
 
 These run in the main test process, on a 1x1 mesh of its single CPU device;
 the 8-device behaviour is tested through tests/sharding_multidevice.py.

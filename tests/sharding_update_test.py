@@ -16,7 +16,7 @@ import sys
 import cpu_devices
 import pytest
 
-from jaxprune import _brackets as brackets
+from jaxprune._search import brackets as brackets
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'sharding_multidevice.py')
 LAYOUTS = ('data_parallel', 'model_parallel', 'fsdp')

@@ -52,7 +52,7 @@ def test_a_1x1_kernel_pruned_last_is_not_called_moved():
   ('kept', 'value', 'moved'), [(True, 0.7, False), (False, 0.7, True), (False, 0.0, False)]
 )
 def test_one_element_moved_reduction(kept, value, moved):
-  from jaxprune import _moved
+  from jaxprune._transform import moved as _moved
 
   masks, params = [jnp.full((1, 1), kept)], [jnp.full((1, 1), value)]
   assert bool(jax.jit(_moved.any_moved)(masks, params)) is moved

@@ -1,4 +1,4 @@
-"""Where a step's mask update reads the pruned leaves (`jaxprune._sources`): the weights
+"""Where a step's mask update reads the pruned leaves (`jaxprune._transform.sources`): the weights
 each source hands the rule, against `optax.apply_updates` and the params themselves."""
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxprune import _sources as sources
+from jaxprune._transform import sources as sources
 
 PARAMS = {
   'bias': jnp.asarray([0.5, -0.5]),

@@ -12,7 +12,7 @@ import pytest
 import tiny_models
 
 import jaxprune
-from jaxprune import _specs as specs
+from jaxprune._config import specs as specs
 
 
 def test_a_regex_that_matches_no_weight_warns_with_the_leaf_names():

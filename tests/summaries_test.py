@@ -10,8 +10,8 @@ import pytest
 import tiny_models
 
 import jaxprune
-from jaxprune import _summaries as summaries
 from jaxprune import sparse
+from jaxprune._results import summaries as summaries
 
 
 def _pruned_state():

@@ -18,7 +18,7 @@ import pytest
 import references
 
 import jaxprune
-from jaxprune import _thresholds as thresholds
+from jaxprune._search import thresholds as thresholds
 
 F32 = np.float32
 PLANS = ('adaptive', 'fixed')

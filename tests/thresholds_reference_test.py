@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import jaxprune
-from jaxprune import _thresholds as thresholds
+from jaxprune._search import thresholds as thresholds
 
 LINSPACE = np.linspace(1, 100, 100).astype(np.float32)
 
@@ -151,7 +151,7 @@ def test_per_layer_block_dims():
     'layer1': {'weights': jnp.float32([[-0.1, 0.1], [-0.2, 0.2]])},
     'layer2': {'weights': jnp.float32([[0.1, 0.1, 0.3, 0.3], [0.2, 0.2, 0.4, 0.4]])},
   }
-  specs = jaxprune._specs.leaf_specs(params, hp, lambda name, leaf: True)
+  specs = jaxprune._config.specs.leaf_specs(params, hp, lambda name, leaf: True)
   masks = {}
   for layer, spec in specs.items():
     _, mask = jaxprune.update_mask(

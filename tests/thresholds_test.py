@@ -8,7 +8,7 @@ import references
 
 import jaxprune
 from jaxprune import _numerics as numerics
-from jaxprune import _thresholds as thresholds
+from jaxprune._search import thresholds as thresholds
 
 LINSPACE = np.linspace(1, 100, 100, dtype=np.float32).reshape(10, 10)
 

@@ -3,7 +3,7 @@
 import pytest
 
 import jaxprune
-from jaxprune._hparams import FIELD_DOCS
+from jaxprune._config.fields import FIELD_DOCS
 from jaxprune_train import ConfigError
 from jaxprune_train import _defaults as defaults
 from jaxprune_train import _validate as validate

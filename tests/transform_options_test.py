@@ -15,7 +15,7 @@ import pytest
 import references
 
 import jaxprune
-from jaxprune import _hparams as hparams_lib
+from jaxprune._config import hparams as hparams_lib
 
 F32 = np.float32
 

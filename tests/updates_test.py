@@ -1,4 +1,5 @@
-"""How masks meet params and updates (`jaxprune._updates`), in float32 and narrow floats."""
+"""How masks meet params and updates (`jaxprune._transform.updates`), in float32 and narrow
+floats."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxprune import _updates as updates_lib
+from jaxprune._transform import updates as updates_lib
 
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.float16])

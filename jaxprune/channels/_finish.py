@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune._flops import FlopsReport
 from jaxprune._names import leaf_name
-from jaxprune._summaries import get_masks
+from jaxprune._results.flops import FlopsReport
+from jaxprune._results.summaries import get_masks
 from jaxprune.channels._rule import ChannelRule, channel_keeps_from_masks, leaf_masks
 from jaxprune.structured import (
   DenseDistance,

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _masks as masks_lib
-from jaxprune._counting import WeightReader
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._masks import update as masks_lib
 from jaxprune._names import named_leaves
+from jaxprune._search.counting import WeightReader
 from jaxprune.channels import _layout as layout_lib
 from jaxprune.structured import Constraint, DependencyGraph
 

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import _maps as maps
-from jaxprune import _nm as nm_lib
 from jaxprune._checks import check_fraction
+from jaxprune._config import maps as maps
+from jaxprune._masks import nm as nm_lib
 from jaxprune.oneshot._layers import Layer
 
 PyTree = Any

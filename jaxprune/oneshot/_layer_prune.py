@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune._updates import zeroed
+from jaxprune._transform.updates import zeroed
 from jaxprune.oneshot import _dsnot
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _solvers as solvers

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import _maps as maps
+from jaxprune._config import maps as maps
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _layer_prune as layer_prune

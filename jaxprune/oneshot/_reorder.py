@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import _maps as maps
 from jaxprune import _names as names_lib
+from jaxprune._config import maps as maps
 from jaxprune.oneshot import _capture as capture
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _layer_prune as layer_prune

@@ -14,9 +14,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxprune import _nm as nm_lib
-from jaxprune import _ranking as ranking
-from jaxprune._updates import zeroed
+from jaxprune._masks import nm as nm_lib
+from jaxprune._masks import ranking as ranking
+from jaxprune._transform.updates import zeroed
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 

@@ -14,12 +14,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from jaxprune import _maps as maps
-from jaxprune import _specs as specs
 from jaxprune._checks import check_fraction
-from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
+from jaxprune._config import maps as maps
+from jaxprune._config import specs as specs
+from jaxprune._config.fields import DEFAULT_WEIGHT_NAME_REGEX
+from jaxprune._config.specs import PruneFilter
 from jaxprune._names import named_leaves
-from jaxprune._specs import PruneFilter
 
 PyTree = Any
 DISTRIBUTIONS = ('uniform', 'erk')

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import optax
 
-from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
-from jaxprune._specs import PruneFilter
+from jaxprune._config.fields import DEFAULT_WEIGHT_NAME_REGEX
+from jaxprune._config.specs import PruneFilter
 from jaxprune.sparse._training import sparse_training
 
 

@@ -3,7 +3,7 @@
 Each works on one leaf flattened, inside jit, with `lax.top_k` on a static
 count instead of a full sort of the leaf: SET's and RigL's drop/grow counts
 are a fraction of the kept entries (3% of the leaf at 90% sparsity and drop
-fraction 0.3). Ties follow jaxprune's one rule (`jaxprune._ranking`, `lax.top_k`'s
+fraction 0.3). Ties follow jaxprune's one rule (`jaxprune._masks.ranking`, `lax.top_k`'s
 order, from which RigL's code keeps its weights too): among equal scores the lower
 flat index ranks higher, so it is kept first and grown first, and masks are
 deterministic.
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from jaxprune import _ranking as ranking
+from jaxprune._masks import ranking as ranking
 
 
 def top_k_mask(scores: Array, k: int) -> Array:

@@ -21,13 +21,13 @@ import jax.numpy as jnp
 import optax
 from jax import Array, lax
 
-from jaxprune import _nm as nm_lib
-from jaxprune import _updates as updates_lib
 from jaxprune._checks import need_params
-from jaxprune._hparams import DEFAULT_WEIGHT_NAME_REGEX
-from jaxprune._masks import update_mask
+from jaxprune._config.fields import DEFAULT_WEIGHT_NAME_REGEX
+from jaxprune._masks import nm as nm_lib
+from jaxprune._masks.update import update_mask
 from jaxprune._meshes import on_any_mesh, sharded_like
 from jaxprune._names import named_leaves
+from jaxprune._transform import updates as updates_lib
 from jaxprune.sparse import _distributions as distributions
 from jaxprune.sparse._training import check_inner, check_like_params
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxprune import _summaries as summaries
 from jaxprune import _warnings as warnings_lib
+from jaxprune._results import summaries as summaries
 from jaxprune.sparse._ste import STEState
 from jaxprune.sparse._training import SparseState
 

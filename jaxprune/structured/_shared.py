@@ -4,7 +4,7 @@
 one-shot pruning's calibration pass (`jaxprune.oneshot`) and the benchmarks
 import these names from here and from nowhere else inside structured; the
 rest of structured's private modules may change without notice. (The FLOPs
-convention of every result, `flops_kept`, is the core's: `jaxprune/_flops.py`.)
+convention of every result, `flops_kept`, is the core's: `jaxprune/_results/flops.py`.)
 
   is_weight        whether a variables leaf counts for weight-based importance
                    (not a running statistic such as BatchNorm's mean and var)

@@ -27,8 +27,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxprune._flops import FlopsReport
 from jaxprune._names import named_leaves
+from jaxprune._results.flops import FlopsReport
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint, Plan
 from jaxprune.structured._primitives import cost

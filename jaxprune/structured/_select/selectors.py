@@ -48,7 +48,7 @@ def _candidates(
 def _least_important(scores: np.ndarray, count: int) -> np.ndarray:
   """The `count` channels of lowest score, ascending: the first of a stable ascending
   sort, so among equal scores the lower index goes first. That is the library's second
-  tie rule (`jaxprune._ranking.lowest_k_stable`); structured selection has always used
+  tie rule (`jaxprune._masks.ranking.lowest_k_stable`); structured selection has always used
   it, and its plans stay as they were. It runs on the host in numpy, inside the
   selectors' loops, so it does not call the jax version."""
   return np.sort(np.argsort(scores, kind='stable')[:count])

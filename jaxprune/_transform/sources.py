@@ -15,8 +15,8 @@ from typing import Any
 import jax
 from jax import Array, lax
 
-from jaxprune import _counting as counting
-from jaxprune import _updates as updates_lib
+from jaxprune._search import counting as counting
+from jaxprune._transform import updates as updates_lib
 
 PyTree = Any
 

@@ -19,12 +19,13 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from jaxprune import _blocks as blocks
-from jaxprune import _counting as counting
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _subnormal as subnormal
-from jaxprune import _thresholds as thresholds
 from jaxprune._checks import check_fraction
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._config.specs import resolve_block_dims
+from jaxprune._masks import blocks as blocks
+from jaxprune._search import counting as counting
+from jaxprune._search import subnormal as subnormal
+from jaxprune._search import thresholds as thresholds
 
 
 def _pool_layers(
@@ -46,7 +47,7 @@ def scores(
 ) -> Array:
   """The magnitudes thresholds are computed on: |w| in float32, or its block-pooled form.
 
-  `block_dims` are resolved (`blocks.resolve_block_dims`; (1, 1) for elementwise). With
+  `block_dims` are resolved (`resolve_block_dims`; (1, 1) for elementwise). With
   `layer_axes` > 0 the leading axes index stacked layers, each pooled on its own.
   """
   magnitudes = jnp.abs(jnp.asarray(weights).astype(jnp.float32))
@@ -85,7 +86,7 @@ class Variable:
       recomputes rather than stores them.
     shape: their shape.
     block_dims: (height, width), resolved once, where the variable's spec is made
-      (`blocks.resolve_block_dims`); (1, 1) for elementwise masks.
+      (`resolve_block_dims`); (1, 1) for elementwise masks.
     layer_axes: leading axes that index stacked layers, each with its own threshold.
   """
 
@@ -305,7 +306,7 @@ def update_mask(
     previous_mask = jnp.ones(weights.shape, bool)
   if weights.size == 0:  # nothing to threshold: kept as it is, as in training
     return jnp.asarray(threshold, jnp.float32).reshape(()), previous_mask
-  dims = blocks.resolve_block_dims(weights.shape, block_dims) or (1, 1)
+  dims = resolve_block_dims(weights.shape, block_dims) or (1, 1)
   variable = Variable(counting.WeightReader.of(weights), weights.shape, dims)
   (new_threshold,), (mask,), _ = update_masks(
     [variable],

@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
-from jaxprune import _counting as counting
 from jaxprune import _numerics as numerics
-from jaxprune._brackets import (
+from jaxprune._search import counting as counting
+from jaxprune._search.brackets import (
   FIXED_PROBES,
   first_reaching,
   fixed_first_reaching,

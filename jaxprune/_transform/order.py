@@ -4,7 +4,7 @@ docs/explanation/semantics.md#order-in-an-optax-chain: the transforms' `-params`
 must reach `optax.apply_updates` unchanged for pruned weights to land on zero, so a
 transform chained after `pruning` or `pruned` (most often the optimizer, placed after
 pruning) undoes the pruning. `warn_if_followed_in_a_chain` says so while the step is
-traced, before it first runs. (`jaxprune._moved.any_moved`, at each mask update, finds
+traced, before it first runs. (`jaxprune._transform.moved.any_moved`, at each mask update, finds
 what the stack cannot show.)
 
 Why read optax's private state: a chain's transforms do not know their neighbours, and

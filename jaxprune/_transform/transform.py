@@ -21,18 +21,19 @@ import ml_collections
 import optax
 from jax import Array, lax
 
-from jaxprune import _bits as bits
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _moved as moved_lib
-from jaxprune import _order as order
-from jaxprune import _schedule as schedule
-from jaxprune import _sources as sources
-from jaxprune import _specs as specs_lib
-from jaxprune import _updates as updates_lib
-from jaxprune._checks import check_arguments, check_like_init, need_params
-from jaxprune._counting import WeightReader
-from jaxprune._magnitude import MagnitudeRule
+from jaxprune._checks import need_params
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._config import schedule as schedule
+from jaxprune._config import specs as specs_lib
+from jaxprune._masks.magnitude import MagnitudeRule
 from jaxprune._meshes import on_any_mesh
+from jaxprune._search.counting import WeightReader
+from jaxprune._transform import bits as bits
+from jaxprune._transform import moved as moved_lib
+from jaxprune._transform import order as order
+from jaxprune._transform import sources as sources
+from jaxprune._transform import updates as updates_lib
+from jaxprune._transform.checks import check_arguments, check_like_init
 
 PyTree = Any
 SparsityFn = Callable[[Array], Array]

@@ -21,8 +21,8 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxprune._summaries import find_pruning_state
-from jaxprune._transform import PruningState
+from jaxprune._results.summaries import find_pruning_state
+from jaxprune._transform.transform import PruningState
 
 PyTree = Any
 KeyPath = tuple[Any, ...]

@@ -14,7 +14,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from jaxprune import _nm as nm
 from jaxprune import _warnings as warnings_lib
 from jaxprune._checks import check_fraction
 from jaxprune._numerics import INT32_MAX
@@ -227,7 +226,7 @@ def nm_map(hparams: Any) -> list[tuple[str, tuple[int, int]]]:
     check_regex(f'nm_sparsity_map entry {entry!r}', pieces[0])
     _check_not_empty('nm_sparsity_map', entry, pieces[0], f'{pieces[1]}:{pieces[2]}'.strip())
     try:
-      parsed.append((pieces[0], nm.parse_nm(f'{pieces[1]}:{pieces[2]}')))
+      parsed.append((pieces[0], parse_nm(f'{pieces[1]}:{pieces[2]}')))
     except ValueError as err:
       raise ValueError(f'nm_sparsity_map entry {entry!r}: {err}') from None
   return parsed
@@ -292,3 +291,41 @@ def _repeated(indices: list[int]) -> int:
 def field(hparams: Any, name: str) -> Any:
   """A field of a mapping (dict, ConfigDict) or of an object (`HParams`)."""
   return hparams[name] if isinstance(hparams, Mapping) else getattr(hparams, name)
+
+
+def parse_nm(spec: str | tuple[int, int] | None) -> tuple[int, int] | None:
+  """Parses and validates an N:M pattern such as `'2:4'`.
+
+  Args:
+    spec: `'N:M'` (spaces allowed), a tuple `(n, m)`, or `''`/`None` for "no
+      N:M pattern".
+
+  Returns:
+    `(n, m)` with `1 <= n < m`, or `None` for an empty spec.
+
+  Raises:
+    ValueError: if the text is not two integers separated by `:` or the
+      numbers are out of range.
+  """
+  if spec is None or (isinstance(spec, str) and not spec.strip()):
+    return None
+  if isinstance(spec, str):
+    parts = spec.split(':')
+    try:
+      if len(parts) != 2:
+        raise ValueError
+      n, m = (int(p.strip()) for p in parts)
+    except ValueError:
+      raise ValueError(f"N:M pattern {spec!r}: expected two integers 'N:M' such as '2:4'") from None
+  else:
+    try:
+      n, m = spec
+    except (TypeError, ValueError):
+      raise ValueError(f'N:M pattern {spec!r}: expected a pair (n, m) such as (2, 4)') from None
+    if (
+      isinstance(n, bool) or isinstance(m, bool) or not (isinstance(n, int) and isinstance(m, int))
+    ):
+      raise ValueError(f'N:M pattern {spec!r}: n and m must be integers, e.g. (2, 4)')
+  if not 1 <= n < m:
+    raise ValueError(f'N:M pattern {spec!r}: need 1 <= N < M (keep N of every M weights), e.g. 2:4')
+  return n, m

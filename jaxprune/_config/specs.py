@@ -15,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import _blocks as blocks
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _maps as maps
 from jaxprune import _warnings as warnings_lib
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._config import maps as maps
 from jaxprune._names import leaf_name, named_leaves
 
 PyTree = Any
@@ -192,7 +191,7 @@ def leaf_specs(
     _check_layer_axes(name, tuple(leaf.shape), layer_axes, by_default_filter)
     layer_at = () if positions == tuple(range(layer_axes)) else positions
     layer_shape = tuple(d for i, d in enumerate(leaf.shape) if i not in positions)
-    resolved = blocks.resolve_block_dims(layer_shape, dims)
+    resolved = resolve_block_dims(layer_shape, dims)
     if resolved is None and tuple(dims) != (1, 1) and nm is None:
       elementwise.append(f'{name} {layer_shape}')
     return LeafSpec(
@@ -292,3 +291,21 @@ def _is_spec(x: Any) -> bool:
 def spec_leaves(specs: PyTree) -> list[LeafSpec | None]:
   """The specs in the flattening order of the params (None for unpruned leaves)."""
   return jax.tree.leaves(specs, is_leaf=_is_spec)
+
+
+def resolve_block_dims(
+  shape: tuple[int, ...], block_dims: tuple[int, int]
+) -> tuple[int, int] | None:
+  """Resolves -1 against this variable's squeezed 2-D shape.
+
+  Returns:
+    (height, width) with -1 replaced by the full dimension, or None when the
+    elementwise rule applies: dims (1, 1) or a squeezed shape that is not 2-D.
+  """
+  if tuple(block_dims) == (1, 1):
+    return None
+  squeezed = [d for d in shape if d != 1]
+  if len(squeezed) != 2:
+    return None
+  # A block larger than its dimension is that dimension (same pooled values, no huge pad).
+  return tuple(d if b == -1 else min(b, d) for b, d in zip(block_dims, squeezed, strict=True))

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-if TYPE_CHECKING:  # hparams imports this module for the gating rule
-  import ml_collections
+from jaxprune._config.fields import Fields
 
-  from jaxprune._hparams import HParams
+if TYPE_CHECKING:
+  import ml_collections
 
 
 def polynomial_sparsity(
@@ -52,7 +52,7 @@ def polynomial_sparsity(
 
 
 def sparsity_at(
-  hparams: ml_collections.ConfigDict | HParams, step: ArrayLike, target: ArrayLike | None = None
+  hparams: ml_collections.ConfigDict | Fields, step: ArrayLike, target: ArrayLike | None = None
 ) -> Array:
   """The sparsity of the schedule at `step`; `target` overrides `target_sparsity`.
 
@@ -75,7 +75,7 @@ def sparsity_at(
 
 
 def should_update(
-  hparams: ml_collections.ConfigDict | HParams, step: ArrayLike, last_update_step: ArrayLike
+  hparams: ml_collections.ConfigDict | Fields, step: ArrayLike, last_update_step: ArrayLike
 ) -> Array:
   """Whether masks are recomputed at `step` (docs/explanation/semantics.md#gating); a bool scalar.
 
@@ -93,7 +93,7 @@ def should_update(
   return in_window & (step - last_update_step >= hparams.pruning_frequency)
 
 
-def first_update_step(hparams: ml_collections.ConfigDict | HParams) -> int:
+def first_update_step(hparams: ml_collections.ConfigDict | Fields) -> int:
   """The step of the first mask update of a run, ignoring `end_pruning_step`.
 
   The first step t with `should_update(hparams, t, 0)` when the window does not
@@ -102,7 +102,7 @@ def first_update_step(hparams: ml_collections.ConfigDict | HParams) -> int:
   return max(hparams.begin_pruning_step, hparams.pruning_frequency)
 
 
-def final_update_step(hparams: ml_collections.ConfigDict | HParams, num_steps: int) -> int | None:
+def final_update_step(hparams: ml_collections.ConfigDict | Fields, num_steps: int) -> int | None:
   """The step of the last mask update of a run of `num_steps` update calls, or None.
 
   The calls are at steps 0 .. num_steps - 1; updates start at
@@ -118,7 +118,7 @@ def final_update_step(hparams: ml_collections.ConfigDict | HParams, num_steps: i
   return first + (last_allowed - first) // hparams.pruning_frequency * hparams.pruning_frequency
 
 
-def window_problems(hparams: ml_collections.ConfigDict | HParams) -> list[str]:
+def window_problems(hparams: ml_collections.ConfigDict | Fields) -> list[str]:
   """Why the mask updates cannot follow the schedule to its target, one line per cause.
 
   Valid settings whose updates stop before the schedule ends (the target is

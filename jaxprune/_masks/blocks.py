@@ -16,24 +16,6 @@ from jax import Array, lax
 from jaxprune import _numerics as numerics
 
 
-def resolve_block_dims(
-  shape: tuple[int, ...], block_dims: tuple[int, int]
-) -> tuple[int, int] | None:
-  """Resolves -1 against this variable's squeezed 2-D shape.
-
-  Returns:
-    (height, width) with -1 replaced by the full dimension, or None when the
-    elementwise rule applies: dims (1, 1) or a squeezed shape that is not 2-D.
-  """
-  if tuple(block_dims) == (1, 1):
-    return None
-  squeezed = [d for d in shape if d != 1]
-  if len(squeezed) != 2:
-    return None
-  # A block larger than its dimension is that dimension (same pooled values, no huge pad).
-  return tuple(d if b == -1 else min(b, d) for b, d in zip(block_dims, squeezed, strict=True))
-
-
 def _halving_sum(values: Array, axis: int) -> Array:
   """Sums over `axis` by adding halves: the same float additions, in the same
   order, whatever the shape of each device's shard. XLA's reduce picks its

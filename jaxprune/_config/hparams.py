@@ -28,56 +28,17 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from jaxprune import _hparams_warnings as hparams_warnings
-from jaxprune import _maps as maps
-from jaxprune import _nm as nm
-from jaxprune._hparams_config import ALIASES, RENAMED, PruningConfig
-from jaxprune._hparams_rules import RULES, check_nm_alone, check_rule, check_window, typed_value
-from jaxprune._maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
+from jaxprune._config import advice
+from jaxprune._config import maps as maps
+from jaxprune._config.fields import FIELD_DOCS, Fields
+from jaxprune._config.maps import block_dims_map, layer_axes_map, nm_map, sparsity_map
+from jaxprune._config.pruning_config import ALIASES, RENAMED, PruningConfig
+from jaxprune._config.rules import RULES, check_rule, check_window, typed_value
 from jaxprune._numerics import SMALLEST_NORMAL
-
-# Which leaves are pruned by default: Dense/Conv kernels and embeddings
-# (docs/explanation/semantics.md#names-and-maps).
-DEFAULT_WEIGHT_NAME_REGEX = '(kernel|embedding)$'
-_NO_ENTRIES = ('',)
-
-
-# What each field does: the one description, read by `HParams`' docstring (the API page)
-# and by the main job's --help. TF model_pruning's fields first, then jaxprune's.
-FIELD_DOCS = {
-  'name': 'prefix of the summary names',
-  'begin_pruning_step': 'first step at which the masks may change',
-  'end_pruning_step': 'last step at which the masks may change; -1 never stops',
-  'weight_sparsity_map': 'per-leaf targets, e.g. "[\'Dense_0/kernel:0.5\']"',
-  'block_dims_map': 'per-leaf block shapes, e.g. "[\'Dense_0:4x4\']" (-1 = whole axis)',
-  'threshold_decay': 'exponential smoothing of the thresholds between updates, in [0, 1)',
-  'pruning_frequency': 'steps between two mask updates, at least 1',
-  'nbins': "histogram bins of threshold_method='histogram'",
-  'block_height': 'height of the blocks pruned together (-1 = whole axis)',
-  'block_width': 'width of the blocks pruned together (-1 = whole axis)',
-  'block_pooling_function': "'AVG' or 'MAX': how a block's magnitudes are pooled",
-  'initial_sparsity': 'sparsity at sparsity_function_begin_step, in [0, 1)',
-  'target_sparsity': 'sparsity at and after sparsity_function_end_step, in [0, 1)',
-  'sparsity_function_begin_step': 'step where the sparsity schedule starts',
-  'sparsity_function_end_step': 'step where the schedule reaches target_sparsity',
-  'sparsity_function_exponent': 'shape of the schedule: 1 linear, 3 (Zhu & Gupta) prunes '
-  'fast early and slowly late',
-  'use_tpu': "accepted for TF's configs; changes nothing",
-  'threshold_method': "'histogram' (TF's binned CDF) or 'exact' (the k-th magnitude)",
-  'weight_name_regex': 'leaves pruned: those whose name (e.g. Dense_0/kernel) matches',
-  'global_pruning': 'one threshold over all pruned leaves instead of one per leaf',
-  'nm_sparsity': "keep N of every M weights along the input axis, e.g. '2:4'",
-  'nm_sparsity_map': 'per-leaf N:M patterns, e.g. "[\'Dense_2/kernel:2:4\']"',
-  'layer_axes_map': 'axes that index stacked layers: K leading ones, e.g. "[\'scan/kernel:1\']", '
-  'or by index, e.g. "[\'decoder/.*kernel:@1\']" for (embed, layers, mlp)',
-  'mask_source': "'updated' (TF's order: the weights after this step) or 'params' (before)",
-  'mask_search': "how thresholds are searched (same result): 'fixed' (GPUs, TPUs), "
-  "'adaptive' (CPUs) or 'auto' (by backend)",
-}
 
 
 @dataclasses.dataclass(frozen=True)
-class HParams:
+class HParams(Fields):
   """Validated hyperparameters: the one list of the fields, their types and defaults.
 
   `get_pruning_hparams()` is a ConfigDict of these fields (map fields as lists
@@ -89,32 +50,6 @@ class HParams:
   Attributes:
   """
 
-  name: str = 'model_pruning'
-  begin_pruning_step: int = 0
-  end_pruning_step: int = -1
-  weight_sparsity_map: tuple[str, ...] = _NO_ENTRIES
-  block_dims_map: tuple[str, ...] = _NO_ENTRIES
-  threshold_decay: float = 0.0
-  pruning_frequency: int = 10
-  nbins: int = 256
-  block_height: int = 1
-  block_width: int = 1
-  block_pooling_function: str = 'AVG'
-  initial_sparsity: float = 0.0
-  target_sparsity: float = 0.5
-  sparsity_function_begin_step: int = 0
-  sparsity_function_end_step: int = 100
-  sparsity_function_exponent: float = 3.0
-  use_tpu: bool = False
-  # jaxprune additions.
-  threshold_method: str = 'histogram'
-  weight_name_regex: str = DEFAULT_WEIGHT_NAME_REGEX
-  global_pruning: bool = False
-  nm_sparsity: str = ''
-  nm_sparsity_map: tuple[str, ...] = _NO_ENTRIES
-  layer_axes_map: tuple[str, ...] = _NO_ENTRIES
-  mask_source: str = 'updated'
-  mask_search: str = 'auto'
   # Parsed from the fields above.
   sparsity_entries: tuple[tuple[str, float], ...] = dataclasses.field(init=False, repr=False)
   block_entries: tuple[tuple[str, tuple[int, int]], ...] = dataclasses.field(init=False, repr=False)
@@ -143,17 +78,36 @@ class HParams:
     }
     for field, value in parsed.items():
       object.__setattr__(self, field, value)
-    check_nm_alone(self)
+    _check_nm_alone(self)
     if self.global_pruning and self.sparsity_entries:
       raise ValueError(
         f'weight_sparsity_map={list(self.weight_sparsity_map)!r}: per-variable '
         'targets cannot be combined with global_pruning=True; drop one of them.'
       )
-    hparams_warnings.warn_about(self)
+    advice.warn_about(self, [s for _, s in self.sparsity_entries])
 
   @property
   def block_dims(self) -> tuple[int, int]:
     return self.block_height, self.block_width
+
+
+def _check_nm_alone(h: HParams) -> None:
+  """nm_sparsity gives every pruned leaf its pattern: a target beside it would be dropped
+  (as `sparse.ste` refuses a sparsity and an N:M pattern together). A target the user
+  gave is refused whatever its value, the default's 0.5 included (`HParams.given`)."""
+  if h.nm is None:
+    return
+  n, m = h.nm
+  dropped = [f'target_sparsity={h.target_sparsity}'] if 'target_sparsity' in h.given else []
+  if h.sparsity_entries:
+    dropped.append(f'weight_sparsity_map={list(h.weight_sparsity_map)!r}')
+  if dropped:
+    raise ValueError(
+      f'nm_sparsity={h.nm_sparsity!r} keeps {n} of every {m} weights of each pruned leaf '
+      f'({1 - n / m:.0%} sparse), so {" and ".join(dropped)} would be dropped: give a '
+      f'target or nm_sparsity, not both (nm_sparsity_map=[regex:{n}:{m}] puts N:M on some '
+      'leaves and leaves the target to the others).'
+    )
 
 
 def _record_keywords(init: Any) -> Any:
@@ -358,7 +312,7 @@ def check_value(field: str, value: Any, where: str = '') -> Any:
 
 def _parse_global_nm(text: str) -> tuple[int, int] | None:
   try:
-    return nm.parse_nm(text)
+    return maps.parse_nm(text)
   except ValueError as err:
     raise ValueError(f'nm_sparsity={text!r}: {err}') from None
 

@@ -12,7 +12,7 @@ follow torch's semantics:
   relative to what the previous mask still keeps (entries for unstructured
   methods, slices for `LnStructured`), the new mask is computed on those only,
   and entries pruned before stay pruned;
-- ties are broken deterministically, by jaxprune's one rule (`jaxprune._ranking`):
+- ties are broken deterministically, by jaxprune's one rule (`jaxprune._masks.ranking`):
   entries are ranked by score, largest first, and among equal scores the lower
   flat index ranks higher (as `lax.top_k` does), so the higher index is pruned
   first. NaN scores rank as the largest (kept), as in `torch.topk`.
@@ -38,8 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import _ranking as ranking
-from jaxprune._nm import nan_largest_magnitudes, nm_mask_from_scores, parse_nm
+from jaxprune._config.maps import parse_nm
+from jaxprune._masks import ranking as ranking
+from jaxprune._masks.nm import nan_largest_magnitudes, nm_mask_from_scores
 
 
 @runtime_checkable

@@ -19,13 +19,13 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _masks as masks_lib
-from jaxprune import _nm as nm_lib
-from jaxprune import _schedule as schedule
-from jaxprune import _specs as specs_lib
-from jaxprune import _subnormal as subnormal
-from jaxprune._counting import WeightReader
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._config import schedule as schedule
+from jaxprune._config import specs as specs_lib
+from jaxprune._masks import nm as nm_lib
+from jaxprune._masks import update as masks_lib
+from jaxprune._search import subnormal as subnormal
+from jaxprune._search.counting import WeightReader
 
 PyTree = Any
 

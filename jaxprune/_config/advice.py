@@ -1,30 +1,33 @@
 """Warnings about hyperparameters that are valid but cannot do what they seem to ask.
 
-`HParams` calls `warn_about` once, when a config is frozen (`jaxprune._hparams`).
+`HParams` calls `warn_about` once, when a config is frozen (`jaxprune._config.hparams`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from jaxprune import _schedule as schedule
 from jaxprune import _warnings as warnings_lib
+from jaxprune._config import schedule as schedule
+from jaxprune._config.fields import Fields
 from jaxprune._numerics import MAX_NBINS
-
-if TYPE_CHECKING:
-  from jaxprune._hparams import HParams
 
 
 def _warn(message: str) -> None:
   warnings_lib.warn(f'jaxprune: {message}')
 
 
-def warn_about(h: HParams) -> None:
-  """Warns about settings that are valid but cannot do what they seem to ask."""
+def warn_about(h: Fields, map_targets: Sequence[float]) -> None:
+  """Warns about settings that are valid but cannot do what they seem to ask.
+
+  Args:
+    h: the settings.
+    map_targets: the sparsities of weight_sparsity_map's entries, parsed.
+  """
   for message in schedule.window_problems(h):
     _warn(message)
-  _warn_about_bins(h)
+  _warn_about_bins(h, map_targets)
 
 
 def lowest_bin_share(nbins: int, max_in_stds: float) -> float:
@@ -32,7 +35,7 @@ def lowest_bin_share(nbins: int, max_in_stds: float) -> float:
   return math.erf(max_in_stds / (nbins * math.sqrt(2.0)))
 
 
-def _warn_about_bins(h: HParams) -> None:
+def _warn_about_bins(h: Fields, map_targets: Sequence[float]) -> None:
   """Warns when the histogram rule prunes nothing at a target, for normal weights.
 
   A histogram threshold is a multiple of max|w| / nbins
@@ -41,7 +44,7 @@ def _warn_about_bins(h: HParams) -> None:
   The largest of 10**4 normal weights is about 4 standard deviations, of 10**6
   about 5; with 5, nbins <= 7 prune nothing at 50%, nbins <= 3 nothing at 90%.
   """
-  targets = sorted({s for s in (h.target_sparsity, *(s for _, s in h.sparsity_entries)) if s > 0})
+  targets = sorted({s for s in (h.target_sparsity, *map_targets) if s > 0})
   if h.threshold_method != 'histogram' or not targets:
     return
   low, high = lowest_bin_share(h.nbins, 4.0), lowest_bin_share(h.nbins, 5.0)

@@ -1,6 +1,6 @@
 """The rules of single hyperparameter fields: their types and ranges, each with its message.
 
-`jaxprune._hparams.check_value` applies them; `HParams` applies the rules between fields,
+`jaxprune._config.hparams.check_value` applies them; `HParams` applies the rules between fields,
 `check_window` and `check_nm_alone`.
 """
 
@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from jaxprune import _schedule as schedule
 from jaxprune._checks import FRACTION_RULE, is_fraction
+from jaxprune._config import schedule as schedule
+from jaxprune._config.fields import Fields
 from jaxprune._numerics import INT32_MAX, MAX_NBINS
 
 POOLING = ('AVG', 'MAX')
 THRESHOLD_METHODS = ('histogram', 'exact')
 MASK_SOURCES = ('updated', 'params')
 MASK_SEARCHES = ('auto', 'fixed', 'adaptive')
-
-if TYPE_CHECKING:
-  from jaxprune._hparams import HParams
 
 
 def typed_value(field: str, value: Any, default: Any) -> Any:
@@ -112,7 +110,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def check_window(h: HParams) -> None:
+def check_window(h: Fields) -> None:
   """The rules between fields: the pruning window and the schedule's steps."""
   check_rule(
     h.end_pruning_step == -1 or h.end_pruning_step > h.begin_pruning_step,
@@ -135,22 +133,3 @@ def check_window(h: HParams) -> None:
     f'pruning_frequency) = {first_update}, so masks would never change; raise '
     'end_pruning_step or lower pruning_frequency',
   )
-
-
-def check_nm_alone(h: HParams) -> None:
-  """nm_sparsity gives every pruned leaf its pattern: a target beside it would be dropped
-  (as `sparse.ste` refuses a sparsity and an N:M pattern together). A target the user
-  gave is refused whatever its value, the default's 0.5 included (`HParams.given`)."""
-  if h.nm is None:
-    return
-  n, m = h.nm
-  dropped = [f'target_sparsity={h.target_sparsity}'] if 'target_sparsity' in h.given else []
-  if h.sparsity_entries:
-    dropped.append(f'weight_sparsity_map={list(h.weight_sparsity_map)!r}')
-  if dropped:
-    raise ValueError(
-      f'nm_sparsity={h.nm_sparsity!r} keeps {n} of every {m} weights of each pruned leaf '
-      f'({1 - n / m:.0%} sparse), so {" and ".join(dropped)} would be dropped: give a '
-      f'target or nm_sparsity, not both (nm_sparsity_map=[regex:{n}:{m}] puts N:M on some '
-      'leaves and leaves the target to the others).'
-    )

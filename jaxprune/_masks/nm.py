@@ -15,47 +15,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxprune import _ranking as ranking
+from jaxprune._config.maps import parse_nm
+from jaxprune._masks import ranking as ranking
 
-__all__ = ['is_nm_sparse', 'nm_mask', 'nm_mask_from_scores', 'parse_nm']
-
-
-def parse_nm(spec: str | tuple[int, int] | None) -> tuple[int, int] | None:
-  """Parses and validates an N:M pattern such as `'2:4'`.
-
-  Args:
-    spec: `'N:M'` (spaces allowed), a tuple `(n, m)`, or `''`/`None` for "no
-      N:M pattern".
-
-  Returns:
-    `(n, m)` with `1 <= n < m`, or `None` for an empty spec.
-
-  Raises:
-    ValueError: if the text is not two integers separated by `:` or the
-      numbers are out of range.
-  """
-  if spec is None or (isinstance(spec, str) and not spec.strip()):
-    return None
-  if isinstance(spec, str):
-    parts = spec.split(':')
-    try:
-      if len(parts) != 2:
-        raise ValueError
-      n, m = (int(p.strip()) for p in parts)
-    except ValueError:
-      raise ValueError(f"N:M pattern {spec!r}: expected two integers 'N:M' such as '2:4'") from None
-  else:
-    try:
-      n, m = spec
-    except (TypeError, ValueError):
-      raise ValueError(f'N:M pattern {spec!r}: expected a pair (n, m) such as (2, 4)') from None
-    if (
-      isinstance(n, bool) or isinstance(m, bool) or not (isinstance(n, int) and isinstance(m, int))
-    ):
-      raise ValueError(f'N:M pattern {spec!r}: n and m must be integers, e.g. (2, 4)')
-  if not 1 <= n < m:
-    raise ValueError(f'N:M pattern {spec!r}: need 1 <= N < M (keep N of every M weights), e.g. 2:4')
-  return n, m
+__all__ = ['is_nm_sparse', 'nm_mask', 'nm_mask_from_scores']
 
 
 def _check(shape: tuple[int, ...], n: int, m: int, axis: int, name: str | None) -> int:
@@ -158,7 +121,7 @@ def nm_mask_from_scores(
   """Keeps the `n` highest `scores` of every `m` consecutive ones along `axis`.
 
   `nm_mask` with the ranking given by `scores` instead of magnitudes (ties go
-  to the lower index: `jaxprune._ranking`'s rule), for criteria other than magnitude.
+  to the lower index: `jaxprune._masks.ranking`'s rule), for criteria other than magnitude.
 
   Args:
     scores: real array; higher means more important.

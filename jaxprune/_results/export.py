@@ -6,8 +6,8 @@ with zeros in them (tfmot users' most common surprise). This module
 - `strip`s the masks: params with the pruned entries set to zero, masks dropped;
 - converts the pruned leaves `to_bcoo` (`jax.experimental.sparse.BCOO`), which
   stores only the kept values plus their indices;
-- reports the sizes (`size_report`): dense bytes, sparse bytes with the index
-  overhead, and bytes after zlib compression of the stripped dense params;
+- reports the sizes (`size_report`, in `jaxprune._results.sizes`): dense bytes, sparse
+  bytes with the index overhead, and bytes after zlib compression of the stripped params;
 - runs a model on the sparse params (`sparse_apply`, via `sparsify`) and
   checks that it gives the outputs of the dense one (`check_sparse_outputs`).
 
@@ -18,9 +18,7 @@ convolution with a BCOO kernel: `sparse_apply` runs such kernels dense, and says
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -31,15 +29,12 @@ from jax.extend import core as jcore
 
 from jaxprune import _warnings as warnings_lib
 from jaxprune._names import leaf_name
-from jaxprune._summaries import apply_masks, contains_pruning_state, get_masks
+from jaxprune._results.summaries import apply_masks, contains_pruning_state, get_masks
 
 __all__ = [
-  'LeafSize',
   'OutputMismatchError',
-  'SizeReport',
   'check_sparse_outputs',
   'densify',
-  'size_report',
   'sparse_apply',
   'strip',
   'to_bcoo',
@@ -54,7 +49,7 @@ def _is_none(x: Any) -> bool:
 
 # `jax.experimental.sparse` is imported where it is used: it loads scipy, which
 # `import jaxprune` does not need.
-def _is_bcoo(x: Any) -> bool:
+def is_bcoo(x: Any) -> bool:
   from jax.experimental import sparse
 
   return isinstance(x, sparse.BCOO)
@@ -177,10 +172,10 @@ def to_bcoo(
   Returns:
     A pytree like params with BCOO leaves in place of the converted ones.
   """
-  return _to_bcoo(params, masks, names, index_dtype, 'to_bcoo')
+  return convert_to_bcoo(params, masks, names, index_dtype, 'to_bcoo')
 
 
-def _to_bcoo(params: PyTree, masks: Any, names: str | None, index_dtype: Any, where: str):
+def convert_to_bcoo(params: PyTree, masks: Any, names: str | None, index_dtype: Any, where: str):
   from jax.experimental import sparse
 
   stripped, convert = _to_convert(params, masks, names, where)
@@ -194,7 +189,7 @@ def _to_bcoo(params: PyTree, masks: Any, names: str | None, index_dtype: Any, wh
 
 def densify(sparse_params: PyTree) -> PyTree:
   """Turns every BCOO leaf back into a dense array."""
-  return jax.tree.map(lambda x: x.todense() if _is_bcoo(x) else x, sparse_params, is_leaf=_is_bcoo)
+  return jax.tree.map(lambda x: x.todense() if is_bcoo(x) else x, sparse_params, is_leaf=is_bcoo)
 
 
 def sparse_apply(fn: Callable[..., Any], *, names: str | None = None) -> Callable[..., Any]:
@@ -222,10 +217,10 @@ def sparse_apply(fn: Callable[..., Any], *, names: str | None = None) -> Callabl
   sparse_fn = sparse.sparsify(fn, use_tracer=True)
 
   def apply(sparse_params: PyTree, *args: Any) -> Any:
-    flat, treedef = jax.tree_util.tree_flatten_with_path(sparse_params, is_leaf=_is_bcoo)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(sparse_params, is_leaf=is_bcoo)
     leaves = [leaf for _, leaf in flat]
     names_of = [leaf_name(path) for path, _ in flat]
-    stays = [_is_bcoo(leaf) for leaf in leaves]
+    stays = [is_bcoo(leaf) for leaf in leaves]
     if names is not None:
       candidates = [n if s else None for n, s in zip(names_of, stays, strict=True)]
       stays = _matching('sparse_apply', names, candidates)
@@ -236,9 +231,7 @@ def sparse_apply(fn: Callable[..., Any], *, names: str | None = None) -> Callabl
     dense_convs = [n for i, n in enumerate(names_of) if stays[i] and i in convs]
     _warn_dense_convs(dense_convs)
     stays = [s and i not in convs for i, s in enumerate(stays)]
-    leaves = [
-      x if s or not _is_bcoo(x) else x.todense() for x, s in zip(leaves, stays, strict=True)
-    ]
+    leaves = [x if s or not is_bcoo(x) else x.todense() for x, s in zip(leaves, stays, strict=True)]
     return sparse_fn(jax.tree_util.tree_unflatten(treedef, leaves), *args)
 
   return apply
@@ -350,7 +343,7 @@ def check_sparse_outputs(
   dense_params = params if masks is None else strip(params, masks)
   dense_out = fn(dense_params, *args)
   sparse_out = sparse_apply(fn)(
-    _to_bcoo(params, masks, names, jnp.int32, 'check_sparse_outputs'), *args
+    convert_to_bcoo(params, masks, names, jnp.int32, 'check_sparse_outputs'), *args
   )
   worst = 0.0
   for d, s in zip(jax.tree.leaves(dense_out), jax.tree.leaves(sparse_out), strict=True):
@@ -376,157 +369,3 @@ def _tolerances(output: np.ndarray, rtol: float | None, atol: float | None) -> t
   unit = _LOW_PRECISION_ULPS * float(jnp.finfo(output.dtype).eps)
   scale = float(np.max(np.abs(np.asarray(output, np.float64)), initial=0.0))
   return unit if rtol is None else rtol, unit * scale if atol is None else atol
-
-
-@dataclasses.dataclass(frozen=True)
-class LeafSize:
-  """Storage of one leaf. `sparse_bytes` is the dense size for leaves kept dense."""
-
-  name: str
-  shape: tuple[int, ...]
-  dtype: str
-  sparse: bool  # stored as a BCOO
-  nse: int  # stored entries: the BCOO's nse, or the size of a dense leaf
-  zeros: int  # exact zeros in the stripped dense leaf
-  dense_bytes: int
-  sparse_bytes: int
-  compressed_bytes: int
-
-  @property
-  def sparsity(self) -> float:
-    size = int(np.prod(self.shape))
-    return self.zeros / size if size else 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class SizeReport:
-  """Sizes of a pruned model: dense, sparse (BCOO with indices), zlib-compressed dense."""
-
-  leaves: tuple[LeafSize, ...]
-
-  @property
-  def dense_bytes(self) -> int:
-    return sum(leaf.dense_bytes for leaf in self.leaves)
-
-  @property
-  def sparse_bytes(self) -> int:
-    return sum(leaf.sparse_bytes for leaf in self.leaves)
-
-  @property
-  def compressed_bytes(self) -> int:
-    return sum(leaf.compressed_bytes for leaf in self.leaves)
-
-  def as_dict(self) -> dict[str, Any]:
-    """Totals and per-leaf rows, JSON-serialisable."""
-    return {
-      'dense_bytes': self.dense_bytes,
-      'sparse_bytes': self.sparse_bytes,
-      'compressed_bytes': self.compressed_bytes,
-      'leaves': [dataclasses.asdict(leaf) | {'sparsity': leaf.sparsity} for leaf in self.leaves],
-    }
-
-  def table(self) -> str:
-    """A Markdown table, one row per leaf plus the total."""
-    rows = [('leaf', 'shape', 'sparsity', 'stored', 'dense B', 'sparse B', 'zlib B')]
-    for leaf in self.leaves:
-      rows.append(
-        (
-          leaf.name,
-          'x'.join(map(str, leaf.shape)) or 'scalar',
-          f'{leaf.sparsity:.1%}',
-          ('BCOO ' if leaf.sparse else 'dense ') + f'{leaf.nse:,}',
-          f'{leaf.dense_bytes:,}',
-          f'{leaf.sparse_bytes:,}',
-          f'{leaf.compressed_bytes:,}',
-        )
-      )
-    rows.append(
-      (
-        'total',
-        '',
-        '',
-        '',
-        f'{self.dense_bytes:,}',
-        f'{self.sparse_bytes:,} ({self._ratio(self.sparse_bytes)})',
-        f'{self.compressed_bytes:,} ({self._ratio(self.compressed_bytes)})',
-      )
-    )
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    right = {2, 3, 4, 5, 6}
-
-    def fmt(row):
-      cells = [
-        cell.rjust(w) if c in right else cell.ljust(w)
-        for c, (cell, w) in enumerate(zip(row, widths, strict=True))
-      ]
-      return '| ' + ' | '.join(cells) + ' |'
-
-    rule = (
-      '|'
-      + '|'.join(
-        ('-' * (w + 1) + ':') if c in right else '-' * (w + 2) for c, w in enumerate(widths)
-      )
-      + '|'
-    )
-    return '\n'.join([fmt(rows[0]), rule] + [fmt(row) for row in rows[1:]])
-
-  def _ratio(self, size: int) -> str:
-    return f'{self.dense_bytes / size:.2f}x smaller' if size else 'empty'
-
-  def __str__(self) -> str:
-    return self.table()
-
-
-def size_report(
-  params: PyTree,
-  masks: Any = None,
-  *,
-  names: str | None = None,
-  index_dtype: Any = jnp.int32,
-  level: int = 9,
-) -> SizeReport:
-  """Measures what pruning saves in storage.
-
-  For each leaf: its dense bytes; its bytes as a BCOO (values `nse * itemsize`
-  plus indices `nse * ndim * index itemsize`) for the leaves `to_bcoo`
-  converts, dense bytes for the others; and the zlib-compressed size of its
-  stripped dense bytes (what zipping a saved pruned checkpoint gives, tfmot's
-  recommended measure).
-
-  Args:
-    params: a pytree of arrays.
-    masks: optional mask tree / `PruningState` / optax state (see `to_bcoo`).
-    names: optional regex restricting which leaves are stored sparse (see `to_bcoo`;
-      one that matches none of them is an error).
-    index_dtype: dtype of the BCOO indices.
-    level: zlib compression level, 0-9.
-
-  Returns:
-    A `SizeReport`; `print(report)` shows a Markdown table.
-  """
-  sparse_params = _to_bcoo(params, masks, names, index_dtype, 'size_report')
-  stripped = densify(sparse_params)
-  flat_sparse, _ = jax.tree_util.tree_flatten_with_path(sparse_params, is_leaf=_is_bcoo)
-  flat_dense = jax.tree.leaves(stripped)
-  rows = []
-  for (path, leaf), dense in zip(flat_sparse, flat_dense, strict=True):
-    dense = np.asarray(dense)
-    if _is_bcoo(leaf):
-      nse = int(leaf.nse)
-      sparse_bytes = int(leaf.data.nbytes) + int(leaf.indices.nbytes)
-    else:
-      nse, sparse_bytes = int(dense.size), int(dense.nbytes)
-    rows.append(
-      LeafSize(
-        name=leaf_name(path),
-        shape=tuple(dense.shape),
-        dtype=str(dense.dtype),
-        sparse=_is_bcoo(leaf),
-        nse=nse,
-        zeros=int(np.sum(dense == 0)),
-        dense_bytes=int(dense.nbytes),
-        sparse_bytes=sparse_bytes,
-        compressed_bytes=len(zlib.compress(dense.tobytes(), level)),
-      )
-    )
-  return SizeReport(tuple(rows))

@@ -16,11 +16,11 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from jaxprune import _blocks as blocks
-from jaxprune import _hparams as hparams_lib
-from jaxprune import _maps as maps
-from jaxprune import _schedule as schedule
 from jaxprune import _warnings as warnings_lib
+from jaxprune._config import hparams as hparams_lib
+from jaxprune._config import maps as maps
+from jaxprune._config import schedule as schedule
+from jaxprune._config.specs import resolve_block_dims
 
 # A leaf this far below its target after a mask update is reported: the histogram
 # rule may fall short by one bin's share, never by this much on ordinary weights.
@@ -74,7 +74,7 @@ def _layers(
   at = at or tuple(range(layer_axes))
   layer_shape = tuple(d for i, d in enumerate(shape) if i not in at)
   size = max(1, math.prod(layer_shape))
-  block = blocks.resolve_block_dims(layer_shape, dims) or (1, 1)
+  block = resolve_block_dims(layer_shape, dims) or (1, 1)
   units = max(1, size // math.prod(block))
   rest = tuple(i for i in range(len(shape)) if i not in at)
   pruned = jnp.sum(~mask, axis=rest, dtype=jnp.int32)

@@ -23,13 +23,13 @@ import jax.numpy as jnp
 import ml_collections
 from jax import Array
 
-from jaxprune import _shortfall as shortfall
-from jaxprune import _updates as updates_lib
 from jaxprune import _warnings as warnings_lib
-from jaxprune._hparams import HParams
+from jaxprune._config.hparams import HParams
 from jaxprune._names import leaf_name
-from jaxprune._order import ORDER_FIX
-from jaxprune._transform import PruningState
+from jaxprune._results import shortfall as shortfall
+from jaxprune._transform import updates as updates_lib
+from jaxprune._transform.order import ORDER_FIX
+from jaxprune._transform.transform import PruningState
 
 PyTree = Any
 
