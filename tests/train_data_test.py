@@ -186,7 +186,7 @@ def test_a_directory_and_non_finite_inputs_are_named(tmp_path):
   'label, dtype',
   [
     (2**16, np.int64),  # one past the largest class id allowed (65,535)
-    (50_000_000, np.int64),  # an output layer of 50M logits: killed for memory before
+    (50_000_000, np.int64),  # an output layer of 50M logits: killed for memory
     (2**40, np.int64),  # int32 would wrap it silently
     (2**63 + 5, np.uint64),  # beyond int64
   ],
