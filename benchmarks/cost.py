@@ -1,7 +1,7 @@
 """What pruning costs in a training step: jaxprune against plain Adam, every goal side by side.
 
-One run measures the goals of the transform's cost (issue 40) on the current
-engine and marks each `met` or `not met (by how much)`:
+One run measures the goals of the transform's cost on the installed jaxprune
+and marks each `met` or `not met (by how much)`:
 
   1. temp     XLA's temporary buffers (`compile().memory_analysis()`) of the
               donated optimizer step (`tx.update`, then `optax.apply_updates`,

@@ -12,6 +12,7 @@ import os
 import zipfile
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 NPZ_KEYS = ('x_train', 'y_train', 'x_test', 'y_test')
@@ -102,7 +103,7 @@ def _read_npz(path: str, fix: str) -> dict[str, np.ndarray]:
         raise KeyError(
           f'missing arrays {missing}; the file has {sorted(npz.files)} and needs {list(NPZ_KEYS)}'
         )
-      return {key: npz[key] for key in NPZ_KEYS}
+      return {key: _named_dtype(npz[key]) for key in NPZ_KEYS}
   except KeyError as err:
     raise ValueError(f'data.path={path!r}: {err.args[0]}.') from None
   except (OSError, zipfile.BadZipFile, ValueError) as err:
@@ -112,12 +113,32 @@ def _read_npz(path: str, fix: str) -> dict[str, np.ndarray]:
     ) from err
 
 
+def _named_dtype(array: np.ndarray) -> np.ndarray:
+  """`array`, with raw 2-byte values (how numpy.savez writes bfloat16) viewed as bfloat16.
+
+  A .npy header cannot name ml_dtypes types, and bfloat16 is their only 2-byte one.
+  """
+  if array.dtype.kind == 'V' and array.dtype.names is None and array.dtype.itemsize == 2:
+    return array.view(ml_dtypes.bfloat16)
+  return array
+
+
+def _is_numeric(dtype: np.dtype) -> bool:
+  """Whether `dtype` is a number or bool; numpy counts no ml_dtypes float as a number."""
+  try:
+    ml_dtypes.finfo(dtype)
+  except ValueError:
+    return np.issubdtype(dtype, np.number) or dtype.kind == 'b'
+  return True
+
+
 def load_npz(path: str) -> Dataset:
   """Loads a user's dataset from a `.npz` file.
 
   Args:
     path: a file with arrays `x_train`, `y_train`, `x_test`, `y_test`; inputs
       have shape (n, *input_shape) with the same input shape in both splits,
+      in any numeric dtype or bfloat16 (which numpy.savez stores as raw 2-byte values),
       labels are integers in [0, num_classes) with shape (n,), num_classes at
       most `MAX_CLASSES`.
 
@@ -136,10 +157,11 @@ def load_npz(path: str) -> Dataset:
     raise FileNotFoundError(f'data.path={path!r}: no such file; {fix}.')
   arrays = _read_npz(path, fix)
   for key, array in arrays.items():
-    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+    if not _is_numeric(array.dtype):
+      raw = ' (raw bytes: how numpy.savez stores float8 and int4; save float32)'
       raise ValueError(
-        f'data.path={path!r}: {key} has dtype {array.dtype}; inputs and '
-        'labels must be numeric arrays.'
+        f'data.path={path!r}: {key} has dtype {array.dtype}; inputs and labels must be '
+        f'numeric arrays{raw if array.dtype.kind == "V" else ""}.'
       )
   for split in ('train', 'test'):
     x, y = arrays[f'x_{split}'], arrays[f'y_{split}']

@@ -417,7 +417,7 @@ def aborts_as_exit(status: int) -> Iterator[None]:
 def quiet_abandoned_io() -> None:
   """Drops the reports of the reads and writes orbax abandons when one of them fails.
 
-  Other warnings, unraisable errors and tracebacks are shown as before.
+  Other warnings, unraisable errors and tracebacks are shown unchanged.
   """
   warnings.filterwarnings(
     'ignore', message="coroutine '.*' was never awaited", category=RuntimeWarning

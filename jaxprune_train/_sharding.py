@@ -4,8 +4,8 @@ With `mesh_shape=(data, model)` the devices form a `('data', 'model')` mesh:
 batches are split over `data`; each param is split along its last (output)
 axis over `model` when that axis divides evenly, else replicated; the
 optimizer state follows the params (`jaxprune.state_shardings`: masks like
-their weights, thresholds and counters replicated). `mesh_shape=()` runs on
-one device, as before.
+their weights, thresholds and counters replicated). `mesh_shape=()` (the
+default) runs on one device.
 """
 
 from __future__ import annotations

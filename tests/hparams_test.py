@@ -144,8 +144,8 @@ def test_global_pruning_rejects_per_variable_targets():
 
 
 def test_parse_then_pruning_checks_and_warns_once():
-  # The documented path (docs/guides/gradual.md): before, parse_hparams and pruning each
-  # validated and warned.
+  # The documented path (docs/guides/gradual.md): parse_hparams checks and warns, and
+  # pruning(hp) does not repeat it for the config parse_hparams froze.
   def make():
     hp = jaxprune.parse_hparams('end_pruning_step=50')
     jaxprune.pruning(hp)

@@ -28,13 +28,10 @@ METHOD_LAYOUTS = [
   *[pytest.param('exact', layout, marks=_SLOW) for layout in LAYOUTS],
 ]
 DEVICES = 8
-# The largest all-reduce allowed: one partial sum per row of the largest leaf
-# (the conv kernel's 3*3*16 rows) for each of the search's candidate thresholds, or
-# one partial block average per row and device of the whole-row blocks of 'rows'
-# (64 rows, its columns sharded): its halvings are windows of two, which the
-# partitioner finishes with one all-reduce and one permute of that size (the same
-# 1,024 values as the four permutes of halves it sent for sums of slices). A whole
-# weight is 2,048 to 8,192 values.
+# The largest all-reduce allowed: one partial sum per row of the largest leaf (the conv
+# kernel's 3*3*16 rows) per candidate threshold, or one partial block average per row and
+# device of 'rows' (64 rows, columns sharded; the partitioner ends its halvings with one
+# all-reduce and one permute of that size). A whole weight is 2,048 to 8,192 values.
 MAX_ALL_REDUCE = max(144 * brackets.PROBES, 64 * DEVICES)
 
 

@@ -100,5 +100,5 @@ def test_power_of_two_scales_match_reference(exponent):
 
 @pytest.mark.parametrize('exponent', [-120, -110])
 def test_tiny_magnitudes_match_reference(exponent):
-  # Regression: counting a - t before scaling flushed subnormal differences to 0 on CPU.
+  # Near the subnormals: counting a - t before scaling would flush the differences to 0 on CPU.
   cs.power_of_two_case('exact', exponent)

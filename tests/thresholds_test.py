@@ -110,8 +110,8 @@ def test_bin_edge_is_the_smallest_value_in_a_bin_at_or_above_k(nbins):
 
 
 def test_fractions_are_the_quotients_the_search_rounds():
-  # The histogram rule's k / nbins for static k, from the host, where the search once
-  # computed numerics.div_rn(k, nbins): the same float32 for every k <= nbins <= 4096.
+  # The histogram rule's k / nbins for static k, from the host: the float32 that
+  # numerics.div_rn(k, nbins) gives on the device, for every k <= nbins <= 4096.
   nbins = np.concatenate([np.full(n + 1, n) for n in range(1, 4097)]).astype(np.float32)
   k = np.concatenate([np.arange(n + 1) for n in range(1, 4097)]).astype(np.float32)
   on_device = np.asarray(jax.jit(numerics.div_rn)(k, nbins))

@@ -1,5 +1,6 @@
 """Tests for jaxprune_train._data: digits split, batch order, the .npz loader."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits as sk_load_digits
@@ -185,7 +186,7 @@ def test_a_directory_and_non_finite_inputs_are_named(tmp_path):
   'label, dtype',
   [
     (2**16, np.int64),  # one past the largest class id allowed (65,535)
-    (50_000_000, np.int64),  # an output layer of 50M logits: killed for memory before
+    (50_000_000, np.int64),  # an output layer of 50M logits: killed for memory
     (2**40, np.int64),  # int32 would wrap it silently
     (2**63 + 5, np.uint64),  # beyond int64
   ],
@@ -210,3 +211,24 @@ def test_the_largest_class_id_allowed_loads(tmp_path):
   dataset = data.load_npz(_save(tmp_path, **arrays))
   assert dataset.num_classes == 65_536 and dataset.y_test.dtype == np.int32
   assert dataset.y_test.tolist() == [65_535] * 6
+
+
+def test_bfloat16_inputs_load_as_their_float32_values(tmp_path):
+  arrays = _arrays()
+  x = np.full((20, 4, 4), 1 / 3)
+  x[0, 0, :3] = [1.5, -2.0, 0.15625]  # exact in bfloat16's 8 significant bits
+  arrays['x_train'] = x.astype(ml_dtypes.bfloat16)
+  arrays['x_test'] = np.ones((6, 4, 4), ml_dtypes.bfloat16)
+  dataset = data.load_npz(_save(tmp_path, **arrays))
+  assert dataset.x_train.dtype == np.float32
+  assert dataset.x_train[0, 0, :3].tolist() == [1.5, -2.0, 0.15625]
+  # 1/3 = 1.0101010|1010...b * 2**-2 rounds up to 1.0101011b * 2**-2 = 0.333984375.
+  assert dataset.x_train[5, 2, 1] == 0.333984375
+  assert dataset.x_test.tolist() == np.ones((6, 4, 4)).tolist()
+
+
+def test_one_byte_raw_inputs_are_named_with_the_fix(tmp_path):
+  arrays = _arrays()
+  arrays['x_test'] = np.ones((6, 4, 4), ml_dtypes.float8_e4m3fn)
+  with pytest.raises(ValueError, match=r'x_test has dtype \|V1; .* numeric arrays \(raw bytes'):
+    data.load_npz(_save(tmp_path, **arrays))

@@ -109,7 +109,7 @@ def test_rerunning_a_finished_channel_run_keeps_its_one_final_record(tmp_path):
   first = read_metrics(workdir)
   report = _read(os.path.join(workdir, loop.REPORT_FILE))
   assert len([r for r in first if 'speedup' in r]) == 1
-  loop.train(_channel_config(), workdir)  # appended a second record before
+  loop.train(_channel_config(), workdir)  # a finished run: nothing to append
   assert read_metrics(workdir) == first
   assert _read(os.path.join(workdir, loop.REPORT_FILE)) == report
 

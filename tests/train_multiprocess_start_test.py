@@ -121,7 +121,8 @@ def test_a_coordinator_port_in_use_is_one_line(tmp_path):
 
 
 def test_a_job_without_process_0_stops_within_its_timeout(tmp_path):
-  """Both given --process_id=1: no process runs the coordination service (this hung)."""
+  """Both given --process_id=1: no process runs the coordination service, so each would
+  wait for it forever."""
   port = mp.free_port()
   codes, lines, seconds = _launch(
     tmp_path,
@@ -150,8 +151,8 @@ def test_a_missing_process_is_one_line_within_the_timeout(tmp_path):
 
 
 def test_processes_given_different_settings_all_stop_naming_them(tmp_path):
-  """Process 1 differs by 4 settings: both exited 0 having trained different programs, or
-  hung, or one said it lost the other."""
+  """Process 1 differs by 4 settings: both stop naming them, rather than train different
+  programs, wait for each other or say they lost the other."""
   port = mp.free_port()
   other = tmp_path / 'other'
   codes, lines, seconds = _launch(

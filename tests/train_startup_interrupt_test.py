@@ -38,8 +38,8 @@ def test_ctrl_c_while_starting_is_one_line():
 
 @pytest.mark.slow
 def test_ctrl_c_before_the_first_checkpoint_is_one_line(tmp_path):
-  """Sent as soon as the job names its workdir, while JAX starts and compiles (this
-  crashed the process, status -11, in 3 of 7 tries, and claimed a checkpoint)."""
+  """Sent as soon as the job names its workdir, while JAX starts and compiles: the job
+  ends with status 130 and its one line, not a crash (status -11) or a claimed checkpoint."""
   workdir = tmp_path / 'run'
   job = subprocess.Popen(
     [sys.executable, '-m', 'jaxprune_train', '--config.num_steps=3000', f'--workdir={workdir}'],

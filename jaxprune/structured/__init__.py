@@ -22,7 +22,8 @@ from jaxprune.structured._primitives.table import (
 )
 from jaxprune.structured._prune.distance import DenseDistance
 from jaxprune.structured._prune.options import Calibration, LinenOptions
-from jaxprune.structured._prune.pipeline import PruneResult, prune
+from jaxprune.structured._prune.pipeline import prune
+from jaxprune.structured._prune.result import PruneResult
 from jaxprune.structured._select.activations import activation_importance
 from jaxprune.structured._select.importance import (
   bn_scale_importance,

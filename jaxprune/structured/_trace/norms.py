@@ -1,7 +1,7 @@
 """Width through normalisations: which groups summed over by a norm stay exact.
 
 With `trace(norms=...)` a `reduce_sum` over a channel axis (the mean of
-LayerNorm, the mean square of RMSNorm) no longer blocks it, so the residual
+LayerNorm, the mean square of RMSNorm) does not block it, so the residual
 stream of a transformer (embeddings, every block's output projection, the
 norms' scales and biases, the next layers' input rows, a tied LM head) is
 one prunable group. What the pruned model computes there:

@@ -1,5 +1,5 @@
-"""Misuse and edge cases that once passed in silence: each gives the right result or one
-line naming the fix."""
+"""Misuse and edge cases across the library that must not pass in silence: each gives the
+right result or one line naming the fix."""
 
 import re
 import warnings
