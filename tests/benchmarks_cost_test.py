@@ -1,8 +1,10 @@
-"""benchmarks/cost.py without its compiles: the tree it lowers, and the goals, verdicts and table
-numbers worked out from made-up results (the measurements take minutes:
-`python benchmarks/cost.py`)."""
+"""benchmarks/cost.py without its compiles: the tree it lowers, the goals, verdicts and table
+numbers worked out from made-up results, and the last whole run's summary on the contributors'
+page (the measurements take minutes: `python benchmarks/cost.py`)."""
 
 import dataclasses
+import os
+import re
 
 import jax
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from benchmarks import _cost_report as cost_report
 from benchmarks import cost
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = dataclasses.replace(cost.QUICK, layers=(1, 2))
 # Compile seconds and temp bytes of each headline row at 1 and 2 layers (Adam: 1 s, 100 bytes;
 # the params: 400 bytes), each row its own so a row read under another's name shows.
@@ -262,3 +265,32 @@ def test_summary_row_renders_a_goal():
     'not met (by 0.05x)',
   ]
   assert '| ' + ' | '.join(row) + ' |' in cost_report.report(SIZES, fake_results())
+
+
+def test_the_cost_page_holds_a_whole_run_whose_verdicts_follow_its_numbers():
+  """docs/explanation/step_cost.md shows the last whole run's summary: every goal the code
+  judges on every case of a run at the default sizes, each verdict the one its own numbers
+  give under the goal's limit."""
+  with open(os.path.join(ROOT, 'docs', 'explanation', 'step_cost.md')) as f:
+    summary = f.read().split('\n### Summary', 1)[1]
+  rows = [line for line in summary.splitlines() if line.startswith('| ')]
+  assert rows[0] == '| goal | case | measured | verdict |'
+  page = [[cell.strip() for cell in row.strip('|').split('|')] for row in rows[1:]]
+  sizes = cost.Sizes()
+  results = fake_results(sizes)
+  # The models are named after the sizes the run was given, which the fake results lack.
+  models = [case for name, case, _, _ in page if name.startswith('2 update step')]
+  assert len(models) == 2
+  results['steps'] = {model: results['steps']['a'] for model in models}
+  goals = by_case(cost_report.goals(sizes, results))
+  assert sorted((name, case) for name, case, _, _ in page) == sorted(goals)
+  for name, case, measured, mark in page:
+    goal = goals[name, case]
+    if goal.limit is None:
+      assert mark == 'info'
+      continue
+    numbers = [float(n) for n in re.findall(r'(-?\d+\.\d+)x', measured)]
+    value = numbers[-1] / numbers[0] if goal.joiner == ' -> ' else max(numbers)
+    if abs(value - goal.limit) > 0.01:  # farther from the limit than the page's rounding
+      met = value >= goal.limit if goal.at_least else value <= goal.limit
+      assert mark.startswith('met') == met, (name, case, measured, mark)
