@@ -58,34 +58,37 @@ import jaxprune
 
 try:
   from benchmarks._baselines import per_call, sort_pruning, train_step
-  from benchmarks._timing import interleaved, table
+  from benchmarks._cost_report import (
+    COMPILE_REPEATS,
+    EVERY,
+    FORMS,
+    HEADLINE,
+    HLO_OPS,
+    NEVER,
+    PARAMS_SOURCE,
+    PLANS,
+    RULES,
+    report,
+  )
+  from benchmarks._timing import interleaved
 except ImportError:  # run as a script from the benchmarks folder
   from _baselines import per_call, sort_pruning, train_step
-  from _timing import interleaved, table
+  from _cost_report import (
+    COMPILE_REPEATS,
+    EVERY,
+    FORMS,
+    HEADLINE,
+    HLO_OPS,
+    NEVER,
+    PARAMS_SOURCE,
+    PLANS,
+    RULES,
+    report,
+  )
+  from _timing import interleaved
 
-FORMS = ('pruned', 'chained')
-PLANS = ('fixed', 'adaptive')
-# `pruned` thresholding the params the step starts from (`mask_source='params'`), not the
-# weights after it (TF's order, the default): the search then needs no stored updates.
-PARAMS_SOURCE = 'pruned, mask_source=params'
-# The optimizer step's rows: both forms x both plans, and the params source on the plan of
-# GPUs and TPUs.
-HEADLINE = tuple((form, plan) for form in FORMS for plan in PLANS) + ((PARAMS_SOURCE, 'fixed'),)
-RULES = {
-  'histogram': '',
-  'exact': 'threshold_method=exact',
-  'blocked': 'block_dims_map=[mlp:4x4]',
-  'global': 'global_pruning=true',
-  # The vocabulary (50257) is not divisible by 4: N:M on every kernel, magnitude on embeddings.
-  'N:M 2:4': 'nm_sparsity_map=[kernel:2:4]',
-}
 BASE = 'target_sparsity=0.9,sparsity_function_end_step=1'
-NEVER = 'begin_pruning_step=1000000000'
-EVERY = 'pruning_frequency=1'
 PARTS = ('temp', 'steps', 'compile', 'full', 'plans')
-GOAL_TEMP, GOAL_STEP, GOAL_COMPILE, GOAL_FULL, GOAL_PLAN = 0.1, 1.03, 3.0, 1.2, 1.10
-HLO_OPS = ('fusion', 'copy', 'conditional', 'while')
-COMPILE_REPEATS = 2  # the optimizer step's compile time is the least of this many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,13 +181,6 @@ def compile_seconds(fn, *args):
 def hlo_counts(compiled) -> dict[str, int]:
   text = compiled.as_text()
   return {op: len(re.findall(rf' {op}\(', text)) for op in HLO_OPS}
-
-
-def verdict(value: float, goal: float, at_least: bool = False) -> str:
-  """'met', or 'not met (by how much)'."""
-  if (value >= goal) if at_least else (value <= goal):
-    return 'met'
-  return f'not met (by {abs(value - goal):.2f}x)'
 
 
 # ------------------------------------------------------------------- 1 and 3: the optimizer step
@@ -446,210 +442,6 @@ def plans(sizes: Sizes, log) -> dict:
   return seconds
 
 
-# ---------------------------------------------------------------------------- report
-
-
-def report(sizes: Sizes, results: dict, parts: tuple[str, ...]) -> str:
-  """The tables and the summary of every goal."""
-  lines, summary = [], []
-
-  def goal(name, case, measured, mark):
-    summary.append([name, case, measured, mark])
-
-  head = results.get('headline')
-  if head:
-    header = ['form, plan'] + [f'{n} layers: temp beyond Adam' for n in sizes.layers]
-    header += [f'{n} layers: compile s (vs Adam)' for n in sizes.layers]
-    rows = []
-    adam_row = ['Adam'] + [
-      f'{head[n]["Adam"][1] / head[n]["nbytes"]:.2f}x (itself)' for n in sizes.layers
-    ]
-    adam_row += [f'{head[n]["Adam"][0]:.1f} ({head[n]["Adam"][2]:,} kernels)' for n in sizes.layers]
-    rows.append(adam_row)
-    for form, plan in HEADLINE:
-      row = [f'{form}, {plan}']
-      temps, ratios = [], []
-      for n in sizes.layers:
-        seconds, temp, _ = head[n][form, plan]
-        temps.append((temp - head[n]['Adam'][1]) / head[n]['nbytes'])
-        ratios.append(seconds / head[n]['Adam'][0])
-        row.append(f'{temps[-1]:.2f}x')
-      row += [
-        f'{head[n][form, plan][0]:.1f} ({r:.2f}x, {head[n][form, plan][2]:,} kernels)'
-        for n, r in zip(sizes.layers, ratios, strict=True)
-      ]
-      rows.append(row)
-      at = ', '.join(f'{t:.2f}x at {n}' for t, n in zip(temps, sizes.layers, strict=True))
-      goal(
-        '1 temp <= 0.1x params', f'{form}, {plan}, histogram', at, verdict(max(temps), GOAL_TEMP)
-      )
-      at = ', '.join(f'{r:.2f}x at {n}' for r, n in zip(ratios, sizes.layers, strict=True))
-      goal(
-        '3 optimizer-step compile <= 3x',
-        f'{form}, {plan}',
-        at,
-        verdict(max(ratios), GOAL_COMPILE),
-      )
-      if len(ratios) > 1:
-        growth = ratios[-1] / ratios[0]
-        goal(
-          f'3 compile ratio not growing {sizes.layers[0]} -> {sizes.layers[-1]}',
-          f'{form}, {plan}',
-          f'{ratios[0]:.2f}x -> {ratios[-1]:.2f}x',
-          'met' if growth <= 1 else f'not met (grew {100 * (growth - 1):.0f}%)',
-        )
-    n = sizes.layers[0]
-    leaves = ', '.join(f'{head[k]["leaves"]} leaves at {k}' for k in sizes.layers)
-    lines.append(
-      f'### 1, 3. The optimizer step alone (GPT-2-small-shaped float32 tree, width '
-      f'{sizes.width}, vocab {sizes.vocab}; {leaves}; histogram rule)\n\n'
-      "Temp: XLA temp bytes of the donated step beyond plain Adam's, as a multiple of the "
-      "params' bytes (goal <= 0.1x). Compile: CPU seconds to lower and compile, the least "
-      f'of {COMPILE_REPEATS} compiles (they move by 10-30% between runs on a shared '
-      "machine), and the compiled step's fused kernels, which compile time follows.\n"
-    )
-    lines.append(table(header, rows))
-    masks, other = head[n]['state']
-    pruned_weights = masks
-    lines.append(
-      f"\nPruning state beyond Adam's ({n} layers, every form and plan alike): masks "
-      f'{masks / 2**20:.1f} MiB (bool, 1 byte per pruned weight, {pruned_weights / 1e6:.1f}M '
-      f'pruned weights), thresholds and counters {other} bytes; '
-      f'{(masks + other) / max(pruned_weights, 1):.3f} bytes per pruned weight, '
-      f'{(masks + other) / (head[n]["nbytes"] / 4):.3f} per param (Adam: 8).\n'
-    )
-  mat = results.get('matrix')
-  if mat:
-    header = ['rule'] + [f'{form}, {plan}' for form in FORMS for plan in PLANS]
-    rows = []
-    for rule in sizes.matrix_rules:
-      values = {(form, plan): mat[rule, form, plan] for form in FORMS for plan in PLANS}
-      rows.append([rule] + [f'{v:.2f}x' for v in values.values()])
-      worst = max(values, key=values.get)
-      goal(
-        '1 temp <= 0.1x params',
-        f'{rule}, all forms and plans, {sizes.matrix_layers} layers',
-        f'worst {values[worst]:.2f}x ({", ".join(worst)})',
-        verdict(values[worst], GOAL_TEMP),
-      )
-    lines.append(
-      f"### 1. Temp beyond Adam's, every rule (reduced size: {sizes.matrix_layers} layers, "
-      f"width {sizes.width}, vocab {sizes.matrix_vocab}; x the params' bytes)\n\n"
-      + table(header, rows)
-      + '\n\nRules: '
-      + '; '.join(
-        f'{k}: `{RULES[k]}`' if RULES[k] else f'{k}: the defaults' for k in sizes.matrix_rules
-      )
-      + '. The histogram rule (the defaults) is in the headline rows above.\n'
-    )
-  st = results.get('steps')
-  if st:
-    header = ['model', 'step', 'ms / step', 'vs Adam'] + [f'HLO {op}' for op in HLO_OPS]
-    rows = []
-    for model, r in st.items():
-      adam = r['per_step']['Adam']
-      for name, seconds in r['per_step'].items():
-        counts = r['counts'].get(name)
-        rows.append(
-          [model, name, f'{seconds * 1e3:.2f}', f'{seconds / adam:.3f}x']
-          + ([str(counts[op]) for op in HLO_OPS] if counts else [''] * len(HLO_OPS))
-        )
-      for form in FORMS:
-        ratio = r['per_step'][form] / adam
-        goal(
-          '2 non-update step <= 1.03x',
-          f'{form}, {model}',
-          f'{ratio:.3f}x',
-          verdict(ratio, GOAL_STEP),
-        )
-      goal(
-        '2 update step (no goal: cost beside a sort)',
-        model,
-        ', '.join(
-          f'{name.split(",")[0]} {r["per_step"][name] / adam:.2f}x'
-          for name in ('pruned, update', 'chained, update', 'sort-based, update')
-        ),
-        'info',
-      )
-    lines.append(
-      '### 2. The loop users write: one jitted donated call per step (grad, update, '
-      'apply_updates)\n\n'
-      f'Non-update rows: masks never updated (`{NEVER}`), {sizes.steps_per_call} consecutive '
-      f'steps per timed call; update rows: a mask update at every step (`{EVERY}`), one '
-      f'step per call; interleaved, median of {sizes.rounds}. Default search plan '
-      f"('{jaxprune.get_pruning_hparams().mask_search}': adaptive on the CPU). HLO counts of "
-      'the compiled non-update step.\n\n' + table(header, rows) + '\n'
-    )
-  full = results.get('full')
-  if full:
-    adam_s, adam_temp = full['rows']['Adam', 'auto']
-    rows = []
-    for (form, plan), (seconds, temp) in full['rows'].items():
-      ratio, beyond = seconds / adam_s, (temp - adam_temp) / full['nbytes']
-      rows.append(
-        [
-          f'{form}, {plan}',
-          f'{seconds:.1f}',
-          f'{ratio:.2f}x',
-          f'{temp / 2**20:.0f}',
-          f'{beyond:.2f}x',
-        ]
-      )
-      if form != 'Adam':
-        goal(
-          '3 full-step compile <= 1.2x',
-          f'{form}, {plan}',
-          f'{ratio:.2f}x',
-          verdict(ratio, GOAL_FULL),
-        )
-        goal(
-          '1 temp <= 0.1x params',
-          f'{form}, {plan}, full step',
-          f'{beyond:.2f}x',
-          verdict(beyond, GOAL_TEMP),
-        )
-    lines.append(
-      f"### 3. A full GPT-2 training step: transformers' FlaxGPT2LMHeadModel "
-      f'({sizes.full_layers} layers, width {sizes.full_width}, {full["params"] / 1e6:.0f}M '
-      f'params, shapes only), batch 1x{sizes.full_length}, donated\n\n'
-      "Temp beyond Adam's: as a multiple of the params' bytes. In this step XLA runs Adam's "
-      "update of each layer as soon as the backward pass has its gradients, so Adam's own "
-      "temp holds a few layers' gradients, not all of them.\n\n"
-      + table(['step', 'compile CPU s', 'vs Adam', 'temp MiB', 'temp beyond Adam'], rows)
-      + '\n'
-    )
-  pl = results.get('plans')
-  if pl:
-    rows = []
-    for method in ('histogram', 'exact'):
-      fixed, adaptive = pl[method, 'fixed'], pl[method, 'adaptive']
-      speedup = fixed / adaptive
-      rows.append([method, f'{fixed * 1e3:.1f}', f'{adaptive * 1e3:.1f}', f'{speedup:.2f}x'])
-      goal(
-        '4 second plan kept only if >= 10% faster where chosen',
-        f"{method}: adaptive (the CPU's plan) vs fixed, CPU",
-        f'{speedup:.2f}x as fast',
-        (
-          'met (adaptive earns its place on the CPU)'
-          if speedup >= GOAL_PLAN
-          else f'not met (adaptive {100 * (speedup - 1):+.0f}%, < +10%: one plan would do)'
-        ),
-      )
-    side = sizes.mask_side
-    lines.append(
-      f'### 4. The search plans: jaxprune.update_mask on a {side}x{side} float32 array, '
-      f'sparsity 0.9, interleaved (median of {sizes.mask_rounds})\n\n'
-      + table(['rule', 'fixed ms', 'adaptive ms', 'adaptive speed-up'], rows)
-      + '\n'
-    )
-  summary.sort(key=lambda row: row[0][0])  # by goal number, in the order measured
-  lines.append(
-    '### Summary: each goal, measured on this run\n\n'
-    + table(['goal', 'case', 'measured', 'verdict'], summary)
-  )
-  return '\n'.join(lines)
-
-
 def main(argv: list[str] | None = None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true', help='tiny sizes: a smoke run')
@@ -698,7 +490,7 @@ def main(argv: list[str] | None = None) -> str:
     f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()}-core '
     f'{jax.devices()[0].platform.upper()}, jax {jax.__version__}, load average '
     f'{os.getloadavg()[0]:.1f}{", --quick" if args.quick else ""}\n\n'
-    + report(sizes, results, parts)
+    + report(sizes, results)
     + f'\n\nRun time: {time.time() - started:.0f} s.'
   )
   print(text, flush=True)

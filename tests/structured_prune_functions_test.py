@@ -94,8 +94,12 @@ def test_an_equinox_model_through_partition():
   fn = lambda params, x: jax.vmap(eqx.combine(params, static))(x)
   x = jax.random.normal(jax.random.key(1), (8, 16))
   result = jps.prune(fn, x, variables=params, ratio=0.25, progress=False)
-  assert result.variables.layers[0].weight.shape == (24, 16)
-  assert result.model(result.variables, x).shape == (8, 4)
+  # A quarter of each hidden layer's 32 units goes: 24 stay in both.
+  shapes = [layer.weight.shape for layer in result.variables.layers]
+  assert shapes == [(24, 16), (24, 24), (4, 24)]
+  # The smaller model computes what the dense one does with the removed units zeroed.
+  zeroed = jps.zero_removed(jps.trace(fn, params, x), params, result.plan)
+  np.testing.assert_allclose(result.model(result.variables, x), fn(zeroed, x), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -249,13 +249,18 @@ def test_step_saturates_instead_of_wrapping():
   assert int(state.masks['d']['kernel'].sum()) == 8
 
 
-def test_chain_with_sgd_still_runs_without_warnings():
-  params = {'d': {'kernel': jnp.ones((4, 4))}}
+def test_chain_with_sgd_passes_sgds_first_step_through_without_warnings():
+  kernel = np.arange(1, 17, dtype=np.float32).reshape(4, 4)
+  params = {'d': {'kernel': jnp.asarray(kernel)}}
   tx = optax.chain(optax.sgd(0.1), jaxprune.pruning(helpers.hparams()))
   with warnings.catch_warnings():
     warnings.simplefilter('error')
     state = tx.init(params)
-    tx.update(params, state, params)
+    updates, state = tx.update(params, state, params)
+  # The first mask update is at step max(begin_pruning_step, pruning_frequency) = 10: step 0
+  # keeps every weight and hands on sgd's -0.1 x the gradient (here the params) unchanged.
+  np.testing.assert_array_equal(updates['d']['kernel'], np.float32(-0.1) * kernel)
+  assert bool(state[1].masks['d']['kernel'].all()) and int(state[1].step) == 1
 
 
 @pytest.mark.parametrize('form', ['pruned', 'pruned_params', 'chained_params'])
