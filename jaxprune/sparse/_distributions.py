@@ -112,8 +112,8 @@ class Spread:
   """Which leaves are sparse and how the sparsity spreads over them: the arguments of
   `densities` that `static`, `set_`, `rigl` and `ste` take too, held as one value.
 
-  Each field is the argument of `densities` of the same name. Nothing is checked until
-  `densities` runs, so a bad value fails where it did for each caller.
+  Each field is the argument of `densities` of the same name, in the same order. Building
+  one checks nothing; `Spread.densities` checks every field, where the params are known.
   """
 
   sparsity: float
