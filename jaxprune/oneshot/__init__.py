@@ -38,5 +38,5 @@ __all__ = [
   'prune_with_report',
 ]
 
-# A misspelt name suggests the nearest public one (`sparse.set` -> `sparse.set_`).
+# A misspelt name suggests the nearest public one (`oneshot.prune_offload` -> `prune_offloaded`).
 __getattr__ = suggesting_getattr(__name__, __all__)

@@ -1,4 +1,9 @@
-"""`prune`: one-shot pruning of a trained model from calibration batches."""
+"""`prune`: one-shot pruning of a trained model from calibration batches.
+
+`prune` and `prune_with_report` each declare the same keywords, so that they show in both
+signatures, and hand them all to `_run` by name: on their first line, `locals()` holds
+exactly their arguments.
+"""
 
 from __future__ import annotations
 
@@ -140,23 +145,7 @@ def prune(
     >>> masks['w'].sum(axis=0)  # each output keeps half of its 8 inputs
     Array([4, 4, 4, 4], dtype=int32)
   """
-  pruned, masks, _ = _run(
-    fn,
-    params,
-    calibration_batches,
-    method=method,
-    sparsity=sparsity,
-    nm=nm,
-    overrides=overrides,
-    per_row=per_row,
-    blocksize=blocksize,
-    percdamp=percdamp,
-    sequential=sequential,
-    owl=owl,
-    dsnot=dsnot,
-    permute=permute,
-    report=False,
-  )
+  pruned, masks, _ = _run(**locals(), report=False)
   return pruned, masks
 
 
@@ -196,23 +185,7 @@ def prune_with_report(
     >>> [(layer.name, layer.shape, layer.target, layer.sparsity) for layer in report.layers]
     [('w', (4, 8), '2:4', 0.5)]
   """
-  return _run(
-    fn,
-    params,
-    calibration_batches,
-    method=method,
-    sparsity=sparsity,
-    nm=nm,
-    overrides=overrides,
-    per_row=per_row,
-    blocksize=blocksize,
-    percdamp=percdamp,
-    sequential=sequential,
-    owl=owl,
-    dsnot=dsnot,
-    permute=permute,
-    report=True,
-  )
+  return _run(**locals(), report=True)
 
 
 def _skipped(

@@ -24,6 +24,8 @@ from jaxprune.oneshot._dsnot import DSnoT
 
 PyTree = Any
 Overrides = Mapping[str, float | str | tuple[int, int] | None]
+# The arguments of `prune_offloaded` and `prune_checkpoint` that `oneshot.prune` takes as given.
+_PASSED_ON = ('method', 'sparsity', 'nm', 'overrides', 'per_row', 'blocksize', 'percdamp', 'dsnot')
 
 
 def prune_offloaded(
@@ -82,17 +84,8 @@ def prune_offloaded(
     >>> [int(m['w'].sum()) for m in masks]  # each block keeps 2 of every 4 inputs
     [32, 32, 32]
   """
+  options = _passed_on(locals())
   count, block_at, treedef = _layout(blocks, stacked)
-  options = dict(
-    method=method,
-    sparsity=sparsity,
-    nm=nm,
-    overrides=overrides,
-    per_row=per_row,
-    blocksize=blocksize,
-    percdamp=percdamp,
-    dsnot=dsnot,
-  )
   pruned, masks = _stream(block_fn, count, block_at, calibration_inputs, options)
   return _assemble(pruned, treedef, stacked), _assemble(masks, treedef, stacked)
 
@@ -141,6 +134,7 @@ def prune_checkpoint(
     ValueError: a missing checkpoint, one of another model (its tree, a shape or a dtype
       differs from `like`), an existing `out_path`, or `prune_offloaded`'s errors.
   """
+  options = _passed_on(locals())
   import orbax.checkpoint as ocp
 
   path, out_path = os.path.abspath(os.fspath(path)), os.path.abspath(os.fspath(out_path))
@@ -186,19 +180,15 @@ def prune_checkpoint(
       )
       return out[k]
 
-  options = dict(
-    method=method,
-    sparsity=sparsity,
-    nm=nm,
-    overrides=overrides,
-    per_row=per_row,
-    blocksize=blocksize,
-    percdamp=percdamp,
-    dsnot=dsnot,
-  )
   pruned, masks = _stream(block_fn, count, block_at, calibration_inputs, options)
   checkpointer.save(out_path, _assemble(pruned, treedef, stacked))
   return _assemble(masks, treedef, stacked)
+
+
+def _passed_on(arguments: Mapping[str, Any]) -> dict[str, Any]:
+  """The `_PASSED_ON` entries of `arguments`: `locals()` on the first line of
+  `prune_offloaded` or `prune_checkpoint`, which holds exactly their arguments."""
+  return {name: arguments[name] for name in _PASSED_ON}
 
 
 def _layout(blocks: Any, stacked: bool) -> tuple[int, Callable[[int], PyTree], Any]:

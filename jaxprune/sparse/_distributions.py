@@ -10,6 +10,7 @@ solved again over the rest, as in RigL's and jaxpruner's code.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -102,61 +103,65 @@ def densities(
   Returns:
     name -> density in (0, 1], for the sparse leaves only.
   """
-  return leaf_densities(
-    params,
-    sparsity,
-    distribution,
-    sparsity_map=sparsity_map,
-    weight_name_regex=weight_name_regex,
-    prune_filter=prune_filter,
-    erk_power=erk_power,
-    warn=True,
-  )
+  spread = Spread(sparsity, distribution, sparsity_map, weight_name_regex, prune_filter, erk_power)
+  return spread.densities(params, warn=True)
 
 
-def leaf_densities(
-  params: PyTree,
-  sparsity: float,
-  distribution: str,
-  *,
-  sparsity_map: Mapping[str, float] | None,
-  weight_name_regex: str,
-  prune_filter: PruneFilter | None,
-  erk_power: float,
-  warn: bool,
-) -> dict[str, float]:
-  """`densities`; `warn=False` keeps quiet about unmatched map entries (the training rules
-  work them out again at every trace of their update, and warn once, at init)."""
-  check_fraction('sparsity', sparsity, example='0.9')
-  if distribution not in DISTRIBUTIONS:
-    raise ValueError(f'distribution={distribution!r}: use one of {DISTRIBUTIONS}.')
-  if not (isinstance(erk_power, (int, float)) and math.isfinite(erk_power) and erk_power >= 0):
-    raise ValueError(
-      f'erk_power={erk_power!r}: must be a finite number >= 0 (1 is the '
-      "ERK paper's; 0 gives every leaf the same density)."
-    )
-  entries = dict(sparsity_map or {})
-  for regex, value in entries.items():
-    maps.check_regex(f'sparsity_map entry {regex!r}', regex)
-    check_fraction('sparsity', value, where=f'sparsity_map entry {regex!r}')
-  shapes = {name: tuple(leaf.shape) for name, leaf in named_leaves(params)}
-  names = sparse_names(params, weight_name_regex, prune_filter)
-  if not names:
-    raise ValueError(
-      f'no leaf is sparse: none matches weight_name_regex={weight_name_regex!r} '
-      'with 2 or more dimensions; pass another regex or a prune_filter.'
-    )
-  mapped, unmatched = maps.match_entries('sparsity_map', names, entries.items())
-  if warn:
-    maps.warn_unmatched(
-      [f'sparsity_map entry {regex!r}' for regex in unmatched], names, 'sparse leaves'
-    )
-  rest = [name for name in names if name not in mapped]
-  if distribution == 'erk':
-    spread = erk_densities({n: shapes[n] for n in rest}, sparsity, erk_power) if rest else {}
-  else:
-    spread = dict.fromkeys(rest, 1.0 - sparsity)
-  return {name: 1.0 - mapped[name] if name in mapped else spread[name] for name in names}
+@dataclasses.dataclass(frozen=True)
+class Spread:
+  """Which leaves are sparse and how the sparsity spreads over them: the arguments of
+  `densities` that `static`, `set_`, `rigl` and `ste` take too, held as one value.
+
+  Each field is the argument of `densities` of the same name, in the same order. Building
+  one checks nothing; `Spread.densities` checks every field, where the params are known.
+  """
+
+  sparsity: float
+  distribution: str
+  sparsity_map: Mapping[str, float] | None
+  weight_name_regex: str
+  prune_filter: PruneFilter | None
+  erk_power: float
+
+  def names(self, params: PyTree) -> list[str]:
+    """`sparse_names` of `params`: the leaves that get a mask."""
+    return sparse_names(params, self.weight_name_regex, self.prune_filter)
+
+  def densities(self, params: PyTree, *, warn: bool) -> dict[str, float]:
+    """`densities` of `params`; `warn=False` keeps quiet about unmatched map entries (the
+    training rules work them out again at every trace of their update, and warn once, at
+    init)."""
+    sparsity, distribution, erk_power = self.sparsity, self.distribution, self.erk_power
+    check_fraction('sparsity', sparsity, example='0.9')
+    if distribution not in DISTRIBUTIONS:
+      raise ValueError(f'distribution={distribution!r}: use one of {DISTRIBUTIONS}.')
+    if not (isinstance(erk_power, (int, float)) and math.isfinite(erk_power) and erk_power >= 0):
+      raise ValueError(
+        f'erk_power={erk_power!r}: must be a finite number >= 0 (1 is the '
+        "ERK paper's; 0 gives every leaf the same density)."
+      )
+    entries = dict(self.sparsity_map or {})
+    for regex, value in entries.items():
+      maps.check_regex(f'sparsity_map entry {regex!r}', regex)
+      check_fraction('sparsity', value, where=f'sparsity_map entry {regex!r}')
+    shapes = {name: tuple(leaf.shape) for name, leaf in named_leaves(params)}
+    names = self.names(params)
+    if not names:
+      raise ValueError(
+        f'no leaf is sparse: none matches weight_name_regex={self.weight_name_regex!r} '
+        'with 2 or more dimensions; pass another regex or a prune_filter.'
+      )
+    mapped, unmatched = maps.match_entries('sparsity_map', names, entries.items())
+    if warn:
+      maps.warn_unmatched(
+        [f'sparsity_map entry {regex!r}' for regex in unmatched], names, 'sparse leaves'
+      )
+    rest = [name for name in names if name not in mapped]
+    if distribution == 'erk':
+      shared = erk_densities({n: shapes[n] for n in rest}, sparsity, erk_power) if rest else {}
+    else:
+      shared = dict.fromkeys(rest, 1.0 - sparsity)
+    return {name: 1.0 - mapped[name] if name in mapped else shared[name] for name in names}
 
 
 def kept_count(size: int, density: float) -> int:

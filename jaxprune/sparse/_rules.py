@@ -1,4 +1,9 @@
-"""The named sparse-training rules: `static`, `set_`, `rigl` (wrappers of `sparse_training`)."""
+"""The named sparse-training rules: `static`, `set_`, `rigl` (wrappers of `sparse_training`).
+
+Each declares its own keywords and defaults, so that they show in its signature, and
+hands them all to `sparse_training` by name: on a rule's first line, `locals()` holds
+exactly its arguments.
+"""
 
 from __future__ import annotations
 
@@ -41,17 +46,7 @@ def static(
     An `optax.GradientTransformation` whose `update` needs `params`; its state is a
     `SparseState`.
   """
-  return sparse_training(
-    inner,
-    sparsity,
-    rule='static',
-    distribution=distribution,
-    sparsity_map=sparsity_map,
-    seed=seed,
-    weight_name_regex=weight_name_regex,
-    prune_filter=prune_filter,
-    erk_power=erk_power,
-  )
+  return sparse_training(**locals(), rule='static')
 
 
 def set_(
@@ -94,22 +89,7 @@ def set_(
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
   """
-  return sparse_training(
-    inner,
-    sparsity,
-    rule='set',
-    distribution=distribution,
-    sparsity_map=sparsity_map,
-    update_freq=update_freq,
-    begin_step=begin_step,
-    end_step=end_step,
-    drop_fraction=drop_fraction,
-    drop_fraction_decay=drop_fraction_decay,
-    seed=seed,
-    weight_name_regex=weight_name_regex,
-    prune_filter=prune_filter,
-    erk_power=erk_power,
-  )
+  return sparse_training(**locals(), rule='set')
 
 
 def rigl(
@@ -160,19 +140,4 @@ def rigl(
     >>> int((params['Dense_0']['kernel'] != 0).sum())  # 25% of 128 kept
     32
   """
-  return sparse_training(
-    inner,
-    sparsity,
-    rule='rigl',
-    distribution=distribution,
-    sparsity_map=sparsity_map,
-    update_freq=update_freq,
-    begin_step=begin_step,
-    end_step=end_step,
-    drop_fraction=drop_fraction,
-    drop_fraction_decay=drop_fraction_decay,
-    seed=seed,
-    weight_name_regex=weight_name_regex,
-    prune_filter=prune_filter,
-    erk_power=erk_power,
-  )
+  return sparse_training(**locals(), rule='rigl')

@@ -98,21 +98,15 @@ def ste(
   sparsity = 0.5 if sparsity is None else sparsity
   if not isinstance(update_freq, int) or update_freq < 1:
     raise ValueError(f'update_freq={update_freq!r}: must be an integer >= 1, e.g. 1.')
+  spread = distributions.Spread(
+    sparsity, distribution, sparsity_map, weight_name_regex, prune_filter, erk_power=1.0
+  )
 
   def sparsities(params, warn=False):
     if pattern is not None:
-      names = distributions.sparse_names(params, weight_name_regex, prune_filter)
+      names = spread.names(params)
       return dict.fromkeys(names, 1.0 - pattern[0] / pattern[1])
-    density = distributions.leaf_densities(
-      params,
-      sparsity,
-      distribution,
-      sparsity_map=sparsity_map,
-      weight_name_regex=weight_name_regex,
-      prune_filter=prune_filter,
-      erk_power=1.0,
-      warn=warn,
-    )
+    density = spread.densities(params, warn=warn)
     return {name: 1.0 - d for name, d in density.items() if d < 1.0}
 
   def new_mask(name, weights, target):

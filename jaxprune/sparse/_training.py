@@ -166,19 +166,13 @@ def sparse_training(
     check_fraction('drop_fraction', drop_fraction, example='0.3')
     if drop_fraction_decay not in ('cosine', 'constant'):
       raise ValueError(f"drop_fraction_decay={drop_fraction_decay!r}: use 'cosine' or 'constant'.")
+  spread = distributions.Spread(
+    sparsity, distribution, sparsity_map, weight_name_regex, prune_filter, erk_power
+  )
 
   def counts(params, warn=False):
     """name -> kept count of each masked leaf (leaves at density 1 stay dense)."""
-    density = distributions.leaf_densities(
-      params,
-      sparsity,
-      distribution,
-      sparsity_map=sparsity_map,
-      weight_name_regex=weight_name_regex,
-      prune_filter=prune_filter,
-      erk_power=erk_power,
-      warn=warn,
-    )
+    density = spread.densities(params, warn=warn)
     sizes = {name: math.prod(leaf.shape) for name, leaf in named_leaves(params)}
     kept = {name: distributions.kept_count(sizes[name], d) for name, d in density.items()}
     return {name: k for name, k in kept.items() if k < sizes[name]}
