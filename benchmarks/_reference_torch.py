@@ -82,6 +82,7 @@ class _Inner(nn.Module):
     self.embed_tokens = nn.Embedding(*embed.shape)
     self.embed_tokens.weight.data = torch.tensor(embed)
     self.layers = nn.ModuleList(blocks)
+    self.norm = nn.Identity()  # the SparseGPT repository's loop moves it between devices
 
 
 class Decoder(nn.Module):
@@ -155,15 +156,17 @@ def load_package(name: str, folder: Path, module: str) -> types.ModuleType:
   return importlib.import_module(f'{name}.{module}')
 
 
-def load_sparsegpt(folder: Path) -> types.ModuleType:
-  """The SparseGPT repository's `sparsegpt.py` (which imports its `quant.py` by plain name)."""
-  if 'jaxprune_ref_sparsegpt' in sys.modules:
-    return sys.modules['jaxprune_ref_sparsegpt']
+def load_sparsegpt(folder: Path, file: str = 'sparsegpt.py') -> types.ModuleType:
+  """A module of the SparseGPT repository (`sparsegpt.py`, or `llama.py` with its
+  model-level loop), which imports its siblings by plain name."""
+  name = f'jaxprune_ref_sparsegpt_{Path(file).stem}'
+  if name in sys.modules:
+    return sys.modules[name]
   sys.path.insert(0, str(folder))
   try:
-    spec = importlib.util.spec_from_file_location('jaxprune_ref_sparsegpt', folder / 'sparsegpt.py')
+    spec = importlib.util.spec_from_file_location(name, folder / file)
     module = importlib.util.module_from_spec(spec)
-    sys.modules['jaxprune_ref_sparsegpt'] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
   finally:
     sys.path.remove(str(folder))

@@ -11,8 +11,8 @@ authors' code is not in this repository; get it at the commits the table was mea
     git clone https://github.com/locuslab/wanda && git -C wanda checkout 8e8fc87b
     git clone https://github.com/IST-DASLab/sparsegpt && git -C sparsegpt checkout 147d2159
     git clone https://github.com/luuyin/OWL && git -C OWL checkout dddb7a4b
-    git clone https://github.com/biomedical-cybernetics/Relative-importance-and-activation-pruning RIA
-    git -C RIA checkout 7bc55b06
+    git clone https://github.com/biomedical-cybernetics/Relative-importance-and-activation-pruning \
+      RIA && git -C RIA checkout 7bc55b06
     pip install torch transformers scipy   # what their modules import (CPU torch is enough)
     JAXPRUNE_REFERENCES=~/refs python -m benchmarks.reference_parity   # the Markdown table
 
@@ -297,7 +297,7 @@ def magnitude(sparsity: float | None = None, nm: str | None = None) -> list[Row]
   pruned, masks = blockwise(
     fn, params, batches, method='magnitude', sparsity=sparsity, layer_targets=matched
   )
-  rows.append(_compare('magnitude', f'{setting}, k+1', reference, pruned, masks, 'wanda'))
+  rows.append(_compare('magnitude', f'{setting}, count k+1', reference, pruned, masks, 'wanda'))
   return rows
 
 
@@ -319,7 +319,9 @@ def wanda(sparsity: float | None = None, nm: str | None = None) -> list[Row]:
   pruned, masks = blockwise(fn, params, batches, method='wanda', **target)
   rows = [_compare('Wanda', setting, reference, pruned, masks, 'wanda')]
   pruned, masks = oneshot.prune(fn, params, batches, method='wanda', **target)
-  rows.append(_compare('Wanda', f'{setting}, sequential', reference, pruned, masks, 'wanda'))
+  rows.append(
+    _compare('Wanda', f'{setting}, one call (sequential=True)', reference, pruned, masks, 'wanda')
+  )
   return rows
 
 
@@ -360,7 +362,9 @@ def sparsegpt_layer(
   matched = _one_more_per_block({'w': w}, sparsity, blocksize)['w']
   return [
     _compare('SparseGPT', setting, reference, *run({'sparsity': sparsity}), 'sparsegpt'),
-    _compare('SparseGPT', f'{setting}, k+1', reference, *run({'sparsity': matched}), 'sparsegpt'),
+    _compare(
+      'SparseGPT', f'{setting}, count k+1', reference, *run({'sparsity': matched}), 'sparsegpt'
+    ),
   ]
 
 
@@ -384,7 +388,58 @@ def sparsegpt_model(sparsity: float | None = None, nm: str | None = None) -> lis
   pruned, masks = blockwise(
     fn, params, batches, method='sparsegpt', sparsity=sparsity, layer_targets=matched
   )
-  return [_compare('SparseGPT (model)', f'{setting}, k+1', reference, pruned, masks, 'wanda')]
+  return [_compare('SparseGPT (model)', f'{setting}, count k+1', reference, pruned, masks, 'wanda')]
+
+
+def sparsegpt_sequential(sparsity: float | None = None, nm: str | None = None) -> list[Row]:
+  """The SparseGPT repository's own LLaMA loop (`llama.py`'s `llama_sequential`, blocksize
+  128, percdamp 0.01) against `method='sparsegpt'`: with `--true-sequential` (k, v and q;
+  then o; then up and gate; then down, each group measured after the ones before it are
+  pruned) against one call with `sequential=True`, without it against `blockwise`."""
+  from benchmarks import _reference_torch
+
+  embed, params, tokens = init()
+  module = _reference_torch.load_sparsegpt(_root() / 'sparsegpt', 'llama.py')
+  n, m = _nm(nm)
+  fn, batches = model(embed), [tokens]
+  target = {'nm': nm} if nm else {'sparsity': sparsity}
+  matched = {} if nm else _one_more_per_block(_flat(params), sparsity)
+  setting = _setting(sparsity, nm) + ('' if nm else ', count k+1')
+  rows = []
+  for true_sequential in (True, False):
+    net = _torch_model(embed, params, tokens)
+    module.args = types.SimpleNamespace(
+      nsamples=SEQUENCES,
+      true_sequential=true_sequential,
+      minlayer=-1,
+      maxlayer=1000,
+      prune_only='',
+      invert=False,
+      wbits=16,
+      sparsity=sparsity or 0.0,
+      prunen=n,
+      prunem=m,
+      percdamp=0.01,
+      blocksize=128,
+    )
+    _quiet(module.llama_sequential, net, _reference_torch.loader(tokens)()[0], 'cpu')
+    if true_sequential:
+      overrides = {f'^{re.escape(k)}$': v for k, v in matched.items()}
+      pruned, masks = oneshot.prune(
+        fn, params, batches, method='sparsegpt', overrides=overrides, **target
+      )
+      label = 'true sequential, one call'
+    else:
+      pruned, masks = blockwise(
+        fn, params, batches, method='sparsegpt', layer_targets=matched, **target
+      )
+      label = 'block by block'
+    rows.append(
+      _compare(
+        'SparseGPT (llama.py)', f'{setting}, {label}', net.weights(), pruned, masks, 'sparsegpt'
+      )
+    )
+  return rows
 
 
 def ria(sparsity: float | None = None, nm: str | None = None, per_row: bool = False) -> list[Row]:
@@ -424,7 +479,7 @@ def ria(sparsity: float | None = None, nm: str | None = None, per_row: bool = Fa
   pruned, masks = blockwise(
     fn, params, batches, method='ria', sparsity=sparsity, layer_targets=matched
   )
-  rows.append(_compare('RIA', f'{setting}, k+1', reference, pruned, masks, 'RIA'))
+  rows.append(_compare('RIA', f'{setting}, count k+1', reference, pruned, masks, 'RIA'))
   return rows
 
 
@@ -501,6 +556,8 @@ def rows() -> tuple[list[Row], OwlParity]:
   out += sparsegpt_layer(nm='2:4')
   out += sparsegpt_model(sparsity=0.5)
   out += sparsegpt_model(nm='2:4')
+  out += sparsegpt_sequential(sparsity=0.5)
+  out += sparsegpt_sequential(nm='2:4')
   out += ria(sparsity=0.5)
   out += ria(sparsity=0.5, per_row=True)
   out += ria(nm='2:4')

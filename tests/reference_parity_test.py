@@ -35,8 +35,8 @@ def test_magnitude_equals_wandas_prune_magnitude():
   rows = _by_setting(reference_parity.magnitude(sparsity=0.5))
   # Their threshold prunes one more weight per layer; asked for that count, the same masks.
   assert rows['50%'].mask_differences == LAYERS
-  assert rows['50%, k+1'].mask_differences == 0
-  assert rows['50%, k+1'].max_weight_difference == 0
+  assert rows['50%, count k+1'].mask_differences == 0
+  assert rows['50%, count k+1'].max_weight_difference == 0
   (nm,) = reference_parity.magnitude(nm='2:4')
   assert (nm.mask_differences, nm.max_weight_difference) == (0, 0)
 
@@ -79,7 +79,7 @@ def test_ria_equals_prune_ria():
   # At least their extra weight in each layer (more where block 0's extra one changes the
   # inputs of block 1); asked for their count, the same masks.
   assert rows['50%'].mask_differences >= LAYERS
-  assert rows['50%, k+1'].mask_differences == 0
+  assert rows['50%, count k+1'].mask_differences == 0
   for target in (dict(sparsity=0.5, per_row=True), dict(nm='2:4')):
     (row,) = reference_parity.ria(**target)
     assert (row.mask_differences, row.max_weight_difference) == (0, 0), row
@@ -91,3 +91,14 @@ def test_owl_ratios_sparsities_and_masks_equal_prune_wanda_outlier():
   assert parity.sparsities == pytest.approx(parity.reference_sparsities, abs=1e-12)
   assert parity.reference_sparsities[0] != parity.reference_sparsities[1]  # OWL spread them
   assert parity.row.mask_differences == 0
+
+
+@pytest.mark.parametrize('target', [dict(sparsity=0.5), dict(nm='2:4')])
+def test_sparsegpt_equals_the_sparsegpt_repositorys_llama_loop(target):
+  # --true-sequential is oneshot.prune's default (sequential=True) in one call; without it,
+  # the loop prunes block by block.
+  rows = reference_parity.sparsegpt_sequential(**target)
+  assert [row.layers for row in rows] == [LAYERS, LAYERS]
+  for row in rows:
+    assert row.mask_differences == 0, row
+    assert row.max_weight_difference < 1e-4, row
