@@ -260,9 +260,10 @@ def _reference_module(repo: str, tokens: np.ndarray) -> types.ModuleType:
   from benchmarks import _reference_torch
 
   folder = _root() / repo
-  module = _reference_torch.load_package(
-    f'jaxprune_ref_{repo.lower()}', folder / 'lib', Path(_FILES[repo]).stem
-  )
+  with contextlib.redirect_stdout(io.StringIO()):  # RIA's quant.py prints on import
+    module = _reference_torch.load_package(
+      f'jaxprune_ref_{repo.lower()}', folder / 'lib', Path(_FILES[repo]).stem
+    )
   module.get_loaders = _reference_torch.loader(tokens)
   return module
 
@@ -484,6 +485,77 @@ def ria(sparsity: float | None = None, nm: str | None = None, per_row: bool = Fa
 
 
 @dataclasses.dataclass(frozen=True)
+class Reallocation:
+  """RIA's channel reallocation on one layer: the kept RIA score at N:M after reordering
+  the layer's input channels over the kept score before, RIA's heuristic (its code's
+  `--reallocation`, importance 'sum', no linear sum assignment) and `oneshot.prune`'s
+  `permute=` (which starts from the same heuristic or the identity, then swaps)."""
+
+  layer: str
+  reference_gain: float
+  gain: float
+
+
+def ria_reallocation(nm: str = '2:4') -> list[Reallocation]:
+  """RIA's `prune_ria --reallocation` against `method='ria', permute=` on the MLP's `down`
+  layers, block by block. The other layers read the residual stream, whose channels reach
+  the model's output, so `permute` cannot reorder them (RIA's code reallocates their masks
+  too: its mask is N:M in a reordered column order over weights left in place, a model
+  that needs the reorder applied at run time to use N:M kernels; `permute` reorders the
+  weights that hold the channels instead). Block 1's inputs differ between the two sides
+  (their block 0 was pruned with other masks), block 0's are the same."""
+  import torch
+
+  embed, params, tokens = init()
+  net = _torch_model(embed, params, tokens)
+  module = _reference_module('RIA', tokens)
+  args = types.SimpleNamespace(
+    sparsity_ratio=0.5,
+    nsamples=SEQUENCES,
+    seed=0,
+    seqlen=SEQLEN,
+    calib_dataset='c4',
+    model='llama',
+    prune_method='ria',
+    a=0.5,
+    reconstruction=False,
+    gptq=False,
+    per_outneuron=False,
+    reallocation=True,
+    importance_score='sum',
+    lsa=False,
+    semi_sparse_acc=False,
+  )
+  _, printed = _quiet(module.prune_ria, args, net, None, torch.device('cpu'), *_nm(nm))
+  theirs = {
+    f'layers_{block}/{name.split(".")[-1]}': float(after) / float(before)
+    for block, name, before, after in re.findall(
+      r'pruning layer (\d+) name (\S+)\nThe total value before resort:\s+(\S+)\n'
+      r'The total value after heuristic channel reallocation:\s+(\S+)',
+      printed,
+    )
+  }
+  fn, batches = model(embed), [tokens]
+  out = []
+  for i in range(len(params)):
+    overrides = {rf'^layers_{j}/': None for j in range(len(params)) if j != i}
+    params, _, report = oneshot.prune_with_report(
+      fn,
+      params,
+      batches,
+      method='ria',
+      nm=nm,
+      sequential=False,
+      overrides=overrides,
+      permute=rf'^layers_{i}/down_proj$',
+    )
+    (permutation,) = report.permutations
+    name = f'layers_{i}/down_proj'
+    out.append(Reallocation(name, theirs[name], permutation.kept_after / permutation.kept_before))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
 class OwlParity:
   """OWL's comparison: each block's outlier ratio (a share, not OWL's percent) and
   sparsity on both sides, and the masks' row."""
@@ -545,7 +617,7 @@ def owl(sparsity: float = 0.5) -> OwlParity:
   )
 
 
-def rows() -> tuple[list[Row], OwlParity]:
+def rows() -> tuple[list[Row], OwlParity, list[Reallocation]]:
   """Every comparison of the table."""
   out = []
   out += magnitude(sparsity=0.5)
@@ -562,7 +634,7 @@ def rows() -> tuple[list[Row], OwlParity]:
   out += ria(sparsity=0.5, per_row=True)
   out += ria(nm='2:4')
   parity = owl(0.5)
-  return out + [parity.row], parity
+  return out + [parity.row], parity, ria_reallocation('2:4')
 
 
 def main() -> None:
@@ -574,7 +646,7 @@ def main() -> None:
 
   with warnings.catch_warnings():
     warnings.simplefilter('ignore')
-    table, parity = rows()
+    table, parity, reallocations = rows()
   print(
     f'torch {torch.__version__}, transformers {transformers.__version__}, jax {jax.__version__}'
   )
@@ -588,6 +660,11 @@ def main() -> None:
   print('OWL outlier ratios per block, jaxprune: ', [f'{r:.5f}' for r in parity.ratios])
   print('OWL sparsity per block, reference:', [f'{s:.4f}' for s in parity.reference_sparsities])
   print('OWL sparsity per block, jaxprune: ', [f'{s:.4f}' for s in parity.sparsities])
+  print()
+  print("| RIA 2:4, kept score after / before reordering | RIA's reallocation | permute= |")
+  print('|---|---|---|')
+  for r in reallocations:
+    print(f'| {r.layer} | {r.reference_gain:.4f} | {r.gain:.4f} |')
 
 
 if __name__ == '__main__':

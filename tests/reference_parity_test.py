@@ -102,3 +102,14 @@ def test_sparsegpt_equals_the_sparsegpt_repositorys_llama_loop(target):
   for row in rows:
     assert row.mask_differences == 0, row
     assert row.max_weight_difference < 1e-4, row
+
+
+def test_permute_keeps_at_least_the_score_rias_reallocation_keeps():
+  # permute= starts from RIA's heuristic order (or the identity, when that keeps more) and
+  # only takes swaps that keep more, so on block 0 (the same inputs on both sides) its gain
+  # is at least the heuristic's.
+  first, second = reference_parity.ria_reallocation('2:4')
+  assert first.layer == 'layers_0/down_proj'
+  assert first.reference_gain > 1
+  assert first.gain >= first.reference_gain - 1e-6
+  assert second.gain > 1
