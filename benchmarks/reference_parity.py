@@ -14,7 +14,7 @@ authors' code is not in this repository; get it at the commits the table was mea
     git clone https://github.com/biomedical-cybernetics/Relative-importance-and-activation-pruning \
       RIA && git -C RIA checkout 7bc55b06
     pip install torch transformers scipy   # what their modules import (CPU torch is enough)
-    JAXPRUNE_REFERENCES=~/refs python -m benchmarks.reference_parity   # the Markdown table
+    JAXPRUNE_REFERENCES=~/refs python -m benchmarks.reference_parity   # commits, then tables
 
 `tests/reference_parity_test.py` runs the same comparisons where torch and the checkouts
 are found (and is skipped, with the reason, elsewhere). Their data loaders (which download
@@ -33,9 +33,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import io
 import os
 import re
+import subprocess
 import types
 import warnings
 from pathlib import Path
@@ -114,6 +116,24 @@ def missing() -> str | None:
 
 def _root() -> Path:
   return Path(os.environ[ENV]).expanduser()
+
+
+def checkout_commit(repo: str) -> str | None:
+  """The commit the checkout of `repo` is at (`git rev-parse HEAD`), or None where it is not
+  a git checkout (an exported tree)."""
+  return _head(str(_root() / repo))
+
+
+@functools.cache
+def _head(folder: str) -> str | None:
+  try:
+    done = subprocess.run(
+      ['git', '-C', folder, 'rev-parse', 'HEAD'], capture_output=True, text=True, timeout=30
+    )
+  except (OSError, subprocess.SubprocessError):
+    return None
+  commit = done.stdout.strip()
+  return commit if done.returncode == 0 and re.fullmatch(r'[0-9a-f]{40}', commit) else None
 
 
 def init(seed: int = 0) -> tuple[np.ndarray, dict, np.ndarray]:
@@ -236,7 +256,7 @@ def _compare(
     sum(w.size for w in reference.values()),
     differences,
     weight,
-    f'{repo}@{REFERENCES[repo][1]}',
+    f'{repo}@{checkout_commit(repo) or "unknown"}',
   )
 
 
@@ -650,6 +670,11 @@ def main() -> None:
   print(
     f'torch {torch.__version__}, transformers {transformers.__version__}, jax {jax.__version__}'
   )
+  for repo, (url, pinned) in REFERENCES.items():
+    commit = checkout_commit(repo)
+    at = f'at {commit}' if commit else 'not a git checkout: its commit is unknown'
+    note = '' if commit in (None, pinned) else f' (the table was measured at {pinned})'
+    print(f'{repo}: {url}, {_root() / repo} {at}{note}')
   print()
   print('| method | setting | layers | masks differing | max weight difference | reference |')
   print('|---|---|---|---|---|---|')

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-pytest.importorskip('torch', reason="the reference comparison runs the authors' PyTorch code")
+pytest.importorskip('torch', reason="torch is not installed: the comparison runs the authors' code")
 
 from benchmarks import reference_parity  # noqa: E402
 
