@@ -21,11 +21,13 @@ are found (and is skipped, with the reason, elsewhere). Their data loaders (whic
 C4) are replaced by one returning our tokens, `.cuda()` and `torch.cuda.synchronize()` are
 no-ops while their code runs, and nothing else of theirs is changed.
 
-Their model-level functions prune block by block: a block's layers are all measured on the
-block's dense inputs (those of the earlier blocks pruned), then pruned together. That is
+Their model-level functions (Wanda's, OWL's, RIA's; SparseGPT's `llama_sequential` without
+`--true-sequential`) prune block by block: a block's layers are all measured on the block's
+dense inputs (those of the earlier blocks pruned), then pruned together. That is
 `oneshot.prune(sequential=False)` called once per block with the other blocks left dense by
-`overrides` (`blockwise` below); one call with `sequential=True` (the default) goes further
-and measures each layer on the outputs of the pruned layers before it in its block too.
+`overrides` (`blockwise` below). One call with `sequential=True` (the default) also
+measures each layer on the outputs of the pruned layers before it in its block, as
+SparseGPT's `--true-sequential` does.
 """
 
 from __future__ import annotations
@@ -270,7 +272,8 @@ def _quiet(call, *args, **kwargs) -> tuple[Any, str]:
   return result, out.getvalue()
 
 
-def _torch_model(embed, params, tokens):
+def _torch_model(embed: np.ndarray, params: dict) -> Any:
+  """The decoder in torch, from the same arrays."""
   from benchmarks import _reference_torch
 
   return _reference_torch.Decoder(embed, params, SEQLEN, HEADS)
@@ -301,7 +304,7 @@ def magnitude(sparsity: float | None = None, nm: str | None = None) -> list[Row]
   import torch
 
   embed, params, tokens = init()
-  net = _torch_model(embed, params, tokens)
+  net = _torch_model(embed, params)
   wanda = _reference_module('wanda', tokens)
   args = types.SimpleNamespace(sparsity_ratio=sparsity or 0.0)
   _quiet(wanda.prune_magnitude, args, net, None, torch.device('cpu'), *_nm(nm))
@@ -327,7 +330,7 @@ def wanda(sparsity: float | None = None, nm: str | None = None) -> list[Row]:
   import torch
 
   embed, params, tokens = init()
-  net = _torch_model(embed, params, tokens)
+  net = _torch_model(embed, params)
   module = _reference_module('wanda', tokens)
   args = types.SimpleNamespace(
     sparsity_ratio=sparsity or 0.0, nsamples=SEQUENCES, seed=0, use_variant=False
@@ -395,7 +398,7 @@ def sparsegpt_model(sparsity: float | None = None, nm: str | None = None) -> lis
   import torch
 
   embed, params, tokens = init()
-  net = _torch_model(embed, params, tokens)
+  net = _torch_model(embed, params)
   module = _reference_module('wanda', tokens)
   args = types.SimpleNamespace(sparsity_ratio=sparsity or 0.0, nsamples=SEQUENCES, seed=0)
   _quiet(module.prune_sparsegpt, args, net, None, torch.device('cpu'), *_nm(nm))
@@ -428,7 +431,7 @@ def sparsegpt_sequential(sparsity: float | None = None, nm: str | None = None) -
   setting = _setting(sparsity, nm) + ('' if nm else ', count k+1')
   rows = []
   for true_sequential in (True, False):
-    net = _torch_model(embed, params, tokens)
+    net = _torch_model(embed, params)
     module.args = types.SimpleNamespace(
       nsamples=SEQUENCES,
       true_sequential=true_sequential,
@@ -469,7 +472,7 @@ def ria(sparsity: float | None = None, nm: str | None = None, per_row: bool = Fa
   import torch
 
   embed, params, tokens = init()
-  net = _torch_model(embed, params, tokens)
+  net = _torch_model(embed, params)
   module = _reference_module('RIA', tokens)
   args = types.SimpleNamespace(
     sparsity_ratio=sparsity or 0.0,
@@ -527,7 +530,7 @@ def ria_reallocation(nm: str = '2:4') -> list[Reallocation]:
   import torch
 
   embed, params, tokens = init()
-  net = _torch_model(embed, params, tokens)
+  net = _torch_model(embed, params)
   module = _reference_module('RIA', tokens)
   args = types.SimpleNamespace(
     sparsity_ratio=0.5,
@@ -595,7 +598,7 @@ def owl(sparsity: float = 0.5) -> OwlParity:
   import torch
 
   embed, params, tokens = init()
-  net = _torch_model(embed, params, tokens)
+  net = _torch_model(embed, params)
   module = _reference_module('OWL', tokens)
   args = types.SimpleNamespace(
     sparsity_ratio=sparsity,
