@@ -28,7 +28,6 @@ import numpy as np
 from flax import nnx
 
 from jaxprune._names import named_leaves
-from jaxprune._results.flops import FlopsReport
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Constraint
 from jaxprune.structured._primitives import cost
