@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from jaxprune._flops import FlopsReport
+from jaxprune._results.flops import FlopsReport
 from jaxprune.structured._core.graph import DependencyGraph
 from jaxprune.structured._core.plan import Plan
 from jaxprune.structured._prune import models
