@@ -290,3 +290,18 @@ def test_a_warning_of_every_block_is_given_once():
   unmatched = [str(w.message) for w in caught if "'nothing'" in str(w.message)]
   assert len(unmatched) == 1  # not once per block (3 blocks)
   assert unmatched[0].startswith('prune_offloaded (first in block 0): ')
+
+
+def test_every_option_the_offloaded_paths_share_with_prune_is_passed_on():
+  """The offloaded paths hand `prune`'s options on by the names in one tuple: an option
+  added to both signatures but not to the tuple would be dropped without a word."""
+  import inspect
+
+  from jaxprune.oneshot import _offload
+
+  own = {'block_fn', 'blocks', 'calibration_inputs', 'fn', 'params', 'calibration_batches'}
+  for path in (oneshot.prune_offloaded, oneshot.prune_checkpoint):
+    shared = set(inspect.signature(path).parameters) & set(
+      inspect.signature(oneshot.prune).parameters
+    )
+    assert shared - own == set(_offload._PASSED_ON), path.__name__

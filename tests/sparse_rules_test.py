@@ -357,3 +357,18 @@ def test_get_masks_is_a_tree_like_params_as_jaxprune_get_masks(rule):
     jax.tree.leaves(masked), jax.tree.leaves(sparse.apply_masks(params, state)), strict=True
   ):
     np.testing.assert_array_equal(a, b)
+
+
+def test_each_rule_takes_exactly_the_options_of_sparse_training():
+  """`static`, `set_` and `rigl` hand their arguments to `sparse_training` as `**locals()`:
+  each must declare only keywords that it takes (`rule` is each one's own)."""
+  import inspect
+
+  from jaxprune import sparse
+
+  full = inspect.signature(sparse.sparse_training).parameters
+  for rule in (sparse.static, sparse.set_, sparse.rigl):
+    params = inspect.signature(rule).parameters
+    assert set(params) <= set(full) - {'rule'}, rule.__name__
+    for name, param in params.items():
+      assert param.kind == full[name].kind, (rule.__name__, name)
