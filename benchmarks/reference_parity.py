@@ -24,8 +24,8 @@ no-ops while their code runs, and nothing else of theirs is changed.
 Their model-level functions (Wanda's, OWL's, RIA's; SparseGPT's `llama_sequential` without
 `--true-sequential`) prune block by block: a block's layers are all measured on the block's
 dense inputs (those of the earlier blocks pruned), then pruned together. That is
-`oneshot.prune(sequential=False)` called once per block with the other blocks left dense by
-`overrides` (`blockwise` below). One call with `sequential=True` (the default) also
+`oneshot.prune(sequential=r'^layers_\\d+/')`, a regex naming the blocks (`blockwise`
+below). One call with `sequential=True` (the default) instead
 measures each layer on the outputs of the pruned layers before it in its block, as
 SparseGPT's `--true-sequential` does.
 """
@@ -52,6 +52,7 @@ import numpy as np
 from jaxprune import oneshot
 
 ENV = 'JAXPRUNE_REFERENCES'
+BLOCK_REGEX = r'^layers_\d+/'  # the decoder blocks the authors' loops go through, one at a time
 REFERENCES = {
   'wanda': ('https://github.com/locuslab/wanda', '8e8fc87b4a2f9955baa7e76e64d5fce7fa8724a6'),
   'sparsegpt': (
@@ -207,21 +208,12 @@ def _flat(tree: dict) -> dict[str, np.ndarray]:
 def blockwise(
   fn: Any, params: dict, batches: list, *, layer_targets: dict | None = None, **kwargs
 ) -> tuple[dict, dict]:
-  """`oneshot.prune` one block at a time, as the authors' model-level code goes: the block's
-  layers measured together on its dense inputs (`sequential=False`; the earlier blocks
-  already pruned), the other blocks left dense by `overrides`; `layer_targets` {name:
-  sparsity} sets layers' own targets. Returns (params, masks) after the last block."""
-  masks: dict = {}
-  for i in range(len(params)):
-    overrides: dict[str, Any] = {rf'^layers_{j}/': None for j in range(len(params)) if j != i}
-    for name, target in (layer_targets or {}).items():
-      if name.startswith(f'layers_{i}/'):
-        overrides[f'^{re.escape(name)}$'] = target
-    params, block_masks = oneshot.prune(
-      fn, params, batches, sequential=False, overrides=overrides, **kwargs
-    )
-    masks[f'layers_{i}'] = block_masks[f'layers_{i}']
-  return params, masks
+  """One `oneshot.prune` block by block, as the authors' model-level code goes
+  (`sequential=BLOCK_REGEX`: a block's layers measured together on its dense inputs, the earlier
+  blocks already pruned); `layer_targets` {name: sparsity} sets layers' own targets.
+  Returns (params, masks)."""
+  overrides = {f'^{re.escape(name)}$': target for name, target in (layer_targets or {}).items()}
+  return oneshot.prune(fn, params, batches, sequential=BLOCK_REGEX, overrides=overrides, **kwargs)
 
 
 def _one_more_per_block(weights: dict[str, np.ndarray], sparsity: float, blocksize: int = 0):
@@ -344,7 +336,9 @@ def wanda(sparsity: float | None = None, nm: str | None = None) -> list[Row]:
   rows = [_compare('Wanda', setting, reference, pruned, masks, 'wanda')]
   pruned, masks = oneshot.prune(fn, params, batches, method='wanda', **target)
   rows.append(
-    _compare('Wanda', f'{setting}, one call (sequential=True)', reference, pruned, masks, 'wanda')
+    _compare(
+      'Wanda', f'{setting}, layer by layer (sequential=True)', reference, pruned, masks, 'wanda'
+    )
   )
   return rows
 
@@ -452,7 +446,7 @@ def sparsegpt_sequential(sparsity: float | None = None, nm: str | None = None) -
       pruned, masks = oneshot.prune(
         fn, params, batches, method='sparsegpt', overrides=overrides, **target
       )
-      label = 'true sequential, one call'
+      label = 'true sequential, layer by layer'
     else:
       pruned, masks = blockwise(
         fn, params, batches, method='sparsegpt', layer_targets=matched, **target
@@ -592,9 +586,9 @@ class OwlParity:
 
 def owl(sparsity: float = 0.5) -> OwlParity:
   """OWL's `prune_wanda_outlier` (M = 5, lambda = 1/16, unstructured) against
-  `oneshot.prune_with_report(owl=OWL(groups=r'^layers_\\d+/'))`'s ratios and sparsities (a
-  block's linear layers one group, as OWL's code), then Wanda block by block at those
-  sparsities."""
+  `oneshot.prune_with_report(owl=OWL(groups=r'^layers_\\d+/'), sequential=BLOCK_REGEX)`:
+  the ratios, the sparsities (a block's linear layers one group, as OWL's code) and the
+  masks of one call."""
   import torch
 
   embed, params, tokens = init()
@@ -615,12 +609,8 @@ def owl(sparsity: float = 0.5) -> OwlParity:
   reference = net.weights()
   fn, batches = model(embed), [tokens]
   config = oneshot.OWL(m=OWL_M, lam=OWL_LAM, groups=r'^layers_\d+/')
-  _, owl_masks, report = oneshot.prune_with_report(
-    fn, params, batches, method='wanda', sparsity=sparsity, owl=config, sequential=False
-  )
-  targets = {n: 1 - float(np.mean(m)) for n, m in _flat(owl_masks).items()}
-  pruned, masks = blockwise(
-    fn, params, batches, method='wanda', sparsity=sparsity, layer_targets=targets
+  pruned, masks, report = oneshot.prune_with_report(
+    fn, params, batches, method='wanda', sparsity=sparsity, owl=config, sequential=BLOCK_REGEX
   )
 
   def per_block(values, block):

@@ -7,6 +7,7 @@ exactly their arguments.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -44,12 +45,12 @@ def prune(
   per_row: bool = False,
   blocksize: int = 128,
   percdamp: float = 0.01,
-  sequential: bool = True,
+  sequential: bool | str = True,
   owl: bool | OWL = False,
   dsnot: bool | DSnoT = False,
   permute: bool | str = False,
 ) -> tuple[PyTree, PyTree]:
-  """Prunes a trained model once, from calibration batches.
+  r"""Prunes a trained model once, from calibration batches.
 
   The layers are the parameter leaves used only as a `dot_general` operand or
   a convolution kernel (docs/guides/oneshot.md), and each slice of a leaf
@@ -108,7 +109,13 @@ def prune(
     per_row: magnitude and RIA: compare within each output row.
     blocksize: SparseGPT's column block (a multiple of M for N:M).
     percdamp: SparseGPT's dampening (0 only for a nonsingular Hessian).
-    sequential: compute later layers' inputs with the earlier layers pruned.
+    sequential: compute later layers' inputs with the earlier layers pruned: True
+      layer by layer (each wave), False never (all on the dense model's inputs), or a
+      regex naming blocks (a layer's block is the regex's first match in its name,
+      e.g. r'^layers_\d+/'; r'\[\d+\]$' for a scanned stack's slices): block by block,
+      each block's layers measured together on inputs computed with the earlier blocks
+      pruned and this one dense, as the Wanda, OWL and RIA code does (a layer the regex
+      does not match is a block of its own).
     owl: True or `oneshot.OWL(m=5, lam=0.08)`: OWL's layer-wise sparsities for the
       layers that take `sparsity` (not those `overrides` sets); not with `nm`.
     dsnot: True or `oneshot.DSnoT(max_cycle=50, threshold=5e-5)`: DSnoT's mask fix-up
@@ -161,7 +168,7 @@ def prune_with_report(
   per_row: bool = False,
   blocksize: int = 128,
   percdamp: float = 0.01,
-  sequential: bool = True,
+  sequential: bool | str = True,
   owl: bool | OWL = False,
   dsnot: bool | DSnoT = False,
   permute: bool | str = False,
@@ -291,6 +298,7 @@ def _run(
           f'for N:M (layer {layer.name!r}).'
         )
   chosen = [layer for layer in layers if targets[inputs.layer_key(layer)] is not None]
+  _check_sequential(sequential, chosen)
   for layer in chosen:
     _check_finite(layer, layer_prune.weight(layer, leaves[layer.leaf]))
   permutations: tuple = ()
@@ -329,9 +337,7 @@ def _run(
     return collectors[key](current if sequential else leaves, batches, at)
 
   records, short = [], []
-  waves = sorted({layer.wave for layer in chosen}) if sequential else [None]
-  for wave in waves:
-    group = [layer for layer in chosen if not sequential or layer.wave == wave]
+  for group in _passes(chosen, sequential):
     for part, at in capture.rounds(group):
       stats = measure(group, at) if kinds else {}
       for layer in part:
@@ -402,6 +408,44 @@ def _check_inputs_seen(layer: Layer, stat: Any, method: str) -> None:
       f'position), so method={method!r} has nothing to rank its weights by; calibrate on '
       f"larger inputs, use method='magnitude', or leave it dense with "
       f'overrides={{{layer.name!r}: None}}.'
+    )
+
+
+def _passes(chosen: list[Layer], sequential: bool | str) -> list[list[Layer]]:
+  """The layers in the order they are measured and pruned: each list is measured on the
+  model with the lists before it pruned (one list for `sequential=False`, one per wave for
+  True, one per block for a regex, ordered by their first wave)."""
+  if sequential is False:
+    return [chosen]
+  if sequential is True:
+    return [
+      [layer for layer in chosen if layer.wave == w] for w in sorted({x.wave for x in chosen})
+    ]
+  blocks: dict[str, list[Layer]] = {}
+  for layer in chosen:
+    found = re.search(sequential, layer.name)
+    blocks.setdefault(found.group(0) if found else layer.name, []).append(layer)
+  return sorted(blocks.values(), key=lambda block: min(layer.wave for layer in block))
+
+
+def _check_sequential(sequential: Any, layers: list[Layer]) -> None:
+  """A ValueError unless `sequential` is a bool or a valid regex that matches a layer."""
+  if isinstance(sequential, bool):
+    return
+  example = r"e.g. sequential=r'^layers_\d+/'"
+  if not isinstance(sequential, str) or not sequential:
+    raise ValueError(
+      f'sequential={sequential!r}: give True, False or a regex naming blocks, {example}.'
+    )
+  try:
+    regex = re.compile(sequential)
+  except re.error as error:
+    raise ValueError(f'sequential={sequential!r}: not a valid regex ({error}).') from None
+  if not any(regex.search(layer.name) for layer in layers):
+    names = ', '.join(repr(layer.name) for layer in layers[:3])
+    raise ValueError(
+      f'sequential={sequential!r} matches no layer name (they look like {names}); '
+      f"give a regex whose first match names a layer's block, {example}."
     )
 
 
