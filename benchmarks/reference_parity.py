@@ -460,6 +460,27 @@ def sparsegpt_sequential(sparsity: float | None = None, nm: str | None = None) -
   return rows
 
 
+def _ria_args(**changes: Any) -> types.SimpleNamespace:
+  """The command-line arguments of RIA's `main.py` that `prune_ria` reads: a = 0.5 (its
+  default), no reconstruction, no quantisation, 50% unless `changes` say otherwise."""
+  args = {
+    'sparsity_ratio': 0.5,
+    'nsamples': SEQUENCES,
+    'seed': 0,
+    'seqlen': SEQLEN,
+    'calib_dataset': 'c4',
+    'model': 'llama',
+    'prune_method': 'ria',
+    'a': 0.5,
+    'reconstruction': False,
+    'gptq': False,
+    'per_outneuron': False,
+    'reallocation': False,
+    'semi_sparse_acc': False,
+  }
+  return types.SimpleNamespace(**(args | changes))
+
+
 def ria(sparsity: float | None = None, nm: str | None = None, per_row: bool = False) -> list[Row]:
   """RIA's `prune_ria` (exponent a = 0.5, no channel reallocation, no reconstruction)
   against `method='ria'` block by block; `per_row` is its `--per_outneuron`."""
@@ -468,21 +489,7 @@ def ria(sparsity: float | None = None, nm: str | None = None, per_row: bool = Fa
   embed, params, tokens = init()
   net = _torch_model(embed, params)
   module = _reference_module('RIA', tokens)
-  args = types.SimpleNamespace(
-    sparsity_ratio=sparsity or 0.0,
-    nsamples=SEQUENCES,
-    seed=0,
-    seqlen=SEQLEN,
-    calib_dataset='c4',
-    model='llama',
-    prune_method='ria',
-    a=0.5,
-    reconstruction=False,
-    gptq=False,
-    per_outneuron=per_row,
-    reallocation=False,
-    semi_sparse_acc=False,
-  )
+  args = _ria_args(sparsity_ratio=sparsity or 0.0, per_outneuron=per_row)
   _quiet(module.prune_ria, args, net, None, torch.device('cpu'), *_nm(nm))
   reference = net.weights()
   fn, batches = model(embed), [tokens]
@@ -526,23 +533,7 @@ def ria_reallocation(nm: str = '2:4') -> list[Reallocation]:
   embed, params, tokens = init()
   net = _torch_model(embed, params)
   module = _reference_module('RIA', tokens)
-  args = types.SimpleNamespace(
-    sparsity_ratio=0.5,
-    nsamples=SEQUENCES,
-    seed=0,
-    seqlen=SEQLEN,
-    calib_dataset='c4',
-    model='llama',
-    prune_method='ria',
-    a=0.5,
-    reconstruction=False,
-    gptq=False,
-    per_outneuron=False,
-    reallocation=True,
-    importance_score='sum',
-    lsa=False,
-    semi_sparse_acc=False,
-  )
+  args = _ria_args(reallocation=True, importance_score='sum', lsa=False)
   _, printed = _quiet(module.prune_ria, args, net, None, torch.device('cpu'), *_nm(nm))
   theirs = {
     f'layers_{block}/{name.split(".")[-1]}': float(after) / float(before)
