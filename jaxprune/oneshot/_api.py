@@ -7,7 +7,6 @@ exactly their arguments.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ from jaxprune.oneshot import _dsnot, _owl
 from jaxprune.oneshot import _inputs as inputs
 from jaxprune.oneshot import _layer_prune as layer_prune
 from jaxprune.oneshot import _reorder as reorder
+from jaxprune.oneshot import _waves as waves_lib
 from jaxprune.oneshot._dsnot import DSnoT
 from jaxprune.oneshot._layers import Layer, layers_and_reasons
 from jaxprune.oneshot._owl import OWL
@@ -298,7 +298,7 @@ def _run(
           f'for N:M (layer {layer.name!r}).'
         )
   chosen = [layer for layer in layers if targets[inputs.layer_key(layer)] is not None]
-  _check_sequential(sequential, chosen)
+  waves_lib.check_sequential(sequential, chosen)
   for layer in chosen:
     _check_finite(layer, layer_prune.weight(layer, leaves[layer.leaf]))
   permutations: tuple = ()
@@ -337,7 +337,7 @@ def _run(
     return collectors[key](current if sequential else leaves, batches, at)
 
   records, short = [], []
-  for group in _passes(chosen, sequential):
+  for group in waves_lib.passes(chosen, sequential):
     for part, at in capture.rounds(group):
       stats = measure(group, at) if kinds else {}
       for layer in part:
@@ -408,44 +408,6 @@ def _check_inputs_seen(layer: Layer, stat: Any, method: str) -> None:
       f'position), so method={method!r} has nothing to rank its weights by; calibrate on '
       f"larger inputs, use method='magnitude', or leave it dense with "
       f'overrides={{{layer.name!r}: None}}.'
-    )
-
-
-def _passes(chosen: list[Layer], sequential: bool | str) -> list[list[Layer]]:
-  """The layers in the order they are measured and pruned: each list is measured on the
-  model with the lists before it pruned (one list for `sequential=False`, one per wave for
-  True, one per block for a regex, ordered by their first wave)."""
-  if sequential is False:
-    return [chosen]
-  if sequential is True:
-    return [
-      [layer for layer in chosen if layer.wave == w] for w in sorted({x.wave for x in chosen})
-    ]
-  blocks: dict[str, list[Layer]] = {}
-  for layer in chosen:
-    found = re.search(sequential, layer.name)
-    blocks.setdefault(found.group(0) if found else layer.name, []).append(layer)
-  return sorted(blocks.values(), key=lambda block: min(layer.wave for layer in block))
-
-
-def _check_sequential(sequential: Any, layers: list[Layer]) -> None:
-  """A ValueError unless `sequential` is a bool or a valid regex that matches a layer."""
-  if isinstance(sequential, bool):
-    return
-  example = r"e.g. sequential=r'^layers_\d+/'"
-  if not isinstance(sequential, str) or not sequential:
-    raise ValueError(
-      f'sequential={sequential!r}: give True, False or a regex naming blocks, {example}.'
-    )
-  try:
-    regex = re.compile(sequential)
-  except re.error as error:
-    raise ValueError(f'sequential={sequential!r}: not a valid regex ({error}).') from None
-  if not any(regex.search(layer.name) for layer in layers):
-    names = ', '.join(repr(layer.name) for layer in layers[:3])
-    raise ValueError(
-      f'sequential={sequential!r} matches no layer name (they look like {names}); '
-      f"give a regex whose first match names a layer's block, {example}."
     )
 
 

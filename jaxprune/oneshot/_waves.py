@@ -1,4 +1,5 @@
-"""The order one-shot pruning visits layers in: wave k reads only outputs of waves below k.
+"""The order one-shot pruning visits layers in: wave k reads only outputs of waves below k;
+`passes` groups the layers by wave, by block (`sequential=<regex>`) or all together.
 
 `_layers.layers_and_reasons` finds the layers and what each reads (its uses' taint);
 a layer's wave is its longest path in that graph, which stays linear in the number
@@ -7,6 +8,7 @@ of steps for a stack of scanned layers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
@@ -88,3 +90,41 @@ def longest_paths(
           parent = stack[-1][0]
           best[parent] = max(best[parent], value[node])
   return {node: v for node, v in value.items() if node[0] != 'before'}
+
+
+def passes(chosen: list[Any], sequential: bool | str) -> list[list[Any]]:
+  """The layers in the order they are measured and pruned: each list is measured on the
+  model with the lists before it pruned (one list for `sequential=False`, one per wave for
+  True, one per block for a regex, ordered by their first wave)."""
+  if sequential is False:
+    return [chosen]
+  if sequential is True:
+    return [
+      [layer for layer in chosen if layer.wave == w] for w in sorted({x.wave for x in chosen})
+    ]
+  blocks: dict[str, list[Any]] = {}
+  for layer in chosen:
+    found = re.search(sequential, layer.name)
+    blocks.setdefault(found.group(0) if found else layer.name, []).append(layer)
+  return sorted(blocks.values(), key=lambda block: min(layer.wave for layer in block))
+
+
+def check_sequential(sequential: Any, layers: list[Any]) -> None:
+  """A ValueError unless `sequential` is a bool or a valid regex that matches a layer."""
+  if isinstance(sequential, bool):
+    return
+  example = r"e.g. sequential=r'^layers_\d+/'"
+  if not isinstance(sequential, str) or not sequential:
+    raise ValueError(
+      f'sequential={sequential!r}: give True, False or a regex naming blocks, {example}.'
+    )
+  try:
+    regex = re.compile(sequential)
+  except re.error as error:
+    raise ValueError(f'sequential={sequential!r}: not a valid regex ({error}).') from None
+  if not any(regex.search(layer.name) for layer in layers):
+    names = ', '.join(repr(layer.name) for layer in layers[:3])
+    raise ValueError(
+      f'sequential={sequential!r} matches no layer name (they look like {names}); '
+      f"give a regex whose first match names a layer's block, {example}."
+    )
