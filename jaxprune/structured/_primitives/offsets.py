@@ -2,9 +2,9 @@
 
 `concatenate`, `split`, `slice`, `pad`, `rev` and `tile` map positions with an
 offset (a reversal, copies); `stack` and `unstack` add and remove an axis;
-`gather`, `dynamic_slice` and
-`dynamic_update_slice` pass whole axes through and block the indexed ones,
-except a gather with a constant index, which maps positions like `slice`.
+`gather`, `scatter-add` (its gradient), `dynamic_slice` and `dynamic_update_slice` pass
+whole axes through and block the indexed ones, except a gather with a constant index,
+which maps positions like `slice`.
 """
 
 from __future__ import annotations
@@ -248,6 +248,50 @@ def gather(ctx, eqn) -> None:
   if len(index_axes) == len(batch_out):
     for axis, out_axis in zip(index_axes, batch_out, strict=True):
       ctx.join_axes(indices, axis, out, out_axis)
+  else:
+    for axis in range(index_rank):
+      ctx.block(indices, axis)
+  ctx.block(indices, index_rank - 1)
+
+
+def scatter_add(ctx, eqn) -> None:
+  """Updates added into the operand at indexed positions (the gradient of a `gather`, as
+  `jax.grad` writes an embedding lookup's): gather's rule run backwards.
+
+  The output is the operand with the sums in it, so each operand axis is the output's.
+  An update window axis as wide as its operand axis adds into every position of it, so
+  it joins them; a narrower window, an axis scattered into by the indices, and one the
+  window leaves out block. The updates' scatter axes are the indices' batch axes.
+  """
+  operand, indices, updates = eqn.invars[:3]
+  out = eqn.outvars[0]
+  dnums = eqn.params['dimension_numbers']
+  rank = len(_shape(operand))
+  for axis in range(rank):
+    ctx.join_axes(operand, axis, out, axis)
+  left_out = set(dnums.inserted_window_dims) | set(dnums.operand_batching_dims)
+  windowed = [a for a in range(rank) if a not in left_out]
+  full = lambda a, update_axis: _shape(updates)[update_axis] == _shape(operand)[a]
+  for axis, update_axis in zip(windowed, dnums.update_window_dims, strict=True):
+    if full(axis, update_axis):
+      ctx.join_axes(updates, update_axis, out, axis)
+    else:
+      ctx.block(out, axis)
+      ctx.block(updates, update_axis)
+  widths = dict(zip(windowed, dnums.update_window_dims, strict=True))
+  for axis in set(dnums.scatter_dims_to_operand_dims) | set(dnums.inserted_window_dims):
+    if axis not in widths or not full(axis, widths[axis]):
+      ctx.block(out, axis)
+  for axis, index_axis in zip(
+    dnums.operand_batching_dims, dnums.scatter_indices_batching_dims, strict=True
+  ):
+    ctx.join_axes(out, axis, indices, index_axis)
+  index_rank = len(_shape(indices))
+  scatter_axes = [a for a in range(len(_shape(updates))) if a not in dnums.update_window_dims]
+  index_axes = [a for a in range(index_rank) if a != index_rank - 1]
+  if len(index_axes) == len(scatter_axes):
+    for axis, update_axis in zip(index_axes, scatter_axes, strict=True):
+      ctx.join_axes(indices, axis, updates, update_axis)
   else:
     for axis in range(index_rank):
       ctx.block(indices, axis)

@@ -114,6 +114,7 @@ TABLE: dict[str, Primitive] = {
   'gather': Primitive(offsets.gather, shrink_rules.gather),
   'dynamic_slice': Primitive(offsets.dynamic_slice, shrink_rules.slice_sizes(0)),
   'dynamic_update_slice': Primitive(offsets.dynamic_update_slice),
+  'scatter-add': Primitive(offsets.scatter_add),
   'tile': Primitive(offsets.tile),
   'stack': Primitive(offsets.stack),
   'unstack': Primitive(offsets.unstack),
