@@ -87,6 +87,18 @@ def test_iota_is_a_constant_cut_per_use():
   np.testing.assert_allclose(pruned_fn(new, x), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_scatter_add():
+  graph, found = groups('scatter_add')
+  assert 'scatter-add' in str(graph.closed_jaxpr)
+  _expect(found, {('w1', 1), ('w2', 0)}, 8, None)
+  # 8 channels added at offset 2 of a 12-wide buffer: a part of the axis.
+  _expect(found, {('w3', 1)}, 8, "blocked by primitive 'scatter-add'")
+  _expect(found, {('w4', 0)}, 12, "blocked by primitive 'scatter-add'")
+  _expect(found, {('w1', 0), ('w3', 0)}, 5, INPUT)
+  _expect(found, {('w2', 1), ('w4', 1)}, 3, OUTPUT)
+  assert len(found) == 5
+
+
 def test_dynamic_update_slice():
   _, found = groups('dynamic_update_slice')
   _expect(found, {('w1', 1), ('w2', 0)}, 8, None)

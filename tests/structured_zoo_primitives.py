@@ -48,6 +48,19 @@ def dynamic_update_slice():
   return fn, params, (_x(2, 5),), 'dynamic_update_slice of whole and of partial channel axes'
 
 
+def scatter_add():
+  """Rows added at indexed positions keep their channels (a mixture of experts' combine);
+  a window narrower than its axis blocks."""
+
+  def fn(p, x):
+    rows = jnp.zeros((4, 8)).at[jnp.array([3, 1])].add(x @ p['w1'])
+    cols = jnp.zeros((2, 12)).at[:, 2:10].add(x @ p['w3'])
+    return rows.sum(0) @ p['w2'] + cols @ p['w4']
+
+  params = _params(w1=(5, 8), w2=(8, 3), w3=(5, 8), w4=(12, 3))
+  return fn, params, (_x(2, 5),), 'scatter-add of whole and of partial channel axes'
+
+
 def reduce_window():
   """Max and average pooling: windows block the spatial axes, channels pass."""
 
@@ -144,6 +157,7 @@ CASES = {
     rev,
     iota,
     dynamic_update_slice,
+    scatter_add,
     reduce_window,
     bitcast,
     top_k,
