@@ -2,7 +2,7 @@
 
 The fields and defaults are those of TensorFlow's graph-style `model_pruning`
 (Zhu & Gupta 2017, "To prune, or not to prune", arXiv:1710.01878), plus the
-jaxprune additions at the end of `HParams`, which is the one list of them.
+jaxprune additions; `Fields` (`jaxprune._config.fields`) is the one list of them.
 
 Users edit a `ml_collections.ConfigDict` (`get_pruning_hparams`,
 `parse_hparams`); the engine works from `HParams`, the frozen result of
@@ -39,7 +39,7 @@ from jaxprune._numerics import SMALLEST_NORMAL
 
 @dataclasses.dataclass(frozen=True)
 class HParams(Fields):
-  """Validated hyperparameters: the one list of the fields, their types and defaults.
+  """Validated hyperparameters: every field, its type and default, checked and parsed.
 
   `get_pruning_hparams()` is a ConfigDict of these fields (map fields as lists
   there); `pruning`, `pruned` and `jaxprune.MaskRule` implementations get them
