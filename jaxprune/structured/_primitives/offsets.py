@@ -243,15 +243,7 @@ def gather(ctx, eqn) -> None:
     dnums.operand_batching_dims, dnums.start_indices_batching_dims, strict=True
   ):
     ctx.join_axes(operand, axis, indices, index_axis)
-  index_rank = len(_shape(indices))
-  index_axes = [a for a in range(index_rank) if a != index_rank - 1]
-  if len(index_axes) == len(batch_out):
-    for axis, out_axis in zip(index_axes, batch_out, strict=True):
-      ctx.join_axes(indices, axis, out, out_axis)
-  else:
-    for axis in range(index_rank):
-      ctx.block(indices, axis)
-  ctx.block(indices, index_rank - 1)
+  _index_batch(ctx, indices, out, batch_out)
 
 
 def scatter_add(ctx, eqn) -> None:
@@ -271,27 +263,38 @@ def scatter_add(ctx, eqn) -> None:
     ctx.join_axes(operand, axis, out, axis)
   left_out = set(dnums.inserted_window_dims) | set(dnums.operand_batching_dims)
   windowed = [a for a in range(rank) if a not in left_out]
-  full = lambda a, update_axis: _shape(updates)[update_axis] == _shape(operand)[a]
+  # The operand axes a window covers whole, each with its update axis.
+  whole = {
+    axis: update_axis
+    for axis, update_axis in zip(windowed, dnums.update_window_dims, strict=True)
+    if _shape(updates)[update_axis] == _shape(operand)[axis]
+  }
   for axis, update_axis in zip(windowed, dnums.update_window_dims, strict=True):
-    if full(axis, update_axis):
+    if axis in whole:
       ctx.join_axes(updates, update_axis, out, axis)
     else:
       ctx.block(out, axis)
       ctx.block(updates, update_axis)
-  widths = dict(zip(windowed, dnums.update_window_dims, strict=True))
   for axis in set(dnums.scatter_dims_to_operand_dims) | set(dnums.inserted_window_dims):
-    if axis not in widths or not full(axis, widths[axis]):
+    if axis not in whole:
       ctx.block(out, axis)
   for axis, index_axis in zip(
     dnums.operand_batching_dims, dnums.scatter_indices_batching_dims, strict=True
   ):
     ctx.join_axes(out, axis, indices, index_axis)
-  index_rank = len(_shape(indices))
   scatter_axes = [a for a in range(len(_shape(updates))) if a not in dnums.update_window_dims]
+  _index_batch(ctx, indices, updates, scatter_axes)
+
+
+def _index_batch(ctx, indices, other, other_axes: list[int]) -> None:
+  """A gather's or scatter's indices: their batch axes (all but the last, the index
+  vector) are `other`'s `other_axes`, in order; the index vector blocks, and so does every
+  axis of indices laid out otherwise."""
+  index_rank = len(_shape(indices))
   index_axes = [a for a in range(index_rank) if a != index_rank - 1]
-  if len(index_axes) == len(scatter_axes):
-    for axis, update_axis in zip(index_axes, scatter_axes, strict=True):
-      ctx.join_axes(indices, axis, updates, update_axis)
+  if len(index_axes) == len(other_axes):
+    for axis, other_axis in zip(index_axes, other_axes, strict=True):
+      ctx.join_axes(indices, axis, other, other_axis)
   else:
     for axis in range(index_rank):
       ctx.block(indices, axis)
